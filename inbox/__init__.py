@@ -1,0 +1,3 @@
+"""inbox: see the README. (Built in its own issue.)"""
+
+__all__: list[str] = []

@@ -1,0 +1,1 @@
+"""Revisions on the ``outbox`` branch."""

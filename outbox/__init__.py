@@ -1,0 +1,48 @@
+"""outbox: write messages in your own PostgreSQL transaction; the relay delivers them.
+
+Commit and the message will be delivered; roll back and it never existed::
+
+    from outbox import publish
+    with Session(engine) as session, session.begin():
+        session.add(order)
+        publish(session, topic="orders", key=str(order.id), payload={"order_id": order.id})
+"""
+
+from __future__ import annotations
+
+from outbox._ids import id_from_idempotency_key, new_message_id
+from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, Message
+from outbox._publish import publish, publish_async, publish_batch, publish_batch_async
+from outbox._statements import WAKEUP_CHANNEL
+from outbox.exceptions import (
+    ConfigurationError,
+    InvalidMessageError,
+    OutboxError,
+    PayloadTooLargeError,
+    SchemaNotInstalledError,
+    SerializationError,
+    TransactionRequiredError,
+)
+from outbox.schema import include_object, make_metadata, metadata
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "WAKEUP_CHANNEL",
+    "ConfigurationError",
+    "InvalidMessageError",
+    "Message",
+    "OutboxError",
+    "PayloadTooLargeError",
+    "SchemaNotInstalledError",
+    "SerializationError",
+    "TransactionRequiredError",
+    "id_from_idempotency_key",
+    "include_object",
+    "make_metadata",
+    "metadata",
+    "new_message_id",
+    "publish",
+    "publish_async",
+    "publish_batch",
+    "publish_batch_async",
+]

@@ -1,0 +1,155 @@
+"""The message a producer writes, and its validation before anything touches the database."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from outbox._ids import id_from_idempotency_key, new_message_id
+from outbox._payload import encode_payload
+from outbox._trace import current_traceparent
+from outbox.exceptions import InvalidMessageError, PayloadTooLargeError, SerializationError
+
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Message", "PreparedMessage", "prepare"]
+
+#: NATS's default max_payload and Kafka's default message.max.bytes are both about 1 MB: a
+#: larger message would be accepted here and then rejected by the broker, so refuse it now.
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message to publish, for :func:`outbox.publish_batch`.
+
+    ``payload`` is JSON data (dict, list, str, numbers, bool, None, and UUID/datetime as text)
+    or ``bytes`` stored as they are. ``key`` is the ordering key (an aggregate id): messages of
+    one (topic, key) get gapless sequence numbers in commit order and are delivered in that
+    order. ``idempotency_key`` derives a stable id, so publishing it again is a no-op.
+    ``deliver_after`` or ``available_at`` delays delivery.
+    """
+
+    topic: str
+    key: str
+    payload: Any
+    headers: Mapping[str, str] | None = None
+    idempotency_key: str | None = None
+    content_type: str | None = None
+    deliver_after: dt.timedelta | None = None
+    available_at: dt.datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedMessage:
+    """A validated message, serialized, ready to be bound to the insert statement."""
+
+    id: uuid.UUID
+    topic: str
+    key: str
+    headers: str
+    payload: bytes
+    content_type: str
+    traceparent: str | None
+    available_at: dt.datetime | None
+    idempotent: bool = field(default=False)
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidMessageError(
+            f"{name} must be a str, got {type(value).__name__} {value!r}; "
+            f"for example {name}=str(order.id)",
+            field=name,
+        )
+    if not value.strip():
+        raise InvalidMessageError(f"{name} must not be empty or blank", field=name)
+    if "\x00" in value:
+        raise InvalidMessageError(f"{name} must not contain NUL characters", field=name)
+    return value
+
+
+def _headers(headers: Mapping[str, str] | None) -> str:
+    if headers is None:
+        return "{}"
+    if not isinstance(headers, Mapping):
+        raise SerializationError(
+            f"headers must be a mapping of str to str, got {type(headers).__name__}",
+            where="headers",
+            type_name=type(headers).__name__,
+        )
+    for k, v in headers.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise SerializationError(
+                f"headers[{k!r}] must map a str to a str (brokers carry headers as text), "
+                f"got {type(k).__name__} -> {type(v).__name__}; convert the value with str()",
+                where=f"headers[{k!r}]",
+                type_name=type(v).__name__,
+            )
+        if "\x00" in k or "\x00" in v:
+            raise SerializationError(f"headers[{k!r}] contains a NUL character", where=k)
+    return json.dumps(dict(headers), ensure_ascii=False, separators=(",", ":"))
+
+
+def _available_at(message: Message) -> dt.datetime | None:
+    if message.deliver_after is not None and message.available_at is not None:
+        raise InvalidMessageError(
+            "give either deliver_after or available_at, not both", field="deliver_after"
+        )
+    if message.deliver_after is not None:
+        if not isinstance(message.deliver_after, dt.timedelta) or message.deliver_after < (
+            dt.timedelta(0)
+        ):
+            raise InvalidMessageError(
+                f"deliver_after must be a non-negative datetime.timedelta, got "
+                f"{message.deliver_after!r}",
+                field="deliver_after",
+            )
+        return dt.datetime.now(dt.UTC) + message.deliver_after
+    if message.available_at is not None:
+        at = message.available_at
+        if not isinstance(at, dt.datetime) or at.tzinfo is None:
+            raise InvalidMessageError(
+                f"available_at must be a timezone-aware datetime, got {at!r}; "
+                "for example datetime.now(timezone.utc) + timedelta(minutes=5)",
+                field="available_at",
+            )
+        return at
+    return None
+
+
+def prepare(message: Message, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> (
+    PreparedMessage
+):
+    """Validate and serialize ``message``; raise a clear error naming what is wrong."""
+    topic = _text(message.topic, "topic")
+    key = _text(message.key, "key")
+    payload, content_type = encode_payload(message.payload, message.content_type)
+    if len(payload) > max_payload_bytes:
+        raise PayloadTooLargeError(
+            f"payload of topic {topic!r} is {len(payload)} bytes serialized, above the maximum "
+            f"of {max_payload_bytes}; store large data elsewhere and publish a reference to "
+            "it, or raise max_payload_bytes if every broker you use accepts it",
+            size=len(payload),
+            limit=max_payload_bytes,
+        )
+    if message.content_type is not None:
+        _text(message.content_type, "content_type")
+    idempotent = message.idempotency_key is not None
+    if idempotent:
+        msg_id = id_from_idempotency_key(topic, _text(message.idempotency_key, "idempotency_key"))
+    else:
+        msg_id = new_message_id()
+    return PreparedMessage(
+        id=msg_id,
+        topic=topic,
+        key=key,
+        headers=_headers(message.headers),
+        payload=payload,
+        content_type=content_type,
+        traceparent=current_traceparent(),
+        available_at=_available_at(message),
+        idempotent=idempotent,
+    )

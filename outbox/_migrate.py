@@ -1,0 +1,114 @@
+"""Running the shipped Alembic revisions, standalone or from an application's Alembic env."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
+from importlib import resources
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, create_engine, make_url
+from sqlalchemy.engine import URL
+from sqlalchemy.pool import NullPool
+
+from outbox.exceptions import ConfigurationError
+from outbox.schema import check_identifier
+
+#: Standalone runs keep their own version table, so they never touch the app's alembic_version.
+VERSION_TABLE = "outbox_alembic_version"
+#: The branch label of our revisions: `alembic upgrade outbox@head` upgrades only ours.
+BRANCH = "outbox"
+
+
+def sqlalchemy_url(dsn: str) -> URL:
+    """Turn a libpq-style ``postgresql://`` URL into SQLAlchemy's psycopg 3 URL."""
+    try:
+        url = make_url(dsn)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"invalid database URL {dsn!r}: expected postgresql://user@host:port/dbname",
+            url=dsn,
+        ) from exc
+    if url.get_backend_name() != "postgresql":
+        raise ConfigurationError(
+            f"unsupported database {url.get_backend_name()!r}: outbox-inbox needs PostgreSQL "
+            "(postgresql://...)",
+            url=url.render_as_string(hide_password=True),
+        )
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def configured_schema(config: Config) -> str | None:
+    """The schema our tables live in, from ``config.attributes`` or an ``[outbox]`` ini section."""
+    schema = config.attributes.get("outbox.schema")
+    if schema is None and config.file_config.has_section("outbox"):
+        schema = config.get_section_option("outbox", "schema")
+    return check_identifier(schema) if schema else None
+
+
+def alembic_config(
+    url: str | None = None,
+    *,
+    schema: str | None = None,
+    connection: Connection | None = None,
+) -> Config:
+    """An Alembic Config for the standalone runner (own env.py and version table)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resources.files("outbox_migrations")))
+    cfg.set_main_option("version_table", VERSION_TABLE)
+    if url is not None:
+        cfg.set_main_option(
+            "sqlalchemy.url",
+            sqlalchemy_url(url).render_as_string(hide_password=False).replace("%", "%%"),
+        )
+    if schema is not None:
+        cfg.attributes["outbox.schema"] = check_identifier(schema)
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+@contextmanager
+def _connected(url: str) -> Iterator[Connection]:
+    engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            yield conn
+    finally:
+        engine.dispose()
+
+
+def upgrade(url: str, *, schema: str | None = None, revision: str = "heads") -> None:
+    """Upgrade the outbox tables to ``revision`` (default: the newest)."""
+    with _connected(url) as conn:
+        command.upgrade(alembic_config(schema=schema, connection=conn), revision)
+
+
+def downgrade(url: str, revision: str, *, schema: str | None = None) -> None:
+    """Downgrade the outbox tables to ``revision`` (``base`` removes them)."""
+    with _connected(url) as conn:
+        command.downgrade(alembic_config(schema=schema, connection=conn), revision)
+
+
+def current(url: str, *, schema: str | None = None) -> str:
+    """The applied revision(s), as Alembic prints them."""
+    out = io.StringIO()
+    with _connected(url) as conn, redirect_stdout(out):
+        cfg = alembic_config(schema=schema, connection=conn)
+        cfg.stdout = out
+        command.current(cfg)
+    return out.getvalue().strip()
+
+
+def sql(revision: str = "heads", *, schema: str | None = None, from_revision: str | None = None) -> str:
+    """The DDL of an upgrade as SQL text (offline mode), for DBAs who apply it themselves."""
+    out = io.StringIO()
+    cfg = alembic_config(url="postgresql://offline/db", schema=schema)
+    cfg.output_buffer = out
+    target = f"{from_revision}:{revision}" if from_revision else revision
+    command.upgrade(cfg, target, sql=True)
+    return out.getvalue()

@@ -1,0 +1,73 @@
+"""Serializing payloads and headers once, in the producer, with errors that say where."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from outbox.exceptions import SerializationError
+
+__all__ = ["JSON_CONTENT_TYPE", "BYTES_CONTENT_TYPE", "encode_payload", "to_json_value"]
+
+JSON_CONTENT_TYPE = "application/json"
+BYTES_CONTENT_TYPE = "application/octet-stream"
+
+_HINT = (
+    "convert it before publishing (for example str(value) for a Decimal, "
+    "value.isoformat() for a time, or pass bytes with a content_type)"
+)
+
+
+def to_json_value(value: Any, where: str) -> Any:
+    """Return ``value`` as plain JSON data, or raise SerializationError naming the bad part.
+
+    Accepted: dict with str keys, list, tuple, str, int, finite float, bool, None; and, as
+    their standard text forms, uuid.UUID and datetime/date (ISO 8601).
+    """
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise SerializationError(
+                f"{where} is {value!r}, which JSON cannot represent; use null or a string",
+                where=where,
+                type_name="float",
+            )
+        return value
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise SerializationError(
+                    f"{where} has a key {k!r} of type {type(k).__name__}; JSON object keys "
+                    "must be str",
+                    where=where,
+                    type_name=type(k).__name__,
+                )
+            out[k] = to_json_value(v, f"{where}[{k!r}]")
+        return out
+    if isinstance(value, list | tuple):
+        return [to_json_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    raise SerializationError(
+        f"{where} is of type {type(value).__module__}.{type(value).__qualname__}, which "
+        f"cannot be serialized to JSON; {_HINT}",
+        where=where,
+        type_name=type(value).__qualname__,
+    )
+
+
+def encode_payload(payload: Any, content_type: str | None) -> tuple[bytes, str]:
+    """Serialize a payload: bytes are stored as they are, anything else as UTF-8 JSON."""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload), content_type or BYTES_CONTENT_TYPE
+    data = to_json_value(payload, "payload")
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8"), content_type or JSON_CONTENT_TYPE

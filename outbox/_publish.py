@@ -1,0 +1,201 @@
+"""``publish`` and ``publish_async``: write messages in the caller's transaction.
+
+Both twins share the pure parts (validation, parameters, result checks); each twin is only the
+I/O. There is deliberately no variant that opens its own transaction: a message written apart
+from the business rows would defeat the pattern.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from outbox._connections import resolve_async, resolve_sync
+from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, Message, PreparedMessage, prepare
+from outbox._statements import ProducerStatements, producer_statements
+from outbox._wakeup import ring_after_commit
+from outbox.exceptions import OutboxError, SchemaNotInstalledError
+
+__all__ = ["publish", "publish_async", "publish_batch", "publish_batch_async"]
+
+
+@dataclass(frozen=True)
+class _Batch:
+    ids: list[uuid.UUID]  # one per input message, in order
+    params: dict[str, Any]
+    lock_keys: list[int]
+
+
+def _build(messages: Iterable[Message], max_payload_bytes: int) -> _Batch:
+    """Validate everything first: a bad message raises before any statement is sent."""
+    prepared: list[PreparedMessage] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Message):
+            raise OutboxError(
+                f"messages[{index}] is a {type(message).__name__}; pass outbox.Message objects"
+            )
+        prepared.append(prepare(message, max_payload_bytes=max_payload_bytes))
+    ids = [p.id for p in prepared]
+    unique: dict[uuid.UUID, PreparedMessage] = {}
+    for p in prepared:  # the same idempotency key twice in one batch is one message
+        unique.setdefault(p.id, p)
+    rows = list(unique.values())
+    params = {
+        "ids": [p.id for p in rows],
+        "topics": [p.topic for p in rows],
+        "keys": [p.key for p in rows],
+        "headers": [p.headers for p in rows],
+        "payloads": [p.payload for p in rows],
+        "content_types": [p.content_type for p in rows],
+        "traceparents": [p.traceparent for p in rows],
+        "available_ats": [p.available_at for p in rows],
+    }
+    lock_keys = sorted({int.from_bytes(p.id.bytes[:4], "big", signed=True) for p in rows
+                        if p.idempotent})
+    return _Batch(ids=ids, params=params, lock_keys=lock_keys)
+
+
+def _tx_ids(rows: Sequence[tuple[Any, ...]]) -> list[str]:
+    """Check the insert's result; return the writing transaction ids for the doorbell."""
+    tx_ids: set[str] = set()
+    for msg_id, seq, tx_id, fresh in rows:
+        if fresh and seq is None:
+            # Only possible if someone inserted this id without the idempotency lock. The
+            # sequence number taken for it would leave a gap, so refuse the whole transaction.
+            raise OutboxError(
+                f"message {msg_id} was inserted concurrently by another writer; roll back and "
+                "retry the transaction",
+                message_id=msg_id,
+            )
+        if tx_id is not None:
+            tx_ids.add(tx_id)
+    return sorted(tx_ids)
+
+
+def _schema_error(stmts: ProducerStatements, exc: Exception) -> SchemaNotInstalledError:
+    return SchemaNotInstalledError(
+        f"table {stmts.messages_name} or {stmts.sequences_name} does not exist: run "
+        "`outbox migrate upgrade` (add --schema if you use one), or `alembic upgrade heads` "
+        "with outbox_migrations:versions in your version_locations"
+    )
+
+
+def publish_batch(
+    target: Any,
+    messages: Iterable[Message],
+    *,
+    schema: str | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    wakeup: bool = True,
+) -> list[uuid.UUID]:
+    """Write ``messages`` in ``target``'s transaction, in one round trip; return their ids.
+
+    ``target`` is a SQLAlchemy ``Session`` or ``Connection``, or a ``psycopg.Connection``.
+    Messages become visible to the relay only when the caller commits; a rollback removes
+    them. With ``wakeup`` a relay is woken right after the commit (see ``outbox._wakeup``).
+    """
+    batch = _build(messages, max_payload_bytes)
+    if not batch.ids:
+        return []
+    raw = resolve_sync(target)
+    stmts = producer_statements(schema)
+    try:
+        with raw.cursor() as cur:
+            if batch.lock_keys:
+                cur.execute(stmts.idempotency_lock, {"lock_keys": batch.lock_keys})
+            cur.execute(stmts.insert, batch.params)
+            rows = cur.fetchall()
+    except pg_errors.UndefinedTable as exc:
+        raise _schema_error(stmts, exc) from exc
+    tx_ids = _tx_ids(rows)
+    if wakeup and tx_ids:
+        ring_after_commit(raw, tx_ids)
+    return batch.ids
+
+
+async def publish_batch_async(
+    target: Any,
+    messages: Iterable[Message],
+    *,
+    schema: str | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    wakeup: bool = True,
+) -> list[uuid.UUID]:
+    """Async twin of :func:`publish_batch` for ``AsyncSession``, ``AsyncConnection`` (SQLAlchemy)
+    and ``psycopg.AsyncConnection``."""
+    batch = _build(messages, max_payload_bytes)
+    if not batch.ids:
+        return []
+    raw = await resolve_async(target)
+    stmts = producer_statements(schema)
+    try:
+        async with raw.cursor() as cur:
+            if batch.lock_keys:
+                await cur.execute(stmts.idempotency_lock, {"lock_keys": batch.lock_keys})
+            await cur.execute(stmts.insert, batch.params)
+            rows = await cur.fetchall()
+    except pg_errors.UndefinedTable as exc:
+        raise _schema_error(stmts, exc) from exc
+    tx_ids = _tx_ids(rows)
+    if wakeup and tx_ids:
+        ring_after_commit(raw, tx_ids)
+    return batch.ids
+
+
+def publish(
+    target: Any,
+    *,
+    topic: str,
+    key: str,
+    payload: Any,
+    headers: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
+    content_type: str | None = None,
+    deliver_after: dt.timedelta | None = None,
+    available_at: dt.datetime | None = None,
+    schema: str | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    wakeup: bool = True,
+) -> uuid.UUID:
+    """Write one message in ``target``'s transaction and return its id.
+
+    See :class:`outbox.Message` for the fields. Publishing an ``idempotency_key`` that was
+    already published on this topic writes nothing and returns the same id.
+    """
+    message = Message(topic, key, payload, headers, idempotency_key, content_type,
+                      deliver_after, available_at)
+    return publish_batch(target, [message], schema=schema,
+                         max_payload_bytes=max_payload_bytes, wakeup=wakeup)[0]
+
+
+async def publish_async(
+    target: Any,
+    *,
+    topic: str,
+    key: str,
+    payload: Any,
+    headers: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
+    content_type: str | None = None,
+    deliver_after: dt.timedelta | None = None,
+    available_at: dt.datetime | None = None,
+    schema: str | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    wakeup: bool = True,
+) -> uuid.UUID:
+    """Async twin of :func:`publish`."""
+    message = Message(topic, key, payload, headers, idempotency_key, content_type,
+                      deliver_after, available_at)
+    ids = await publish_batch_async(target, [message], schema=schema,
+                                    max_payload_bytes=max_payload_bytes, wakeup=wakeup)
+    return ids[0]
+
+
+# psycopg is imported for its types in annotations of the resolved connections.
+_ = psycopg

@@ -1,0 +1,122 @@
+"""The producer's SQL, rendered once per schema. Read the comments before changing anything.
+
+Statements use psycopg's ``%(name)s`` placeholders and run on the caller's own connection,
+inside the caller's transaction. Identifiers are composed with ``psycopg.sql`` from validated
+names, never formatted into the text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from psycopg import sql
+
+from outbox.schema import OUTBOX_MESSAGES, OUTBOX_SEQUENCES, check_identifier
+
+__all__ = ["WAKEUP_CHANNEL", "ProducerStatements", "producer_statements"]
+
+#: NOTIFY channel that wakes relays. Versioned so old and new relays coexist in a rolling deploy.
+WAKEUP_CHANNEL = "outbox_wakeup_v1"
+
+# outbox_messages_insert: write a batch of messages and give each its per-(topic, key) sequence
+# number, in one statement.
+#
+# Why the sequence numbers are gapless and in commit order:
+# * `bumped` upserts one outbox_key_sequences row per (topic, key) and adds the number of new
+#   messages. The upsert takes that row's lock and holds it until the caller's transaction
+#   ends, so a second writer of the same key waits here; under READ COMMITTED its upsert then
+#   re-reads the committed last_seq (or, if the first writer rolled back, the old one). Writers
+#   of other keys lock other rows and never wait. Keys are locked in (topic, key) order so two
+#   batches that share keys cannot deadlock.
+# * `fresh` drops ids that already exist (an idempotency key published again) *before* a
+#   number is taken, so a no-op republish leaves no hole. Two transactions racing on the same
+#   new idempotency key are serialized beforehand by outbox_idempotency_lock: the loser's
+#   statement starts after the winner has ended, so its snapshot sees the winner's row.
+# * ON CONFLICT (id) DO NOTHING is the last line of defence; the caller checks that every
+#   fresh row was inserted.
+_INSERT = """
+WITH input AS (
+    SELECT *
+    FROM unnest(
+        %(ids)s::uuid[], %(topics)s::text[], %(keys)s::text[], %(headers)s::jsonb[],
+        %(payloads)s::bytea[], %(content_types)s::text[], %(traceparents)s::text[],
+        %(available_ats)s::timestamptz[]
+    ) WITH ORDINALITY
+        AS t(id, topic, key, headers, payload, content_type, traceparent, available_at, ord)
+),
+fresh AS (
+    SELECT i.* FROM input AS i
+    WHERE NOT EXISTS (SELECT 1 FROM {messages} AS m WHERE m.id = i.id)
+),
+counts AS (
+    SELECT topic, key, count(*) AS n FROM fresh GROUP BY topic, key
+),
+bumped AS (
+    INSERT INTO {sequences} AS s (topic, key, last_seq)
+    SELECT topic, key, n FROM counts ORDER BY topic, key
+    ON CONFLICT (topic, key) DO UPDATE SET last_seq = s.last_seq + excluded.last_seq
+    RETURNING s.topic, s.key, s.last_seq
+),
+inserted AS (
+    INSERT INTO {messages} AS m
+        (id, topic, key, seq, headers, payload, content_type, traceparent, available_at)
+    SELECT f.id, f.topic, f.key,
+           b.last_seq - c.n + row_number() OVER (PARTITION BY f.topic, f.key ORDER BY f.ord),
+           f.headers, f.payload, f.content_type, f.traceparent,
+           coalesce(f.available_at, clock_timestamp())
+    FROM fresh AS f
+    JOIN counts AS c USING (topic, key)
+    JOIN bumped AS b USING (topic, key)
+    ORDER BY f.ord
+    ON CONFLICT (id) DO NOTHING
+    RETURNING m.id, m.seq, m.tx_id
+)
+SELECT i.id, ins.seq, ins.tx_id::text, f.id IS NOT NULL AS fresh
+FROM input AS i
+LEFT JOIN fresh AS f ON f.id = i.id
+LEFT JOIN inserted AS ins ON ins.id = i.id
+ORDER BY i.ord
+"""
+
+# outbox_idempotency_lock: only for batches with idempotency keys. A transaction-scoped
+# advisory lock per derived id (two-key form, class 0x0B0C reserved for outbox-inbox), taken in
+# sorted order so two batches cannot deadlock. Released at commit or rollback.
+_IDEMPOTENCY_LOCK = """
+SELECT pg_advisory_xact_lock(3084, k) FROM unnest(%(lock_keys)s::int4[]) AS k ORDER BY k
+"""
+
+# outbox_tables_present: one catalog lookup, to turn "relation does not exist" into advice.
+_TABLES_PRESENT = """
+SELECT to_regclass(%(messages)s) IS NOT NULL AND to_regclass(%(sequences)s) IS NOT NULL
+"""
+
+
+@dataclass(frozen=True)
+class ProducerStatements:
+    insert: bytes
+    idempotency_lock: bytes
+    tables_present: bytes
+    messages_name: str
+    sequences_name: str
+
+
+def _qualified(schema: str | None, table: str) -> sql.Identifier:
+    return sql.Identifier(schema, table) if schema else sql.Identifier(table)
+
+
+@lru_cache(maxsize=32)
+def producer_statements(schema: str | None) -> ProducerStatements:
+    """The producer statements for tables in ``schema`` (``None``: the search_path)."""
+    if schema is not None:
+        check_identifier(schema)
+    messages = _qualified(schema, OUTBOX_MESSAGES)
+    sequences = _qualified(schema, OUTBOX_SEQUENCES)
+    insert = sql.SQL(_INSERT).format(messages=messages, sequences=sequences)
+    return ProducerStatements(
+        insert=insert.as_string(None).encode(),
+        idempotency_lock=_IDEMPOTENCY_LOCK.encode(),
+        tables_present=_TABLES_PRESENT.encode(),
+        messages_name=messages.as_string(None),
+        sequences_name=sequences.as_string(None),
+    )

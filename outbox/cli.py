@@ -1,0 +1,94 @@
+"""The ``outbox`` command. Later packages add their subcommands to :data:`main`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from outbox import _migrate
+from outbox.exceptions import OutboxError
+
+__all__ = ["main"]
+
+_URL_HELP = "PostgreSQL URL (default: $OUTBOX_DATABASE_URL, else $DATABASE_URL)."
+
+
+def database_url(url: str | None) -> str:
+    """The database URL from the flag or the environment, or a clear usage error."""
+    url = url or os.environ.get("OUTBOX_DATABASE_URL") or os.environ.get("DATABASE_URL")
+    if not url:
+        raise click.UsageError(
+            "no database given: pass --url postgresql://user@host:5432/dbname "
+            "or set OUTBOX_DATABASE_URL"
+        )
+    return url
+
+
+class _Group(click.Group):
+    """Turns library errors into one clear line and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except OutboxError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group)
+def main() -> None:
+    """outbox-inbox: transactional outbox and inbox for PostgreSQL."""
+
+
+@main.group()
+def migrate() -> None:
+    """Install or change the outbox and inbox tables (Alembic revisions on branch 'outbox')."""
+
+
+_url = click.option("--url", envvar=None, default=None, help=_URL_HELP)
+_schema = click.option(
+    "--schema", default=None, envvar="OUTBOX_SCHEMA", help="Schema of the tables (default: search_path)."
+)
+
+
+@migrate.command("upgrade")
+@click.argument("revision", default="heads")
+@_url
+@_schema
+def migrate_upgrade(revision: str, url: str | None, schema: str | None) -> None:
+    """Upgrade to REVISION (default: the newest)."""
+    _migrate.upgrade(database_url(url), schema=schema, revision=revision)
+    click.echo(f"upgraded to {revision}")
+
+
+@migrate.command("downgrade")
+@click.argument("revision")
+@_url
+@_schema
+def migrate_downgrade(revision: str, url: str | None, schema: str | None) -> None:
+    """Downgrade to REVISION ('base' removes every table)."""
+    _migrate.downgrade(database_url(url), revision, schema=schema)
+    click.echo(f"downgraded to {revision}")
+
+
+@migrate.command("current")
+@_url
+@_schema
+def migrate_current(url: str | None, schema: str | None) -> None:
+    """Show the applied revision."""
+    click.echo(_migrate.current(database_url(url), schema=schema) or "(none)")
+
+
+@migrate.command("sql")
+@click.argument("revision", default="heads")
+@click.option("--from", "from_revision", default=None, help="Start revision (default: empty).")
+@_schema
+def migrate_sql(revision: str, from_revision: str | None, schema: str | None) -> None:
+    """Print the upgrade DDL as SQL instead of running it (for DBAs)."""
+    click.echo(_migrate.sql(revision, schema=schema, from_revision=from_revision))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,222 @@
+"""Table definitions: the single source for the migrations, the writers and autogenerate.
+
+Use :func:`make_metadata` to get the tables in a schema of your choice (``None`` means the
+connection's ``search_path``, normally ``public``). Put the result in your Alembic
+``target_metadata`` so autogenerate never proposes to drop our tables::
+
+    target_metadata = [app_metadata, outbox.make_metadata(schema="messaging")]
+
+Every name carries a prefix (``outbox_``, ``inbox_``) and the naming convention below keeps
+constraint and index names stable, so migrations can refer to them by name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql.base import ischema_names
+from sqlalchemy.types import DateTime, UserDefinedType
+
+from outbox.exceptions import ConfigurationError
+
+__all__ = [
+    "INBOX_MESSAGES",
+    "INBOX_POSITIONS",
+    "NAMING_CONVENTION",
+    "OUTBOX_MESSAGES",
+    "OUTBOX_SEQUENCES",
+    "Xid8",
+    "check_identifier",
+    "include_object",
+    "make_metadata",
+    "metadata",
+]
+
+OUTBOX_MESSAGES = "outbox_messages"
+OUTBOX_SEQUENCES = "outbox_key_sequences"
+INBOX_MESSAGES = "inbox_messages"
+INBOX_POSITIONS = "inbox_key_positions"
+
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "%(table_name)s_%(column_0_N_name)s_idx",
+    "uq": "%(table_name)s_%(column_0_N_name)s_key",
+    "ck": "%(table_name)s_%(constraint_name)s_check",
+    "fk": "%(table_name)s_%(column_0_N_name)s_fkey",
+    "pk": "%(table_name)s_pkey",
+}
+
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def check_identifier(name: str, what: str = "schema") -> str:
+    """Return ``name`` if it is a plain lower-case SQL identifier, else raise ConfigurationError."""
+    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+        raise ConfigurationError(
+            f"invalid {what} name {name!r}: use 1-63 lower-case letters, digits and underscores, "
+            "not starting with a digit (for example 'messaging')",
+            name=name,
+        )
+    return name
+
+
+class Xid8(UserDefinedType[int]):
+    """PostgreSQL's 64-bit transaction id (``xid8``, PostgreSQL 13+)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "xid8"
+
+
+# Let reflection (Alembic's autogenerate, `alembic check`) recognise the column type.
+ischema_names.setdefault("xid8", Xid8)
+
+_TIMESTAMPTZ = DateTime(timezone=True)
+
+
+def make_metadata(schema: str | None = None) -> MetaData:
+    """Build the outbox and inbox tables in ``schema`` (``None``: the search_path)."""
+    if schema is not None:
+        check_identifier(schema)
+    md = MetaData(schema=schema, naming_convention=NAMING_CONVENTION)
+
+    Table(
+        OUTBOX_MESSAGES,
+        md,
+        # Producer-generated: UUIDv7, or derived from an idempotency key. Never a sequence
+        # value, which a failover or restore can hand out twice.
+        Column("id", UUID(as_uuid=True), nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("key", Text, nullable=False),
+        # Gapless per (topic, key), assigned under the row lock of outbox_key_sequences, so it
+        # increases in the order the writing transactions commit.
+        Column("seq", BigInteger, nullable=False),
+        Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+        # Serialized once, in the business transaction; the relay never re-serializes.
+        Column("payload", LargeBinary, nullable=False),
+        Column(
+            "content_type", Text, nullable=False, server_default=text("'application/json'")
+        ),
+        Column("traceparent", Text, nullable=True),
+        Column("created_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")),
+        Column(
+            "available_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+        ),
+        Column("status", Text, nullable=False, server_default=text("'pending'")),
+        Column("attempts", Integer, nullable=False, server_default=text("0")),
+        Column("last_error", Text, nullable=True),
+        Column("published_at", _TIMESTAMPTZ, nullable=True),
+        # The writing top-level transaction: readers that must never see a half-committed
+        # window (reconciliation, incremental ingest) only take rows whose tx_id is below
+        # pg_snapshot_xmin(pg_current_snapshot()). Not the xmin system column: that one is
+        # 32-bit, wraps, and changes when the row is updated.
+        Column("tx_id", Xid8(), nullable=False, server_default=text("pg_current_xact_id()")),
+        PrimaryKeyConstraint("id"),
+        UniqueConstraint("topic", "key", "seq"),
+        CheckConstraint("topic <> ''", name="topic_not_empty"),
+        CheckConstraint("key <> ''", name="key_not_empty"),
+        CheckConstraint("seq > 0", name="seq_positive"),
+        CheckConstraint("status IN ('pending', 'published', 'dead')", name="status_valid"),
+        CheckConstraint("attempts >= 0", name="attempts_not_negative"),
+        # The relay's claim looks only at pending rows, ordered by availability. A partial
+        # index keeps it as small as the backlog, whatever the size of the published history.
+        Index(
+            None,
+            "available_at",
+            postgresql_where=text("status = 'pending'"),
+        ),
+        # Retention deletes old published rows in batches by published_at; partial so that
+        # pending rows (and the writers inserting them) do not pay for it.
+        Index(
+            None,
+            "published_at",
+            postgresql_where=text("status = 'published'"),
+        ),
+    )
+
+    Table(
+        OUTBOX_SEQUENCES,
+        md,
+        # One row per (topic, key). A writer bumps last_seq in the same statement as its
+        # insert; the row lock it holds until commit orders writers of the same key and leaves
+        # writers of other keys alone.
+        Column("topic", Text, nullable=False),
+        Column("key", Text, nullable=False),
+        Column("last_seq", BigInteger, nullable=False),
+        PrimaryKeyConstraint("topic", "key"),
+        CheckConstraint("last_seq >= 0", name="last_seq_not_negative"),
+    )
+
+    Table(
+        INBOX_MESSAGES,
+        md,
+        Column("consumer", Text, nullable=False),
+        Column("message_id", UUID(as_uuid=True), nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("key", Text, nullable=False),
+        Column("seq", BigInteger, nullable=True),
+        Column("received_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")),
+        Column("processed_at", _TIMESTAMPTZ, nullable=True),
+        # Deliveries seen: an aid for operators and reconciliation, never used to decide
+        # whether a message is a duplicate (the primary key does that).
+        Column("attempts", Integer, nullable=False, server_default=text("1")),
+        Column("status", Text, nullable=False, server_default=text("'processed'")),
+        Column("last_error", Text, nullable=True),
+        PrimaryKeyConstraint("consumer", "message_id"),
+        CheckConstraint("consumer <> ''", name="consumer_not_empty"),
+        CheckConstraint(
+            "status IN ('processing', 'processed', 'stale', 'dead')", name="status_valid"
+        ),
+        # Retention purges processed records older than a window, in batches.
+        Index(None, "received_at"),
+    )
+
+    Table(
+        INBOX_POSITIONS,
+        md,
+        # The per-key order guard: the last sequence number a consumer applied for a key.
+        # Kept after the inbox records are purged, as a cheap second duplicate guard.
+        Column("consumer", Text, nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("key", Text, nullable=False),
+        Column("last_seq", BigInteger, nullable=False),
+        Column("updated_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")),
+        PrimaryKeyConstraint("consumer", "topic", "key"),
+    )
+    return md
+
+
+#: The tables in the search_path schema.
+metadata: MetaData = make_metadata()
+
+_OUR_TABLES = frozenset({OUTBOX_MESSAGES, OUTBOX_SEQUENCES, INBOX_MESSAGES, INBOX_POSITIONS})
+
+
+def include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    """Alembic ``include_object`` hook for apps that do not add our MetaData to theirs.
+
+    It hides our tables (and their indexes) from the app's autogenerate, so it never proposes
+    to drop them.
+    """
+    if type_ == "table":
+        return name not in _OUR_TABLES and not (name or "").startswith("outbox_alembic")
+    table = getattr(obj, "table", None)
+    return getattr(table, "name", None) not in _OUR_TABLES

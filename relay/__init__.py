@@ -1,0 +1,3 @@
+"""relay: see the README. (Built in its own issue.)"""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""spark_ingest: see the README. (Built in its own issue.)"""
+
+__all__: list[str] = []

@@ -1,0 +1,109 @@
+"""Every bad input raises a clear error before anything is written, and the caller's
+transaction stays usable (nothing was sent, so nothing was aborted)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from outbox import (
+    ConfigurationError,
+    InvalidMessageError,
+    Message,
+    PayloadTooLargeError,
+    SchemaNotInstalledError,
+    SerializationError,
+    TransactionRequiredError,
+    publish,
+    publish_batch,
+)
+from outbox._migrate import sqlalchemy_url
+
+BAD = [
+    (dict(topic="", key="k", payload={}), InvalidMessageError, "topic must not be empty"),
+    (dict(topic="t", key="  ", payload={}), InvalidMessageError, "key must not be empty"),
+    (dict(topic="t", key=42, payload={}), InvalidMessageError, "key must be a str, got int"),
+    (dict(topic="t", key="k", payload={"items": [{"price": decimal.Decimal("1.5")}]}),
+     SerializationError, "payload['items'][0]['price'] is of type decimal.Decimal"),
+    (dict(topic="t", key="k", payload={"x": float("nan")}), SerializationError,
+     "payload['x'] is nan"),
+    (dict(topic="t", key="k", payload={1: "a"}), SerializationError, "key 1 of type int"),
+    (dict(topic="t", key="k", payload={}, headers={"n": 1}), SerializationError,
+     "headers['n'] must map a str to a str"),
+    (dict(topic="t", key="k", payload="x" * 2000, max_payload_bytes=1000), PayloadTooLargeError,
+     "2002 bytes serialized, above the maximum of 1000"),
+    (dict(topic="t", key="k", payload={}, deliver_after=dt.timedelta(seconds=-1)),
+     InvalidMessageError, "deliver_after must be a non-negative"),
+    (dict(topic="t", key="k", payload={}, available_at=dt.datetime(2030, 1, 1)),
+     InvalidMessageError, "available_at must be a timezone-aware datetime"),
+    (dict(topic="t", key="k", payload={}, available_at=dt.datetime.now(dt.UTC),
+          deliver_after=dt.timedelta(1)), InvalidMessageError, "not both"),
+    (dict(topic="t", key="k", payload={}, idempotency_key=""), InvalidMessageError,
+     "idempotency_key must not be empty"),
+    (dict(topic="t", key="k", payload={}, schema="Bad-Name"), ConfigurationError,
+     "invalid schema name 'Bad-Name'"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "says"), BAD, ids=[b[2][:30] for b in BAD])
+def test_bad_input_raises_clear_error_and_writes_nothing(
+    session: Session, kwargs: dict[str, Any], error: type[Exception], says: str
+) -> None:
+    publish(session, topic="t", key="ok", payload={"before": True})
+    with pytest.raises(error, match=None) as info:
+        publish(session, **kwargs)
+    assert says in str(info.value)
+    # the transaction is intact and holds only the good message
+    assert session.execute(text("SELECT key FROM outbox_messages")).scalars().all() == ["ok"]
+
+
+def test_bad_message_in_batch_writes_none_of_the_batch(pg_conn: psycopg.Connection[Any]) -> None:
+    batch = [Message("t", "k", 1), Message("t", "k", object())]
+    with pytest.raises(SerializationError, match=r"payload is of type builtins\.object"):
+        publish_batch(pg_conn, batch)
+    assert pg_conn.execute("SELECT count(*) FROM outbox_messages").fetchone() == (0,)
+
+
+def test_psycopg_autocommit_is_refused_with_atomicity_explained(shared_url: str) -> None:
+    with psycopg.connect(shared_url, autocommit=True) as conn:
+        with pytest.raises(TransactionRequiredError, match="apart from your business rows"):
+            publish(conn, topic="t", key="k", payload={})
+        # inside an explicit transaction block the same connection is fine
+        with conn.transaction(force_rollback=True):
+            publish(conn, topic="t", key="k", payload={})
+            assert conn.execute("SELECT count(*) FROM outbox_messages").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM outbox_messages").fetchone() == (0,)
+
+
+def test_sqlalchemy_autocommit_isolation_is_refused(shared_url: str) -> None:
+    engine = create_engine(sqlalchemy_url(shared_url), poolclass=NullPool,
+                           isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn, pytest.raises(TransactionRequiredError, match="autocommit"):
+        publish(conn, topic="t", key="k", payload={})
+    engine.dispose()
+
+
+def test_failed_transaction_is_refused(pg_conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        pg_conn.execute("SELECT 1/0")
+    with pytest.raises(TransactionRequiredError, match="already failed"):
+        publish(pg_conn, topic="t", key="k", payload={})
+
+
+def test_missing_tables_say_how_to_install(empty_database_url: str) -> None:
+    with psycopg.connect(empty_database_url) as conn, pytest.raises(
+        SchemaNotInstalledError, match="outbox migrate upgrade"
+    ):
+        publish(conn, topic="t", key="k", payload={})
+
+
+def test_unsupported_target_is_named() -> None:
+    with pytest.raises(ConfigurationError, match="cannot write through a builtins.str"):
+        publish("postgresql://x", topic="t", key="k", payload={})
