@@ -71,7 +71,8 @@ async def resolve_async(target: Any) -> psycopg.AsyncConnection[Any]:
 
 def _unsupported(target: Any, expected: str) -> ConfigurationError:
     return ConfigurationError(
-        f"cannot write through a {type(target).__module__}.{type(target).__name__}; pass {expected}",
+        f"cannot write through a {type(target).__module__}.{type(target).__name__}; "
+        f"pass {expected}",
         target_type=type(target).__name__,
     )
 

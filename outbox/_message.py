@@ -12,6 +12,7 @@ from typing import Any
 from outbox._ids import id_from_idempotency_key, new_message_id
 from outbox._payload import encode_payload
 from outbox._trace import current_traceparent
+from outbox.envelope import is_reserved_header
 from outbox.exceptions import InvalidMessageError, PayloadTooLargeError, SerializationError
 
 __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Message", "PreparedMessage", "prepare"]
@@ -88,6 +89,13 @@ def _headers(headers: Mapping[str, str] | None) -> str:
                 where=f"headers[{k!r}]",
                 type_name=type(v).__name__,
             )
+        if is_reserved_header(k):
+            raise SerializationError(
+                f"headers[{k!r}] uses a name reserved for the envelope (outbox-*, content-type, "
+                "traceparent); pick another name, or use the content_type argument",
+                where=f"headers[{k!r}]",
+                type_name="str",
+            )
         if "\x00" in k or "\x00" in v:
             raise SerializationError(f"headers[{k!r}] contains a NUL character", where=k)
     return json.dumps(dict(headers), ensure_ascii=False, separators=(",", ":"))
@@ -120,9 +128,9 @@ def _available_at(message: Message) -> dt.datetime | None:
     return None
 
 
-def prepare(message: Message, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> (
-    PreparedMessage
-):
+def prepare(
+    message: Message, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+) -> PreparedMessage:
     """Validate and serialize ``message``; raise a clear error naming what is wrong."""
     topic = _text(message.topic, "topic")
     key = _text(message.key, "key")

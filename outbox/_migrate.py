@@ -42,8 +42,10 @@ def sqlalchemy_url(dsn: str) -> URL:
     return url
 
 
-def configured_schema(config: Config) -> str | None:
+def configured_schema(config: Config | None) -> str | None:
     """The schema our tables live in, from ``config.attributes`` or an ``[outbox]`` ini section."""
+    if config is None:
+        return None
     schema = config.attributes.get("outbox.schema")
     if schema is None and config.file_config.has_section("outbox"):
         schema = config.get_section_option("outbox", "schema")
@@ -104,7 +106,9 @@ def current(url: str, *, schema: str | None = None) -> str:
     return out.getvalue().strip()
 
 
-def sql(revision: str = "heads", *, schema: str | None = None, from_revision: str | None = None) -> str:
+def sql(
+    revision: str = "heads", *, schema: str | None = None, from_revision: str | None = None
+) -> str:
     """The DDL of an upgrade as SQL text (offline mode), for DBAs who apply it themselves."""
     out = io.StringIO()
     cfg = alembic_config(url="postgresql://offline/db", schema=schema)

@@ -11,7 +11,7 @@ from typing import Any
 
 from outbox.exceptions import SerializationError
 
-__all__ = ["JSON_CONTENT_TYPE", "BYTES_CONTENT_TYPE", "encode_payload", "to_json_value"]
+__all__ = ["BYTES_CONTENT_TYPE", "JSON_CONTENT_TYPE", "encode_payload", "to_json_value"]
 
 JSON_CONTENT_TYPE = "application/json"
 BYTES_CONTENT_TYPE = "application/octet-stream"

@@ -56,8 +56,9 @@ def _build(messages: Iterable[Message], max_payload_bytes: int) -> _Batch:
         "traceparents": [p.traceparent for p in rows],
         "available_ats": [p.available_at for p in rows],
     }
-    lock_keys = sorted({int.from_bytes(p.id.bytes[:4], "big", signed=True) for p in rows
-                        if p.idempotent})
+    lock_keys = sorted(
+        {int.from_bytes(p.id.bytes[:4], "big", signed=True) for p in rows if p.idempotent}
+    )
     return _Batch(ids=ids, params=params, lock_keys=lock_keys)
 
 
@@ -168,10 +169,12 @@ def publish(
     See :class:`outbox.Message` for the fields. Publishing an ``idempotency_key`` that was
     already published on this topic writes nothing and returns the same id.
     """
-    message = Message(topic, key, payload, headers, idempotency_key, content_type,
-                      deliver_after, available_at)
-    return publish_batch(target, [message], schema=schema,
-                         max_payload_bytes=max_payload_bytes, wakeup=wakeup)[0]
+    message = Message(
+        topic, key, payload, headers, idempotency_key, content_type, deliver_after, available_at
+    )
+    return publish_batch(
+        target, [message], schema=schema, max_payload_bytes=max_payload_bytes, wakeup=wakeup
+    )[0]
 
 
 async def publish_async(
@@ -190,10 +193,12 @@ async def publish_async(
     wakeup: bool = True,
 ) -> uuid.UUID:
     """Async twin of :func:`publish`."""
-    message = Message(topic, key, payload, headers, idempotency_key, content_type,
-                      deliver_after, available_at)
-    ids = await publish_batch_async(target, [message], schema=schema,
-                                    max_payload_bytes=max_payload_bytes, wakeup=wakeup)
+    message = Message(
+        topic, key, payload, headers, idempotency_key, content_type, deliver_after, available_at
+    )
+    ids = await publish_batch_async(
+        target, [message], schema=schema, max_payload_bytes=max_payload_bytes, wakeup=wakeup
+    )
     return ids[0]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -10,7 +11,9 @@ import click
 from outbox import _migrate
 from outbox.exceptions import OutboxError
 
-__all__ = ["main"]
+__all__ = ["database_url", "main"]
+
+log = logging.getLogger("outbox.cli")
 
 _URL_HELP = "PostgreSQL URL (default: $OUTBOX_DATABASE_URL, else $DATABASE_URL)."
 
@@ -49,7 +52,10 @@ def migrate() -> None:
 
 _url = click.option("--url", envvar=None, default=None, help=_URL_HELP)
 _schema = click.option(
-    "--schema", default=None, envvar="OUTBOX_SCHEMA", help="Schema of the tables (default: search_path)."
+    "--schema",
+    default=None,
+    envvar="OUTBOX_SCHEMA",
+    help="Schema of the tables (default: search_path).",
 )
 
 
@@ -89,6 +95,23 @@ def migrate_sql(revision: str, from_revision: str | None, schema: str | None) ->
     """Print the upgrade DDL as SQL instead of running it (for DBAs)."""
     click.echo(_migrate.sql(revision, schema=schema, from_revision=from_revision))
 
+
+def _load_plugins() -> None:
+    """Add the subcommands other packages register under the ``outbox.cli`` entry point group
+    (``relay``, ``status``, ``dead``, ``reconcile``...). ``outbox`` itself imports none of them."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="outbox.cli"):
+        try:
+            commands = ep.load()
+        except ModuleNotFoundError as exc:  # that package's optional dependencies are missing
+            log.debug("outbox: subcommands %s unavailable: %s", ep.name, exc)
+            continue
+        for command in commands:
+            main.add_command(command)
+
+
+_load_plugins()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -110,11 +110,11 @@ def make_metadata(schema: str | None = None) -> MetaData:
         Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
         # Serialized once, in the business transaction; the relay never re-serializes.
         Column("payload", LargeBinary, nullable=False),
-        Column(
-            "content_type", Text, nullable=False, server_default=text("'application/json'")
-        ),
+        Column("content_type", Text, nullable=False, server_default=text("'application/json'")),
         Column("traceparent", Text, nullable=True),
-        Column("created_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")),
+        Column(
+            "created_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+        ),
         Column(
             "available_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
         ),
@@ -171,7 +171,9 @@ def make_metadata(schema: str | None = None) -> MetaData:
         Column("topic", Text, nullable=False),
         Column("key", Text, nullable=False),
         Column("seq", BigInteger, nullable=True),
-        Column("received_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")),
+        Column(
+            "received_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+        ),
         Column("processed_at", _TIMESTAMPTZ, nullable=True),
         # Deliveries seen: an aid for operators and reconciliation, never used to decide
         # whether a message is a duplicate (the primary key does that).
@@ -196,16 +198,37 @@ def make_metadata(schema: str | None = None) -> MetaData:
         Column("topic", Text, nullable=False),
         Column("key", Text, nullable=False),
         Column("last_seq", BigInteger, nullable=False),
-        Column("updated_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")),
+        Column(
+            "updated_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+        ),
         PrimaryKeyConstraint("consumer", "topic", "key"),
     )
+    _relay_tables(md)
+    _reconciliation_tables(md)
     return md
+
+
+def _relay_tables(md: MetaData) -> None:
+    """Tables the relay daemon adds (leases, audit); see migrations outbox_0002+."""
+
+
+# ---------------------------------------------------------------------------------------------
+# (kept apart from the relay's section so the two evolve without touching each other)
+# ---------------------------------------------------------------------------------------------
+
+
+def _reconciliation_tables(md: MetaData) -> None:
+    """Tables the nightly reconciliation adds (run history, ingest watermarks)."""
 
 
 #: The tables in the search_path schema.
 metadata: MetaData = make_metadata()
 
-_OUR_TABLES = frozenset({OUTBOX_MESSAGES, OUTBOX_SEQUENCES, INBOX_MESSAGES, INBOX_POSITIONS})
+_OUR_PREFIXES = ("outbox_", "inbox_")
+
+
+def _ours(name: str | None) -> bool:
+    return (name or "").startswith(_OUR_PREFIXES)
 
 
 def include_object(
@@ -217,6 +240,6 @@ def include_object(
     to drop them.
     """
     if type_ == "table":
-        return name not in _OUR_TABLES and not (name or "").startswith("outbox_alembic")
+        return not _ours(name)
     table = getattr(obj, "table", None)
-    return getattr(table, "name", None) not in _OUR_TABLES
+    return not _ours(getattr(table, "name", None))

@@ -48,18 +48,19 @@ def upgrade() -> None:
         sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column("published_at", TZ, nullable=True),
-        sa.Column(
-            "tx_id", Xid8(), nullable=False, server_default=sa.text("pg_current_xact_id()")
-        ),
+        sa.Column("tx_id", Xid8(), nullable=False, server_default=sa.text("pg_current_xact_id()")),
         sa.PrimaryKeyConstraint("id", name=op.f("outbox_messages_pkey")),
         sa.UniqueConstraint("topic", "key", "seq", name=op.f("outbox_messages_topic_key_seq_key")),
         sa.CheckConstraint("topic <> ''", name=op.f("outbox_messages_topic_not_empty_check")),
         sa.CheckConstraint("key <> ''", name=op.f("outbox_messages_key_not_empty_check")),
         sa.CheckConstraint("seq > 0", name=op.f("outbox_messages_seq_positive_check")),
         sa.CheckConstraint(
-            "status IN ('pending', 'published', 'dead')", name=op.f("outbox_messages_status_valid_check")
+            "status IN ('pending', 'published', 'dead')",
+            name=op.f("outbox_messages_status_valid_check"),
         ),
-        sa.CheckConstraint("attempts >= 0", name=op.f("outbox_messages_attempts_not_negative_check")),
+        sa.CheckConstraint(
+            "attempts >= 0", name=op.f("outbox_messages_attempts_not_negative_check")
+        ),
         schema=schema,
     )
     # Claim: only pending rows, by availability (see outbox/schema.py).

@@ -30,25 +30,63 @@ BAD = [
     (dict(topic="", key="k", payload={}), InvalidMessageError, "topic must not be empty"),
     (dict(topic="t", key="  ", payload={}), InvalidMessageError, "key must not be empty"),
     (dict(topic="t", key=42, payload={}), InvalidMessageError, "key must be a str, got int"),
-    (dict(topic="t", key="k", payload={"items": [{"price": decimal.Decimal("1.5")}]}),
-     SerializationError, "payload['items'][0]['price'] is of type decimal.Decimal"),
-    (dict(topic="t", key="k", payload={"x": float("nan")}), SerializationError,
-     "payload['x'] is nan"),
+    (
+        dict(topic="t", key="k", payload={"items": [{"price": decimal.Decimal("1.5")}]}),
+        SerializationError,
+        "payload['items'][0]['price'] is of type decimal.Decimal",
+    ),
+    (
+        dict(topic="t", key="k", payload={"x": float("nan")}),
+        SerializationError,
+        "payload['x'] is nan",
+    ),
     (dict(topic="t", key="k", payload={1: "a"}), SerializationError, "key 1 of type int"),
-    (dict(topic="t", key="k", payload={}, headers={"n": 1}), SerializationError,
-     "headers['n'] must map a str to a str"),
-    (dict(topic="t", key="k", payload="x" * 2000, max_payload_bytes=1000), PayloadTooLargeError,
-     "2002 bytes serialized, above the maximum of 1000"),
-    (dict(topic="t", key="k", payload={}, deliver_after=dt.timedelta(seconds=-1)),
-     InvalidMessageError, "deliver_after must be a non-negative"),
-    (dict(topic="t", key="k", payload={}, available_at=dt.datetime(2030, 1, 1)),
-     InvalidMessageError, "available_at must be a timezone-aware datetime"),
-    (dict(topic="t", key="k", payload={}, available_at=dt.datetime.now(dt.UTC),
-          deliver_after=dt.timedelta(1)), InvalidMessageError, "not both"),
-    (dict(topic="t", key="k", payload={}, idempotency_key=""), InvalidMessageError,
-     "idempotency_key must not be empty"),
-    (dict(topic="t", key="k", payload={}, schema="Bad-Name"), ConfigurationError,
-     "invalid schema name 'Bad-Name'"),
+    (
+        dict(topic="t", key="k", payload={}, headers={"n": 1}),
+        SerializationError,
+        "headers['n'] must map a str to a str",
+    ),
+    (
+        dict(topic="t", key="k", payload={}, headers={"Outbox-Seq": "1"}),
+        SerializationError,
+        "reserved for the envelope",
+    ),
+    (
+        dict(topic="t", key="k", payload="x" * 2000, max_payload_bytes=1000),
+        PayloadTooLargeError,
+        "2002 bytes serialized, above the maximum of 1000",
+    ),
+    (
+        dict(topic="t", key="k", payload={}, deliver_after=dt.timedelta(seconds=-1)),
+        InvalidMessageError,
+        "deliver_after must be a non-negative",
+    ),
+    (
+        dict(topic="t", key="k", payload={}, available_at=dt.datetime(2030, 1, 1)),
+        InvalidMessageError,
+        "available_at must be a timezone-aware datetime",
+    ),
+    (
+        dict(
+            topic="t",
+            key="k",
+            payload={},
+            available_at=dt.datetime.now(dt.UTC),
+            deliver_after=dt.timedelta(1),
+        ),
+        InvalidMessageError,
+        "not both",
+    ),
+    (
+        dict(topic="t", key="k", payload={}, idempotency_key=""),
+        InvalidMessageError,
+        "idempotency_key must not be empty",
+    ),
+    (
+        dict(topic="t", key="k", payload={}, schema="Bad-Name"),
+        ConfigurationError,
+        "invalid schema name 'Bad-Name'",
+    ),
 ]
 
 
@@ -83,8 +121,9 @@ def test_psycopg_autocommit_is_refused_with_atomicity_explained(shared_url: str)
 
 
 def test_sqlalchemy_autocommit_isolation_is_refused(shared_url: str) -> None:
-    engine = create_engine(sqlalchemy_url(shared_url), poolclass=NullPool,
-                           isolation_level="AUTOCOMMIT")
+    engine = create_engine(
+        sqlalchemy_url(shared_url), poolclass=NullPool, isolation_level="AUTOCOMMIT"
+    )
     with engine.connect() as conn, pytest.raises(TransactionRequiredError, match="autocommit"):
         publish(conn, topic="t", key="k", payload={})
     engine.dispose()
@@ -98,12 +137,13 @@ def test_failed_transaction_is_refused(pg_conn: psycopg.Connection[Any]) -> None
 
 
 def test_missing_tables_say_how_to_install(empty_database_url: str) -> None:
-    with psycopg.connect(empty_database_url) as conn, pytest.raises(
-        SchemaNotInstalledError, match="outbox migrate upgrade"
+    with (
+        psycopg.connect(empty_database_url) as conn,
+        pytest.raises(SchemaNotInstalledError, match="outbox migrate upgrade"),
     ):
         publish(conn, topic="t", key="k", payload={})
 
 
 def test_unsupported_target_is_named() -> None:
-    with pytest.raises(ConfigurationError, match="cannot write through a builtins.str"):
+    with pytest.raises(ConfigurationError, match=r"cannot write through a builtins\.str"):
         publish("postgresql://x", topic="t", key="k", payload={})

@@ -105,16 +105,28 @@ def test_publish_async_commit_keeps_exactly_one_rollback_none(
 
 
 def test_publish_stores_envelope_and_assigns_seq(session: Session) -> None:
-    first = publish(session, topic="orders", key="o-1", payload={"total": "12.50"},
-                    headers={"type": "OrderCreated"})
-    second = publish(session, topic="orders", key="o-1", payload=b"\x00\x01",
-                     content_type="application/x-custom")
+    first = publish(
+        session,
+        topic="orders",
+        key="o-1",
+        payload={"total": "12.50"},
+        headers={"type": "OrderCreated"},
+    )
+    second = publish(
+        session, topic="orders", key="o-1", payload=b"\x00\x01", content_type="application/x-custom"
+    )
     other = publish(session, topic="orders", key="o-2", payload=["x"])
-    got = session.execute(text(
-        "SELECT id, key, seq, headers, payload, content_type, status, attempts "
-        "FROM outbox_messages ORDER BY key, seq")).all()
-    assert [(r.id, r.key, r.seq) for r in got] == [(first, "o-1", 1), (second, "o-1", 2),
-                                                   (other, "o-2", 1)]
+    got = session.execute(
+        text(
+            "SELECT id, key, seq, headers, payload, content_type, status, attempts "
+            "FROM outbox_messages ORDER BY key, seq"
+        )
+    ).all()
+    assert [(r.id, r.key, r.seq) for r in got] == [
+        (first, "o-1", 1),
+        (second, "o-1", 2),
+        (other, "o-2", 1),
+    ]
     assert got[0].headers == {"type": "OrderCreated"}
     assert bytes(got[0].payload) == b'{"total":"12.50"}'
     assert got[0].content_type == "application/json"
@@ -123,14 +135,17 @@ def test_publish_stores_envelope_and_assigns_seq(session: Session) -> None:
     assert first.version == 7
 
 
-def test_publish_batch_writes_all_in_order_with_per_key_seq(pg_conn: psycopg.Connection[Any]) -> None:
+def test_publish_batch_writes_all_in_order_with_per_key_seq(
+    pg_conn: psycopg.Connection[Any],
+) -> None:
     messages = [Message("t", f"k{i % 3}", {"i": i}) for i in range(30)]
     ids = publish_batch(pg_conn, messages)
     got = pg_conn.execute(
         "SELECT id, key, seq, convert_from(payload, 'UTF8')::jsonb->>'i' FROM outbox_messages"
     ).fetchall()
     by_id = {r[0]: r for r in got}
-    assert len(got) == 30 and set(ids) == set(by_id)
+    assert len(got) == 30
+    assert set(ids) == set(by_id)
     for k in ("k0", "k1", "k2"):
         in_key = sorted((r for r in got if r[1] == k), key=lambda r: r[2])
         assert [r[2] for r in in_key] == list(range(1, 11))
@@ -161,8 +176,12 @@ def test_publish_batch_is_one_round_trip(pg_conn: psycopg.Connection[Any]) -> No
 
 
 def test_idempotency_key_republish_is_noop_returning_same_id(session: Session) -> None:
-    a = publish(session, topic="orders", key="o-1", payload={"n": 1}, idempotency_key="order-1-created")
-    b = publish(session, topic="orders", key="o-1", payload={"n": 2}, idempotency_key="order-1-created")
+    a = publish(
+        session, topic="orders", key="o-1", payload={"n": 1}, idempotency_key="order-1-created"
+    )
+    b = publish(
+        session, topic="orders", key="o-1", payload={"n": 2}, idempotency_key="order-1-created"
+    )
     c = publish(session, topic="orders", key="o-1", payload={"n": 3})
     assert a == b == outbox.id_from_idempotency_key("orders", "order-1-created")
     got = session.execute(text("SELECT id, seq FROM outbox_messages ORDER BY seq")).all()
@@ -171,14 +190,20 @@ def test_idempotency_key_republish_is_noop_returning_same_id(session: Session) -
 
 def test_idempotency_key_across_transactions_and_in_one_batch(database_url: str) -> None:
     with psycopg.connect(database_url) as conn:
-        first = publish_batch(conn, [Message("t", "k", 1, idempotency_key="x"),
-                                     Message("t", "k", 2, idempotency_key="x"),
-                                     Message("t", "k", 3, idempotency_key="y")])
+        first = publish_batch(
+            conn,
+            [
+                Message("t", "k", 1, idempotency_key="x"),
+                Message("t", "k", 2, idempotency_key="x"),
+                Message("t", "k", 3, idempotency_key="y"),
+            ],
+        )
         conn.commit()
         again = publish(conn, topic="t", key="k", payload=9, idempotency_key="y")
         later = publish(conn, topic="t", key="k", payload=4)
         conn.commit()
-    assert first[0] == first[1] and again == first[2]
+    assert first[0] == first[1]
+    assert again == first[2]
     assert [(r[0], r[3]) for r in rows(database_url)] == [(first[0], 1), (first[2], 2), (later, 3)]
 
 
@@ -187,8 +212,11 @@ def test_delayed_delivery_sets_available_at(pg_conn: psycopg.Connection[Any]) ->
     publish(pg_conn, topic="t", key="a", payload=1, available_at=at)
     publish(pg_conn, topic="t", key="b", payload=1, deliver_after=dt.timedelta(hours=1))
     publish(pg_conn, topic="t", key="c", payload=1)
-    got = dict(pg_conn.execute(
-        "SELECT key, available_at - clock_timestamp() FROM outbox_messages").fetchall())
+    got = dict(
+        pg_conn.execute(
+            "SELECT key, available_at - clock_timestamp() FROM outbox_messages"
+        ).fetchall()
+    )
     assert got["a"] > dt.timedelta(days=365)
     assert dt.timedelta(minutes=59) < got["b"] <= dt.timedelta(hours=1)
     assert got["c"] <= dt.timedelta(0)
