@@ -1,0 +1,72 @@
+"""The contract every broker adapter fulfils, and how the envelope maps onto each broker.
+
+Wire mapping (the consumer runners in ``inbox`` decode exactly this; change both or neither).
+The body is always the raw ``payload`` bytes; the envelope fields travel as headers produced by
+:meth:`outbox.envelope.Envelope.to_headers` and are read back with ``Envelope.from_headers``:
+
+* NATS JetStream: subject = destination (default: the topic); headers = envelope headers plus
+  ``Nats-Msg-Id: <id>`` (JetStream's dedup window); wait for the PubAck.
+* RabbitMQ: destination ``exchange/routing_key`` (default: exchange ``""``, routing key = topic,
+  i.e. the queue named like the topic); properties ``message_id=<id>``,
+  ``content_type``, persistent delivery, ``headers`` = envelope headers; publisher confirms and
+  ``mandatory=True`` (an unroutable message is a PermanentPublishError, never dropped).
+* Kafka: topic = destination (default: the topic); message key = the outbox key (one key, one
+  partition, in order); value = payload; headers = envelope headers as UTF-8 bytes;
+  ``enable.idempotence=true``, ``acks=all``.
+* Redis Streams: stream = destination (default: the topic); ``XADD`` fields = envelope headers
+  plus ``payload`` (the body). Consumers rebuild headers from every field except ``payload``.
+* MQTT 5: topic = destination (default: the topic); payload = body; envelope headers as user
+  properties, ``content_type`` property; QoS 1 (QoS 0 for at-most-once topics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from outbox.envelope import Envelope
+
+__all__ = ["BrokerFeatures", "Publisher"]
+
+
+@dataclass(frozen=True)
+class BrokerFeatures:
+    """What differs between brokers, so the relay and the docs need not guess."""
+
+    name: str
+    #: the broker drops a re-sent message with the same id within a window (seconds), or 0
+    dedup_window_seconds: float
+    #: the broker keeps the order of messages of one key as published
+    keeps_key_order: bool
+    #: user headers travel with the message
+    headers: bool
+    #: largest body the broker accepts by default, in bytes (0: unknown)
+    max_payload_bytes: int
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """A broker adapter.
+
+    Contract:
+    * ``start`` connects; it may be called again after ``close``.
+    * ``publish_batch`` sends every envelope (to ``destination_for(envelope)``) with as many in
+      flight as the broker allows, *keeping the given order for envelopes of the same key*,
+      and waits for the broker's acknowledgement of each. It returns one entry per envelope,
+      in input order: ``None`` when the broker confirmed it, else the exception
+      (:class:`~relay.exceptions.RetryablePublishError` when it may succeed later — timeouts,
+      connection loss, a nack — or :class:`~relay.exceptions.PermanentPublishError` when it
+      never will — too large, unroutable, rejected). It does not raise for a single message;
+      it raises RetryablePublishError only when nothing could be attempted (not connected).
+    * Re-sending an envelope (same id) is always allowed: the relay is at-least-once.
+    * ``close`` flushes and disconnects; idempotent.
+    """
+
+    features: BrokerFeatures
+
+    async def start(self) -> None: ...
+
+    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]: ...
+
+    async def close(self) -> None: ...
