@@ -30,6 +30,24 @@ class _Batch:
     ids: list[uuid.UUID]  # one per input message, in order
     params: dict[str, Any]
     lock_keys: list[int]
+    single: PreparedMessage | None  # the fast path: exactly one distinct message
+
+    def statement(self, stmts: ProducerStatements) -> tuple[bytes, dict[str, Any]]:
+        """The insert statement and its parameters."""
+        one = self.single
+        if one is None:
+            return stmts.insert, self.params
+        params = {
+            "id": one.id,
+            "topic": one.topic,
+            "key": one.key,
+            "headers": one.headers,
+            "payload": one.payload,
+            "content_type": one.content_type,
+            "traceparent": one.traceparent,
+            "available_at": one.available_at,
+        }
+        return (stmts.insert_one_idempotent if one.idempotent else stmts.insert_one), params
 
 
 def _build(messages: Iterable[Message], max_payload_bytes: int) -> _Batch:
@@ -59,7 +77,9 @@ def _build(messages: Iterable[Message], max_payload_bytes: int) -> _Batch:
     lock_keys = sorted(
         {int.from_bytes(p.id.bytes[:4], "big", signed=True) for p in rows if p.idempotent}
     )
-    return _Batch(ids=ids, params=params, lock_keys=lock_keys)
+    return _Batch(
+        ids=ids, params=params, lock_keys=lock_keys, single=rows[0] if len(rows) == 1 else None
+    )
 
 
 def _tx_ids(rows: Sequence[tuple[Any, ...]]) -> list[str]:
@@ -110,13 +130,13 @@ def publish_batch(
         with raw.cursor() as cur:
             if batch.lock_keys:
                 cur.execute(stmts.idempotency_lock, {"lock_keys": batch.lock_keys})
-            cur.execute(stmts.insert, batch.params)
+            cur.execute(*batch.statement(stmts))
             rows = cur.fetchall()
     except pg_errors.UndefinedTable as exc:
         raise _schema_error(stmts, exc) from exc
     tx_ids = _tx_ids(rows)
     if wakeup and tx_ids:
-        ring_after_commit(raw, tx_ids)
+        ring_after_commit(target, raw, tx_ids)
     return batch.ids
 
 
@@ -139,13 +159,13 @@ async def publish_batch_async(
         async with raw.cursor() as cur:
             if batch.lock_keys:
                 await cur.execute(stmts.idempotency_lock, {"lock_keys": batch.lock_keys})
-            await cur.execute(stmts.insert, batch.params)
+            await cur.execute(*batch.statement(stmts))
             rows = await cur.fetchall()
     except pg_errors.UndefinedTable as exc:
         raise _schema_error(stmts, exc) from exc
     tx_ids = _tx_ids(rows)
     if wakeup and tx_ids:
-        ring_after_commit(raw, tx_ids)
+        ring_after_commit(target, raw, tx_ids)
     return batch.ids
 
 

