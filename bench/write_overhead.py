@@ -32,10 +32,10 @@ import psycopg
 from sqlalchemy import make_url
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import write_result  # noqa: E402
+from common import write_result
 
-from outbox import publish  # noqa: E402
-from outbox._migrate import upgrade  # noqa: E402
+from outbox import publish
+from outbox._migrate import upgrade
 
 ROW = "x" * 260  # with the other columns, about 300 bytes per business row
 Txn = Callable[[psycopg.Connection[Any], random.Random], None]

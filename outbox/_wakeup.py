@@ -12,8 +12,10 @@ connection) sends one ``NOTIFY`` from its own tiny transaction once the caller h
 * for connections without such a hook (psycopg, SQLAlchemy ``Connection``) ``publish`` hands it
   the writing transaction's id (``tx_id``, an xid8) and the doorbell checks, every few
   milliseconds and for all watched transactions in one statement, whether they have ended
-  (``pg_xact_status``), notifying if any committed. That transaction has no xid and writes no WAL, so it holds the lock only
-for microseconds and never while a business commit flushes. Rings coalesce: many commits, one
+  (``pg_xact_status``), notifying if any committed.
+
+The notifying transaction has no xid and writes no WAL, so it holds the lock only for
+microseconds and never while a business commit flushes. Rings coalesce: many commits, one
 notification. A rolled-back transaction rings nothing.
 
 The doorbell is best effort by design: if it cannot connect, messages are not lost, the

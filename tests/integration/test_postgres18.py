@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from harness import PgServer, embedded_server
+from tests_shared import assert_schema_matches
 
 from outbox import publish
 from outbox._migrate import upgrade
-from tests_shared import assert_schema_matches
 
 
 @pytest.fixture(scope="module")
