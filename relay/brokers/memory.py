@@ -95,7 +95,9 @@ class MemoryPublisher:
             if batch.skip_if_blocked(i):
                 continue
             self.attempts[env.id] += 1
-            err = check_size(env, dest, self.features.max_payload_bytes, "memory")
+            err: BaseException | None = check_size(
+                env, dest, self.features.max_payload_bytes, "memory"
+            )
             if err is None:
                 err = self._injected(env, dest)
             if err is not None:
