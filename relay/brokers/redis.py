@@ -92,7 +92,7 @@ class RedisPublisher:
                 batch.refuse(i, err)
                 continue
             fields: dict[str, str | bytes] = {**env.to_headers(), PAYLOAD_FIELD: env.payload}
-            pipe.xadd(dest, fields, maxlen=self._maxlen, approximate=True)  # type: ignore[arg-type]
+            pipe.xadd(dest, fields, maxlen=self._maxlen, approximate=True)
             sent.append(i)
         if not sent:
             return batch.results
