@@ -14,6 +14,7 @@ import asyncio
 import functools
 import logging
 import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -80,6 +81,8 @@ class KafkaPublisher:
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
         self._broken = False
+        self._done: deque[tuple[asyncio.Future[Any], Any]] = deque()  # from the poll thread
+        self._wake_scheduled = False
         self.features = BrokerFeatures(
             name="kafka",
             dedup_window_seconds=0,  # idempotence dedups internal retries of one producer only
@@ -155,7 +158,7 @@ class KafkaPublisher:
         deadline: float,
     ) -> PublishError | None:
         """Enqueue one message; when librdkafka's queue is full, wait for a delivery first."""
-        callback = functools.partial(_delivered, fut.get_loop(), fut)
+        callback = functools.partial(self._delivered, fut)
         headers = [(k, v.encode()) for k, v in env.to_headers().items()]
         while True:
             try:
@@ -172,6 +175,21 @@ class KafkaPublisher:
                 await asyncio.wait(waiting, timeout=remaining)
             except Exception as exc:
                 return self._classify(env, dest, exc)
+
+    def _delivered(self, fut: asyncio.Future[Any], err: Any, _msg: Any) -> None:
+        """librdkafka's delivery callback, on the poll thread: hand the outcome to the loop,
+        with one wake-up per burst of deliveries rather than one per message."""
+        self._done.append((fut, err))
+        if not self._wake_scheduled:
+            self._wake_scheduled = True
+            loop = fut.get_loop()
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        self._wake_scheduled = False  # before draining: a later append schedules another
+        while self._done:
+            _complete(*self._done.popleft())
 
     def _classify(self, env: Envelope, dest: str, exc: BaseException) -> PublishError:
         error = exc.args[0] if exc.args and hasattr(exc.args[0], "code") else None

@@ -135,6 +135,7 @@ class NatsPublisher:
             await self.start()
         batch = Batch(envelopes, self._destination)
         pending: dict[int, asyncio.Future[Any]] = {}
+        deadline = asyncio.get_running_loop().time() + self._timeout
         for i, env, dest in batch.items():
             if batch.skip_if_blocked(i):
                 continue
@@ -142,21 +143,40 @@ class NatsPublisher:
             headers[MSG_ID_HEADER] = str(env.id)
             err = self._refusal(env, dest, headers)
             if err is None:
+                err = await self._room(env, dest, pending, deadline)
+            if err is None:
                 try:
-                    pending[i] = await self._js.publish_async(
-                        dest, env.payload, wait_stall=self._timeout, headers=headers
-                    )
+                    pending[i] = await self._js.publish_async(dest, env.payload, headers=headers)
                     continue
                 except Exception as exc:
                     err = self._classify(env, dest, exc)
             batch.refuse(i, err)
         await batch.settle(
             pending,
-            self._timeout,
+            max(0.0, deadline - asyncio.get_running_loop().time()),
             lambda i, exc: self._classify(envelopes[i], batch.destinations[i], exc),
             "PubAck",
         )
         return batch.results
+
+    async def _room(
+        self,
+        env: Envelope,
+        dest: str,
+        pending: Mapping[int, asyncio.Future[Any]],
+        deadline: float,
+    ) -> PublishError | None:
+        """Wait (until the deadline) for an ack when ``max_in_flight`` publishes are unacked.
+
+        nats-py's own stall wait costs a task per message, and its futures never time out.
+        """
+        while self._js.publish_async_pending() >= self._max_in_flight:
+            waiting = [f for f in pending.values() if not f.done()][:1]
+            remaining = deadline - asyncio.get_running_loop().time()
+            if not waiting or remaining <= 0:
+                return retryable(f"{self._max_in_flight} publishes still unacked", env, dest)
+            await asyncio.wait(waiting, timeout=remaining)
+        return None
 
     def _refusal(self, env: Envelope, dest: str, headers: Mapping[str, str]) -> PublishError | None:
         """Refuse what the server would reject by closing the connection (and so fail all)."""
