@@ -1,5 +1,121 @@
-"""Broker adapters: one module per broker, SDKs imported lazily."""
+"""Broker adapters: one module per broker, SDKs imported lazily; the URL chooses the adapter.
 
-from relay.brokers.base import BrokerFeatures, Publisher
+>>> pub = publisher_for_url("nats://127.0.0.1:4222", destinations={"*": "events.{topic}"})
+"""
 
-__all__ = ["BrokerFeatures", "Publisher"]
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from outbox.exceptions import ConfigurationError
+from relay.brokers._lazy import MissingDependencyError
+from relay.brokers.base import BrokerFeatures, Destinations, Publisher
+
+__all__ = [
+    "BrokerFeatures",
+    "Destinations",
+    "MissingDependencyError",
+    "Publisher",
+    "publisher_for_url",
+]
+
+SCHEMES = ("nats", "amqp", "amqps", "kafka", "redis", "rediss", "mqtt", "mqtts", "stdout",
+           "file", "memory")  # fmt: skip
+
+
+def publisher_for_url(
+    url: str, *, destinations: Mapping[str, str] | None = None, **options: Any
+) -> Publisher:
+    """The adapter for ``url``'s scheme, built with ``destinations`` and adapter ``options``.
+
+    ``nats://h:p[,nats://h2:p2]``, ``amqp[s]://user:pass@h:p/vhost``, ``kafka://h:p[,h2:p2]``,
+    ``redis[s]://h:p/db``, ``mqtt[s]://[user:pass@]h[:p]``, ``stdout:``, ``file:/path``,
+    ``memory:``. Raises ConfigurationError for an unknown scheme or option, and
+    MissingDependencyError (a ConfigurationError) naming the pip extra when the SDK is missing.
+    """
+    scheme = url.partition(":")[0].lower()
+    builder = _BUILDERS.get(scheme)
+    if builder is None or ":" not in url:
+        raise ConfigurationError(
+            f"unknown broker URL {url!r}: use one of "
+            + ", ".join(
+                f"{s}:" if s in ("stdout", "file", "memory") else f"{s}://" for s in SCHEMES
+            ),
+            url=url,
+        )
+    module, cls_name, make_args = builder
+    cls = getattr(importlib.import_module(f"relay.brokers.{module}"), cls_name)
+    args, implied = make_args(url)
+    kwargs = {**implied, **options, "destinations": destinations}
+    _check_options(cls, kwargs, url)
+    publisher: Publisher = cls(*args, **kwargs)
+    return publisher
+
+
+def _check_options(cls: Callable[..., Any], kwargs: Mapping[str, Any], url: str) -> None:
+    params = inspect.signature(cls).parameters
+    allowed = {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option(s) {', '.join(unknown)} for {url.partition(':')[0]}: adapter "
+            f"{getattr(cls, '__name__', cls)}; valid: {', '.join(sorted(allowed))}",
+            options=unknown,
+        )
+
+
+def _whole(url: str) -> tuple[list[Any], dict[str, Any]]:
+    return [url], {}
+
+
+def _nats(url: str) -> tuple[list[Any], dict[str, Any]]:
+    return [[u.strip() for u in url.split(",") if u.strip()]], {}
+
+
+def _kafka(url: str) -> tuple[list[Any], dict[str, Any]]:
+    hosts = [h.strip().removeprefix("kafka://").rstrip("/") for h in url.split(",")]
+    if not all(hosts):
+        raise ConfigurationError(f"Kafka URL {url!r} needs kafka://host:port[,host:port]", url=url)
+    return [",".join(hosts)], {}
+
+
+def _mqtt(url: str) -> tuple[list[Any], dict[str, Any]]:
+    parts = urlsplit(url)
+    tls = parts.scheme.lower() == "mqtts"
+    implied: dict[str, Any] = {"tls": tls} if tls else {}
+    if parts.username:
+        implied["username"] = unquote(parts.username)
+        implied["password"] = unquote(parts.password) if parts.password else None
+    return [parts.hostname or "127.0.0.1", parts.port or (8883 if tls else 1883)], implied
+
+
+def _file(url: str) -> tuple[list[Any], dict[str, Any]]:
+    path = url.partition(":")[2]
+    if path.startswith("//"):
+        path = urlsplit(url).path
+    if not path:
+        raise ConfigurationError(f"file URL {url!r} needs a path: file:/var/log/outbox.jsonl")
+    return [unquote(path)], {}
+
+
+def _none(_url: str) -> tuple[list[Any], dict[str, Any]]:
+    return [], {}
+
+
+_BUILDERS: dict[str, tuple[str, str, Callable[[str], tuple[list[Any], dict[str, Any]]]]] = {
+    "nats": ("nats", "NatsPublisher", _nats),
+    "amqp": ("rabbitmq", "RabbitMQPublisher", _whole),
+    "amqps": ("rabbitmq", "RabbitMQPublisher", _whole),
+    "kafka": ("kafka", "KafkaPublisher", _kafka),
+    "redis": ("redis", "RedisPublisher", _whole),
+    "rediss": ("redis", "RedisPublisher", _whole),
+    "mqtt": ("mqtt", "MqttPublisher", _mqtt),
+    "mqtts": ("mqtt", "MqttPublisher", _mqtt),
+    "stdout": ("stdout", "StdoutPublisher", _none),
+    "file": ("file", "FilePublisher", _file),
+    "memory": ("memory", "MemoryPublisher", _none),
+}

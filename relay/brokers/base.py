@@ -17,17 +17,69 @@ The body is always the raw ``payload`` bytes; the envelope fields travel as head
   plus ``payload`` (the body). Consumers rebuild headers from every field except ``payload``.
 * MQTT 5: topic = destination (default: the topic); payload = body; envelope headers as user
   properties, ``content_type`` property; QoS 1 (QoS 0 for at-most-once topics).
+
+Notes for decoders (additions, not changes): brokers may add their own headers beside the
+envelope's (NATS: ``Nats-Msg-Id`` and other ``Nats-*``); drop them before comparing user
+headers. On Redis a user header named ``payload`` would collide with the body field, so the Redis
+adapter refuses such a message with a PermanentPublishError.
+
+The destination of an envelope is chosen by :class:`Destinations` (topic -> destination).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import string
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from outbox.envelope import Envelope
+from outbox.exceptions import ConfigurationError
 
-__all__ = ["BrokerFeatures", "Publisher"]
+__all__ = ["BrokerFeatures", "Destinations", "Publisher"]
+
+WILDCARD = "*"
+
+
+class Destinations:
+    """Maps an outbox topic to a broker destination (subject, stream, exchange/routing key...).
+
+    Look-up order: an exact entry for the topic; else the ``"*"`` entry, a template in which
+    ``{topic}`` is replaced by the topic (``{"*": "events.{topic}"}``); else the topic itself.
+    """
+
+    __slots__ = ("_default", "_exact")
+
+    def __init__(self, mapping: Mapping[str, str] | None = None) -> None:
+        mapping = dict(mapping or {})
+        for topic, dest in mapping.items():
+            if not isinstance(dest, str) or not dest:
+                raise ConfigurationError(
+                    f"destination for topic {topic!r} must be a non-empty string, got {dest!r}",
+                    topic=topic,
+                )
+        default = mapping.pop(WILDCARD, None)
+        if default is not None:
+            fields = {f for _, f, _, _ in string.Formatter().parse(default) if f is not None}
+            if fields - {"topic"}:
+                raise ConfigurationError(
+                    f"the '*' destination template {default!r} may only use {{topic}}",
+                    template=default,
+                )
+        self._exact = mapping
+        self._default = default
+
+    def __call__(self, topic: str) -> str:
+        dest = self._exact.get(topic)
+        if dest is not None:
+            return dest
+        if self._default is not None:
+            return self._default.format(topic=topic)
+        return topic
+
+    def __repr__(self) -> str:
+        extra = {WILDCARD: self._default} if self._default is not None else {}
+        return f"Destinations({ {**self._exact, **extra}!r})"
 
 
 @dataclass(frozen=True)
@@ -51,10 +103,10 @@ class Publisher(Protocol):
 
     Contract:
     * ``start`` connects; it may be called again after ``close``.
-    * ``publish_batch`` sends every envelope (to ``destination_for(envelope)``) with as many in
-      flight as the broker allows, *keeping the given order for envelopes of the same key*,
-      and waits for the broker's acknowledgement of each. It returns one entry per envelope,
-      in input order: ``None`` when the broker confirmed it, else the exception
+    * ``publish_batch`` sends every envelope (to its destination, see :class:`Destinations`)
+      with as many in flight as the broker allows, *keeping the given order for envelopes of
+      the same key*, and waits for the broker's acknowledgement of each. It returns one entry
+      per envelope, in input order: ``None`` when the broker confirmed it, else the exception
       (:class:`~relay.exceptions.RetryablePublishError` when it may succeed later — timeouts,
       connection loss, a nack — or :class:`~relay.exceptions.PermanentPublishError` when it
       never will — too large, unroutable, rejected). It does not raise for a single message;

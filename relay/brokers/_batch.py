@@ -1,0 +1,124 @@
+"""What every adapter's ``publish_batch`` shares: per-key blocking and bounded ack waits.
+
+Per-key order within a batch: envelopes are handed to the broker client in input order over one
+connection, so the broker sees one key's messages in order. When a message fails *before* it was
+handed over (too large, invalid destination), the later messages of the same ``(topic, key)`` in
+the batch are not sent at all: they come back as RetryablePublishError, so message n+1 never
+reaches the broker in a batch where message n was refused. A failure only known after sending
+(a nack, a timeout) cannot un-send the later messages already in flight; the relay retries the
+failed one and the consumer's inbox order guard discards what arrives out of order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from outbox.envelope import Envelope
+from relay.exceptions import PermanentPublishError, RetryablePublishError
+
+__all__ = ["Batch", "check_size", "permanent", "retryable"]
+
+PublishError = RetryablePublishError | PermanentPublishError
+
+
+def retryable(
+    reason: str, env: Envelope, destination: str, cause: BaseException | None = None
+) -> RetryablePublishError:
+    """A RetryablePublishError naming the message, its destination and the cause."""
+    exc = RetryablePublishError(
+        f"message {env.id} to {destination!r}: {reason}",
+        message_id=env.id,
+        destination=destination,
+        reason=reason,
+    )
+    exc.__cause__ = cause
+    return exc
+
+
+def permanent(
+    reason: str, env: Envelope, destination: str, cause: BaseException | None = None
+) -> PermanentPublishError:
+    """A PermanentPublishError naming the message, its destination and the cause."""
+    exc = PermanentPublishError(
+        f"message {env.id} to {destination!r}: {reason}",
+        message_id=env.id,
+        destination=destination,
+        reason=reason,
+    )
+    exc.__cause__ = cause
+    return exc
+
+
+def check_size(env: Envelope, destination: str, limit: int, broker: str) -> PublishError | None:
+    """PermanentPublishError when the body is larger than ``limit`` bytes (0: no limit)."""
+    if limit and len(env.payload) > limit:
+        return permanent(
+            f"payload of {len(env.payload)} bytes exceeds the {broker} limit of {limit} bytes",
+            env,
+            destination,
+        )
+    return None
+
+
+class Batch:
+    """The outcomes of one ``publish_batch`` call, one per envelope, in input order."""
+
+    def __init__(self, envelopes: Sequence[Envelope], destination: Callable[[str], str]) -> None:
+        self.envelopes = envelopes
+        self.destinations = [destination(e.topic) for e in envelopes]
+        self.results: list[BaseException | None] = [None] * len(envelopes)
+        self._blocked: dict[tuple[str, str], Envelope] = {}
+
+    def items(self) -> list[tuple[int, Envelope, str]]:
+        return [(i, e, self.destinations[i]) for i, e in enumerate(self.envelopes)]
+
+    def skip_if_blocked(self, i: int) -> bool:
+        """True (and record why) when an earlier message of this key failed before sending."""
+        env = self.envelopes[i]
+        earlier = self._blocked.get((env.topic, env.key))
+        if earlier is None:
+            return False
+        self.results[i] = retryable(
+            f"not sent: message {earlier.id} of key {env.key!r} before it in this batch failed",
+            env,
+            self.destinations[i],
+        )
+        return True
+
+    def refuse(self, i: int, exc: BaseException) -> None:
+        """Message ``i`` failed before it was sent: later messages of its key are held back."""
+        env = self.envelopes[i]
+        self.results[i] = exc
+        self._blocked.setdefault((env.topic, env.key), env)
+
+    def fail_all(self, indices: Sequence[int], make: Callable[[int], BaseException]) -> None:
+        for i in indices:
+            self.results[i] = make(i)
+
+    async def settle(
+        self,
+        pending: Mapping[int, asyncio.Future[Any]],
+        timeout: float,  # noqa: ASYNC109 - a deadline for the acks, not for the call
+        classify: Callable[[int, BaseException], BaseException],
+        what: str = "acknowledgement",
+    ) -> None:
+        """Wait (at most ``timeout`` s) for the broker's ack of each sent message."""
+        if not pending:
+            return
+        _, not_done = await asyncio.wait(pending.values(), timeout=timeout)
+        for i, fut in pending.items():
+            env, dest = self.envelopes[i], self.destinations[i]
+            if fut in not_done:
+                fut.cancel()
+                self.results[i] = retryable(
+                    f"no {what} from the broker within {timeout} s", env, dest
+                )
+            elif fut.cancelled():
+                self.results[i] = retryable(f"{what} cancelled (connection lost?)", env, dest)
+            elif (exc := fut.exception()) is not None:
+                self.results[i] = classify(i, exc)
+        if not_done:
+            # let the cancelled futures/tasks finish their cancellation before returning
+            await asyncio.gather(*not_done, return_exceptions=True)

@@ -1,0 +1,235 @@
+"""Kafka adapter (confluent-kafka): idempotent producer, key = outbox key, envelope in headers.
+
+``enable.idempotence=true`` (which implies ``acks=all`` and at most 5 in-flight requests per
+connection, retried in order) keeps each partition in produce order across internal retries; the
+message key is the outbox key, so one key stays in one partition. librdkafka is blocking C code
+with its own threads: ``produce`` only enqueues (called in input order from the event loop), and
+a poll thread runs the delivery callbacks, which complete asyncio futures through
+``loop.call_soon_threadsafe``. ``message.timeout.ms`` bounds every delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from outbox.envelope import Envelope
+from outbox.exceptions import ConfigurationError
+from relay.brokers._batch import Batch, PublishError, check_size, permanent, retryable
+from relay.brokers._lazy import require
+from relay.brokers.base import BrokerFeatures, Destinations
+from relay.exceptions import RetryablePublishError
+
+__all__ = ["KafkaPublisher"]
+
+log = logging.getLogger("relay.brokers.kafka")
+
+#: errors that will not go away by retrying the same message (codes resolved at run time)
+_PERMANENT_ERRORS = (
+    "MSG_SIZE_TOO_LARGE",
+    "_MSG_SIZE_TOO_LARGE",
+    "INVALID_RECORD",
+    "CORRUPT_MESSAGE",
+    "RECORD_LIST_TOO_LARGE",
+    "TOPIC_AUTHORIZATION_FAILED",
+    "TOPIC_EXCEPTION",
+    "_INVALID_ARG",
+    "INVALID_REQUIRED_ACKS",
+)
+_ENFORCED = {"enable.idempotence": True, "acks": "all"}
+
+
+class KafkaPublisher:
+    """Publishes to Kafka with an idempotent producer; deliveries awaited per batch."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str = "127.0.0.1:9092",
+        *,
+        destinations: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._ck = require("confluent_kafka", "kafka")
+        for name, value in _ENFORCED.items():
+            if config and name in config and str(config[name]).lower() != str(value).lower():
+                raise ConfigurationError(
+                    f"Kafka option {name}={config[name]!r} would allow loss or reordering: "
+                    f"the relay needs {name}={value}",
+                    option=name,
+                )
+        self._config: dict[str, Any] = {
+            "bootstrap.servers": bootstrap_servers,
+            "linger.ms": 5,
+            "message.timeout.ms": int(timeout * 1000),
+            "socket.connection.setup.timeout.ms": int(connect_timeout * 1000),
+            "logger": log,
+            **(config or {}),
+            **_ENFORCED,
+        }
+        self._bootstrap = bootstrap_servers
+        self._destination = Destinations(destinations)
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._producer: Any = None
+        self._poller: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._broken = False
+        self._done: deque[tuple[asyncio.Future[Any], Any]] = deque()  # from the poll thread
+        self._wake_scheduled = False
+        self.features = BrokerFeatures(
+            name="kafka",
+            dedup_window_seconds=0,  # idempotence dedups internal retries of one producer only
+            keeps_key_order=True,
+            headers=True,
+            max_payload_bytes=int(self._config.get("message.max.bytes", 1_000_000)),
+        )
+
+    async def start(self) -> None:
+        if self._producer is not None and not self._broken:
+            return
+        await self.close()
+        producer = self._ck.Producer(self._config)
+        try:
+            await asyncio.to_thread(producer.list_topics, timeout=self._connect_timeout)
+        except Exception as exc:
+            await asyncio.to_thread(producer.flush, 0)
+            raise RetryablePublishError(
+                f"cannot reach Kafka at {self._bootstrap} within {self._connect_timeout} s: "
+                f"{exc} (is the cluster running and bootstrap address right?)",
+                bootstrap_servers=self._bootstrap,
+            ) from exc
+        self._producer, self._broken = producer, False
+        self._stop = threading.Event()
+        self._poller = threading.Thread(
+            target=_poll_loop, args=(producer, self._stop), name="kafka-poll", daemon=True
+        )
+        self._poller.start()
+
+    async def close(self) -> None:
+        producer, poller = self._producer, self._poller
+        self._producer = self._poller = None
+        if producer is None:
+            return
+        remaining = await asyncio.to_thread(producer.flush, self._timeout)
+        if remaining:
+            log.warning("Kafka close: %d messages not delivered (they will be retried)", remaining)
+        self._stop.set()
+        if poller is not None:
+            await asyncio.to_thread(poller.join)
+
+    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:
+        await self.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        batch = Batch(envelopes, self._destination)
+        pending: dict[int, asyncio.Future[Any]] = {}
+        for i, env, dest in batch.items():
+            if batch.skip_if_blocked(i):
+                continue
+            fut: asyncio.Future[Any] = loop.create_future()
+            err = check_size(env, dest, self.features.max_payload_bytes, "Kafka message.max.bytes")
+            if err is None:
+                err = await self._produce(env, dest, fut, pending, deadline)
+            if err is not None:
+                batch.refuse(i, err)
+            else:
+                pending[i] = fut
+        await batch.settle(
+            pending,
+            max(0.0, deadline - loop.time()) + 1,
+            lambda i, exc: self._classify(envelopes[i], batch.destinations[i], exc),
+            "delivery report",
+        )
+        return batch.results
+
+    async def _produce(
+        self,
+        env: Envelope,
+        dest: str,
+        fut: asyncio.Future[Any],
+        pending: Mapping[int, asyncio.Future[Any]],
+        deadline: float,
+    ) -> PublishError | None:
+        """Enqueue one message; when librdkafka's queue is full, wait for a delivery first."""
+        callback = functools.partial(self._delivered, fut)
+        headers = [(k, v.encode()) for k, v in env.to_headers().items()]
+        while True:
+            try:
+                self._producer.produce(
+                    dest, value=env.payload, key=env.key.encode(), headers=headers,
+                    on_delivery=callback,
+                )  # fmt: skip
+                return None
+            except BufferError as exc:
+                waiting = [f for f in pending.values() if not f.done()][:1]
+                remaining = deadline - fut.get_loop().time()
+                if not waiting or remaining <= 0:
+                    return retryable("librdkafka's local queue is full", env, dest, exc)
+                await asyncio.wait(waiting, timeout=remaining)
+            except Exception as exc:
+                return self._classify(env, dest, exc)
+
+    def _delivered(self, fut: asyncio.Future[Any], err: Any, _msg: Any) -> None:
+        """librdkafka's delivery callback, on the poll thread: hand the outcome to the loop,
+        with one wake-up per burst of deliveries rather than one per message."""
+        self._done.append((fut, err))
+        if not self._wake_scheduled:
+            self._wake_scheduled = True
+            loop = fut.get_loop()
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        self._wake_scheduled = False  # before draining: a later append schedules another
+        while self._done:
+            _complete(*self._done.popleft())
+
+    def _classify(self, env: Envelope, dest: str, exc: BaseException) -> PublishError:
+        error = exc.args[0] if exc.args and hasattr(exc.args[0], "code") else None
+        if error is None:
+            if isinstance(exc, TypeError | ValueError):
+                return permanent(f"invalid Kafka message: {exc}", env, dest, exc)
+            return retryable(f"{type(exc).__name__}: {exc}", env, dest, exc)
+        if error.fatal():
+            self._broken = True  # the producer must be re-created; the next batch does it
+            return retryable(f"fatal producer error, recreating it: {error.str()}", env, dest, exc)
+        kafka_error = self._ck.KafkaError
+        permanent_codes = {
+            getattr(kafka_error, n) for n in _PERMANENT_ERRORS if hasattr(kafka_error, n)
+        }
+        if error.code() in permanent_codes:
+            return permanent(f"Kafka rejected the message: {error.str()}", env, dest, exc)
+        return retryable(f"Kafka delivery failed: {error.str()}", env, dest, exc)
+
+
+def _poll_loop(producer: Any, stop: threading.Event) -> None:
+    """Serve delivery callbacks (and logs) until told to stop."""
+    while not stop.is_set():
+        producer.poll(0.05)
+
+
+def _delivered(
+    loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], err: Any, _msg: Any
+) -> None:
+    """librdkafka's delivery callback, on the poll thread: hand the outcome to the event loop."""
+    if loop.is_closed():
+        return
+    loop.call_soon_threadsafe(_complete, fut, err)
+
+
+def _complete(fut: asyncio.Future[Any], err: Any) -> None:
+    if fut.done():
+        return
+    if err is None:
+        fut.set_result(None)
+    else:
+        from confluent_kafka import KafkaException
+
+        fut.set_exception(KafkaException(err))

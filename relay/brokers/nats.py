@@ -1,0 +1,224 @@
+"""NATS JetStream adapter (nats-py): ``Nats-Msg-Id`` dedup, async publishes, PubAcks awaited.
+
+Order: every message is handed to ``publish_async`` one after the other on one connection, so
+the server stores one subject's messages in input order; all PubAcks are then awaited together
+with one deadline. A re-sent id inside the stream's ``duplicate_window`` is acknowledged with
+``duplicate=True`` and not stored again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from outbox.envelope import Envelope
+from relay.brokers._batch import Batch, PublishError, check_size, permanent, retryable
+from relay.brokers._lazy import require
+from relay.brokers.base import BrokerFeatures, Destinations
+
+__all__ = ["NatsPublisher"]
+
+log = logging.getLogger("relay.brokers.nats")
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+DEFAULT_DUPLICATE_WINDOW = 120.0  # nats-server StreamDefaultDuplicatesWindow
+
+
+class NatsPublisher:
+    """Publishes to NATS JetStream; one connection, many publishes in flight."""
+
+    def __init__(
+        self,
+        servers: str | Sequence[str] = "nats://127.0.0.1:4222",
+        *,
+        destinations: Mapping[str, str] | None = None,
+        stream: str | None = None,
+        stream_subjects: Sequence[str] | None = None,
+        create_stream: bool = False,
+        duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
+        timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+        max_in_flight: int = 4000,
+        connect_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._nats = require("nats", "nats")
+        self._servers = [servers] if isinstance(servers, str) else list(servers)
+        self._destination = Destinations(destinations)
+        self._stream = stream
+        self._stream_subjects = list(stream_subjects or [])
+        self._create_stream = create_stream
+        self._duplicate_window = duplicate_window
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._max_in_flight = max_in_flight
+        self._connect_options = dict(connect_options or {})
+        self._nc: Any = None
+        self._last_error: BaseException | None = None
+        self._js: Any = None
+        self.features = self._features(max_payload=1024 * 1024, window=duplicate_window)
+
+    @staticmethod
+    def _features(max_payload: int, window: float) -> BrokerFeatures:
+        return BrokerFeatures(
+            name="nats",
+            dedup_window_seconds=window,
+            keeps_key_order=True,
+            headers=True,
+            max_payload_bytes=max_payload,
+        )
+
+    async def start(self) -> None:
+        if self._nc is not None and not self._nc.is_closed:
+            return
+        self._last_error = None
+        try:
+            nc = await asyncio.wait_for(self._connect(), self._connect_timeout * 2)
+        except Exception as exc:
+            raise _unreachable(self._servers, self._last_error or exc) from exc
+        self._nc = nc
+        self._js = nc.jetstream(
+            timeout=self._timeout, publish_async_max_pending=self._max_in_flight
+        )
+        window = self._duplicate_window
+        if self._stream is not None:
+            window = await self._ensure_stream()
+        self.features = self._features(max_payload=nc.max_payload, window=window)
+
+    async def _connect(self) -> Any:
+        options: dict[str, Any] = {
+            "connect_timeout": self._connect_timeout,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.5,
+            "allow_reconnect": True,
+            "error_cb": self._on_error,
+            **self._connect_options,
+        }
+        return await self._nats.connect(servers=self._servers, **options)
+
+    async def _ensure_stream(self) -> float:
+        """The stream's dedup window; creates the stream first when told to."""
+        js_errors = require("nats.js.errors", "nats")
+        try:
+            info = await self._js.stream_info(self._stream)
+        except js_errors.NotFoundError:
+            if not self._create_stream:
+                await self.close()
+                raise _config_error(
+                    f"JetStream stream {self._stream!r} does not exist: create it, or pass "
+                    "create_stream=True"
+                ) from None
+            info = await self._js.add_stream(
+                name=self._stream,
+                subjects=self._stream_subjects or [f"{self._stream}.>"],
+                duplicate_window=self._duplicate_window,
+            )
+        return float(info.config.duplicate_window or DEFAULT_DUPLICATE_WINDOW)
+
+    async def _on_error(self, exc: Exception) -> None:
+        self._last_error = exc
+        log.warning("NATS connection error: %s", exc)
+
+    async def close(self) -> None:
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is None or nc.is_closed:
+            return
+        try:
+            await nc.flush(timeout=self._timeout)
+        except Exception as exc:  # closing anyway; nothing is lost, unacked messages retry
+            log.warning("NATS flush before close failed: %s", exc)
+        await nc.close()
+
+    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:
+        if self._nc is None or self._nc.is_closed:
+            await self.start()
+        batch = Batch(envelopes, self._destination)
+        pending: dict[int, asyncio.Future[Any]] = {}
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        for i, env, dest in batch.items():
+            if batch.skip_if_blocked(i):
+                continue
+            headers = env.to_headers()
+            headers[MSG_ID_HEADER] = str(env.id)
+            err = self._refusal(env, dest, headers)
+            if err is None:
+                err = await self._room(env, dest, pending, deadline)
+            if err is None:
+                try:
+                    pending[i] = await self._js.publish_async(dest, env.payload, headers=headers)
+                    continue
+                except Exception as exc:
+                    err = self._classify(env, dest, exc)
+            batch.refuse(i, err)
+        await batch.settle(
+            pending,
+            max(0.0, deadline - asyncio.get_running_loop().time()),
+            lambda i, exc: self._classify(envelopes[i], batch.destinations[i], exc),
+            "PubAck",
+        )
+        return batch.results
+
+    async def _room(
+        self,
+        env: Envelope,
+        dest: str,
+        pending: Mapping[int, asyncio.Future[Any]],
+        deadline: float,
+    ) -> PublishError | None:
+        """Wait (until the deadline) for an ack when ``max_in_flight`` publishes are unacked.
+
+        nats-py's own stall wait costs a task per message, and its futures never time out.
+        """
+        while self._js.publish_async_pending() >= self._max_in_flight:
+            waiting = [f for f in pending.values() if not f.done()][:1]
+            remaining = deadline - asyncio.get_running_loop().time()
+            if not waiting or remaining <= 0:
+                return retryable(f"{self._max_in_flight} publishes still unacked", env, dest)
+            await asyncio.wait(waiting, timeout=remaining)
+        return None
+
+    def _refusal(self, env: Envelope, dest: str, headers: Mapping[str, str]) -> PublishError | None:
+        """Refuse what the server would reject by closing the connection (and so fail all)."""
+        for name, value in headers.items():
+            if any(c in name for c in ":\r\n ") or "\r" in value or "\n" in value:
+                return permanent(
+                    f"header {name!r} cannot be carried by NATS (no ':', spaces or line breaks "
+                    "in names, no line breaks in values)",
+                    env,
+                    dest,
+                )
+        # The server's max_payload counts headers too; exceeding it closes the connection.
+        header_bytes = 12 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+        limit = self.features.max_payload_bytes - header_bytes
+        return check_size(env, dest, limit, "NATS server (max_payload minus headers)")
+
+    def _classify(self, env: Envelope, dest: str, exc: BaseException) -> PublishError:
+        errors = require("nats.errors", "nats")
+        js_errors = require("nats.js.errors", "nats")
+        if isinstance(exc, errors.MaxPayloadError):
+            return permanent("payload exceeds the NATS server's max_payload", env, dest, exc)
+        if isinstance(exc, errors.BadSubjectError | errors.BadHeaderError):
+            return permanent(f"invalid NATS subject or header ({exc!r})", env, dest, exc)
+        if isinstance(exc, js_errors.NoStreamResponseError):
+            # also seen while a stream's leader is being elected: retry, do not dead-letter
+            return retryable(f"no JetStream stream answered for subject {dest!r}", env, dest, exc)
+        if isinstance(exc, js_errors.APIError) and 400 <= (exc.code or 0) < 500:
+            return permanent(f"JetStream rejected the message: {exc.description}", env, dest, exc)
+        return retryable(f"{type(exc).__name__}: {exc}", env, dest, exc)
+
+
+def _unreachable(servers: Sequence[str], exc: BaseException) -> BaseException:
+    from relay.exceptions import RetryablePublishError
+
+    return RetryablePublishError(
+        f"cannot connect to NATS at {', '.join(servers)}: {type(exc).__name__}: {exc}"
+        " (is the server running and the URL right?)",
+        servers=list(servers),
+    )
+
+
+def _config_error(message: str) -> BaseException:
+    from outbox.exceptions import ConfigurationError
+
+    return ConfigurationError(message)

@@ -1,0 +1,384 @@
+"""One harness per adapter: a unique namespace on the live broker, and a reader that fetches
+what was published with the broker's own client, decoded with ``Envelope.from_headers``.
+
+Every harness maps topic ``t`` to its unique destination and topic ``bad`` to a destination the
+broker refuses for good (where the refusal is a destination property); ``bad_payload`` is the
+body size the broker refuses when the refusal is a size limit instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from outbox.envelope import Envelope
+from relay.brokers import Publisher
+from relay.brokers._jsonl import decode_line
+
+DEADLINE = 15.0
+
+
+def reachable(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def wait_for(predicate: Any, what: str, deadline: float = DEADLINE) -> None:
+    """Poll ``predicate()`` (sync or async) until true, or fail naming ``what``."""
+    end = time.monotonic() + deadline
+    while True:
+        ok = predicate()
+        if asyncio.iscoroutine(ok):
+            ok = await ok
+        if ok:
+            return
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {deadline} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Harness:
+    name = "?"
+    port: int | None = None
+    bad_payload: int | None = None  # refused body size, when refusal is by size
+    batch_size = 2000  # for the order test
+    dedup = False
+
+    def __init__(self) -> None:
+        self.ns = f"ct{uuid.uuid4().hex[:10]}"
+        self.last: Any = None
+
+    @property
+    def dest(self) -> str:
+        return self.ns
+
+    def bad_destination(self) -> str | None:
+        return None
+
+    def destinations(self) -> dict[str, str]:
+        out = {"t": self.dest}
+        bad = self.bad_destination()
+        if bad is not None:
+            out["bad"] = bad
+        return out
+
+    async def open(self) -> None:
+        """Create the namespace."""
+
+    async def cleanup(self) -> None:
+        """Delete what open() and the publishes created."""
+
+    def publisher(self, **options: Any) -> Publisher:
+        raise NotImplementedError
+
+    def unreachable(self) -> Publisher | None:
+        return None
+
+    async def read(self, n: int) -> list[Envelope]:
+        """At least ``n`` envelopes from the destination, in broker order."""
+        raise NotImplementedError
+
+    async def stored(self) -> int:
+        """How many messages the destination holds (for the dedup check)."""
+        raise NotImplementedError
+
+
+class MemoryHarness(Harness):
+    name = "memory"
+    bad_payload = 1001  # limit configured below: 1000
+
+    def publisher(self, **options: Any) -> Publisher:
+        from relay.brokers.memory import MemoryPublisher
+
+        self.last = MemoryPublisher(destinations=self.destinations(), max_payload_bytes=1000,
+                                    **options)  # fmt: skip
+        return self.last  # type: ignore[no-any-return]
+
+    async def read(self, n: int) -> list[Envelope]:
+        await wait_for(lambda: len(self.last.published(self.dest)) >= n, f"{n} messages")
+        return self.last.published(self.dest)  # type: ignore[no-any-return]
+
+
+class StdoutHarness(Harness):
+    name = "stdout"
+    bad_payload = 1001  # limit configured below: 1000
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stream = io.StringIO()
+
+    def publisher(self, **options: Any) -> Publisher:
+        from relay.brokers.stdout import StdoutPublisher
+
+        return StdoutPublisher(destinations=self.destinations(), stream=self.stream,
+                               max_payload_bytes=1000, **options)  # fmt: skip
+
+    async def read(self, n: int) -> list[Envelope]:
+        lines = self.stream.getvalue().splitlines()
+        decoded = [decode_line(line) for line in lines]
+        assert all(d == self.dest for d, _ in decoded)
+        return [e for _, e in decoded]
+
+
+class FileHarness(Harness):
+    name = "file"
+    bad_payload = 1001  # limit configured below: 1000
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__()
+        self.path = tmp / f"{self.ns}.jsonl"
+
+    def publisher(self, **options: Any) -> Publisher:
+        from relay.brokers.file import FilePublisher
+
+        return FilePublisher(self.path, destinations=self.destinations(), max_payload_bytes=1000,
+                             fsync=True, **options)  # fmt: skip
+
+    async def read(self, n: int) -> list[Envelope]:
+        lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
+        decoded = [decode_line(line) for line in lines]
+        assert all(d == self.dest for d, _ in decoded)
+        return [e for _, e in decoded]
+
+
+class NatsHarness(Harness):
+    name = "nats"
+    port = 4222
+    bad_payload = 2 * 1024 * 1024  # > the server's 1 MiB max_payload
+    dedup = True
+
+    @property
+    def dest(self) -> str:
+        return f"{self.ns}.t"
+
+    async def open(self) -> None:
+        import nats
+
+        self.nc = await nats.connect("nats://127.0.0.1:4222")
+        self.js = self.nc.jetstream()
+
+    async def cleanup(self) -> None:
+        import nats.js.errors
+
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self.js.delete_stream(self.ns)
+        await self.nc.close()
+
+    def publisher(self, **options: Any) -> Publisher:
+        from relay.brokers.nats import NatsPublisher
+
+        return NatsPublisher("nats://127.0.0.1:4222", destinations=self.destinations(),
+                             stream=self.ns, create_stream=True, timeout=10, **options)  # fmt: skip
+
+    def unreachable(self) -> Publisher:
+        from relay.brokers.nats import NatsPublisher
+
+        return NatsPublisher("nats://127.0.0.1:1", connect_timeout=1)
+
+    async def read(self, n: int) -> list[Envelope]:
+        sub = await self.js.pull_subscribe(self.dest, stream=self.ns)
+        out: list[Envelope] = []
+        try:
+            while len(out) < n:
+                for msg in await sub.fetch(min(500, n - len(out)), timeout=DEADLINE):
+                    headers = dict(msg.headers or {})
+                    assert headers.pop("Nats-Msg-Id") == headers["outbox-id"]
+                    out.append(Envelope.from_headers(headers, msg.data))
+                    await msg.ack()
+        finally:
+            await sub.unsubscribe()
+        return out
+
+    async def stored(self) -> int:
+        info = await self.js.stream_info(self.ns)
+        return int(info.state.messages)
+
+
+class RabbitHarness(Harness):
+    name = "rabbitmq"
+    port = 5672
+
+    def bad_destination(self) -> str:
+        return f"{self.ns}-unbound"  # default exchange, no such queue: unroutable
+
+    async def open(self) -> None:
+        import aio_pika
+
+        self.conn = await aio_pika.connect("amqp://guest:guest@127.0.0.1:5672/")
+        self.channel = await self.conn.channel()
+        self.queue = await self.channel.declare_queue(self.ns, durable=False)
+
+    async def cleanup(self) -> None:
+        await self.queue.delete(if_unused=False, if_empty=False)
+        await self.conn.close()
+
+    def publisher(self, **options: Any) -> Publisher:
+        from relay.brokers.rabbitmq import RabbitMQPublisher
+
+        return RabbitMQPublisher(destinations=self.destinations(), **options)
+
+    def unreachable(self) -> Publisher:
+        from relay.brokers.rabbitmq import RabbitMQPublisher
+
+        return RabbitMQPublisher("amqp://guest:guest@127.0.0.1:1/", connect_timeout=1)
+
+    async def read(self, n: int) -> list[Envelope]:
+        out: list[Envelope] = []
+        end = time.monotonic() + DEADLINE
+        while len(out) < n and time.monotonic() < end:
+            msg = await self.queue.get(no_ack=True, fail=False)
+            if msg is None:
+                await asyncio.sleep(0.02)
+                continue
+            env = Envelope.from_headers(dict(msg.headers), msg.body)
+            assert msg.message_id == str(env.id)
+            assert msg.content_type == env.content_type
+            assert msg.delivery_mode == 2  # persistent
+            out.append(env)
+        return out
+
+
+class KafkaHarness(Harness):
+    name = "kafka"
+    bad_payload = 2 * 1024 * 1024  # > message.max.bytes (1,000,000)
+    bootstrap = ""  # set by the mock-cluster fixture
+
+    def publisher(self, **options: Any) -> Publisher:
+        from relay.brokers.kafka import KafkaPublisher
+
+        return KafkaPublisher(self.bootstrap, destinations=self.destinations(), timeout=10,
+                              **options)  # fmt: skip
+
+    def unreachable(self) -> Publisher:
+        from relay.brokers.kafka import KafkaPublisher
+
+        return KafkaPublisher("127.0.0.1:1", connect_timeout=1, timeout=2)
+
+    async def read(self, n: int) -> list[Envelope]:
+        return await asyncio.to_thread(self._read, n)
+
+    def _read(self, n: int) -> list[Envelope]:
+        import confluent_kafka
+
+        consumer = confluent_kafka.Consumer({
+            "bootstrap.servers": self.bootstrap, "group.id": self.ns,
+            "auto.offset.reset": "earliest", "enable.auto.commit": False,
+        })  # fmt: skip
+        out: list[Envelope] = []
+        try:
+            consumer.subscribe([self.dest])
+            end = time.monotonic() + DEADLINE
+            while len(out) < n and time.monotonic() < end:
+                for msg in consumer.consume(500, 0.5):
+                    if msg.error():
+                        continue
+                    headers = {k: v.decode() for k, v in msg.headers() or []}
+                    env = Envelope.from_headers(headers, msg.value())
+                    assert msg.key() == env.key.encode()
+                    out.append(env)
+        finally:
+            consumer.close()
+        return out
+
+
+class RedisHarness(Harness):
+    name = "redis"
+    port = 6379
+
+    def bad_destination(self) -> str:
+        return f"{self.ns}-string"  # a string key: XADD fails with WRONGTYPE
+
+    async def open(self) -> None:
+        import redis.asyncio
+
+        self.client = redis.asyncio.Redis(host="127.0.0.1", port=6379)
+        await self.client.set(self.bad_destination(), "not a stream")
+
+    async def cleanup(self) -> None:
+        await self.client.delete(self.ns, self.bad_destination())
+        await self.client.aclose()
+
+    def publisher(self, **options: Any) -> Publisher:
+        from relay.brokers.redis import RedisPublisher
+
+        return RedisPublisher("redis://127.0.0.1:6379/0", destinations=self.destinations(),
+                              **options)  # fmt: skip
+
+    def unreachable(self) -> Publisher:
+        from relay.brokers.redis import RedisPublisher
+
+        return RedisPublisher("redis://127.0.0.1:1/0", connect_timeout=1)
+
+    async def read(self, n: int) -> list[Envelope]:
+        await wait_for(lambda: self._count_at_least(n), f"{n} stream entries")
+        out = []
+        for _, fields in await self.client.xrange(self.ns):
+            headers = {k.decode(): v.decode() for k, v in fields.items() if k != b"payload"}
+            out.append(Envelope.from_headers(headers, fields[b"payload"]))
+        return out
+
+    async def _count_at_least(self, n: int) -> bool:
+        return int(await self.client.xlen(self.ns)) >= n
+
+    async def stored(self) -> int:
+        return int(await self.client.xlen(self.ns))
+
+
+class MqttHarness(Harness):
+    name = "mqtt"
+    port = 1883
+    batch_size = 600  # Mosquitto queues at most 1000 QoS 1 messages per slow subscriber
+
+    @property
+    def dest(self) -> str:
+        return f"{self.ns}/t"
+
+    def bad_destination(self) -> str:
+        return f"{self.ns}/#"  # wildcards are not valid topic names for PUBLISH
+
+    async def open(self) -> None:
+        import paho.mqtt.client as mqtt
+
+        self.received: list[Any] = []
+        subscribed = threading.Event()
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        client.on_message = lambda _c, _u, msg: self.received.append(msg)
+        client.on_subscribe = lambda *_a: subscribed.set()
+        client.connect("127.0.0.1", 1883)
+        client.loop_start()
+        client.subscribe(f"{self.ns}/#", qos=1)
+        assert await asyncio.to_thread(subscribed.wait, DEADLINE), "no SUBACK"
+        self.sub = client
+
+    async def cleanup(self) -> None:
+        self.sub.disconnect()
+        await asyncio.to_thread(self.sub.loop_stop)
+
+    def publisher(self, **options: Any) -> Publisher:
+        from relay.brokers.mqtt import MqttPublisher
+
+        return MqttPublisher("127.0.0.1", 1883, destinations=self.destinations(), **options)
+
+    def unreachable(self) -> Publisher:
+        from relay.brokers.mqtt import MqttPublisher
+
+        return MqttPublisher("127.0.0.1", 1, connect_timeout=1)
+
+    async def read(self, n: int) -> list[Envelope]:
+        await wait_for(lambda: len(self.received) >= n, f"{n} MQTT messages")
+        out = []
+        for msg in list(self.received):
+            props = msg.properties
+            env = Envelope.from_headers(dict(props.UserProperty), msg.payload)
+            assert props.ContentType == env.content_type
+            assert msg.qos == 1
+            out.append(env)
+        return out
