@@ -36,7 +36,9 @@ HEADER_SEQ = "outbox-seq"
 HEADER_CREATED_AT = "outbox-created-at"
 HEADER_CONTENT_TYPE = "content-type"
 HEADER_TRACEPARENT = "traceparent"
-_RESERVED_EXACT = frozenset({HEADER_CONTENT_TYPE, HEADER_TRACEPARENT})
+#: ``payload`` is the body's field in a Redis Streams entry; ``nats-msg-id`` is JetStream's dedup
+#: header. Neither may be a user header, and neither is returned as one.
+_RESERVED_EXACT = frozenset({HEADER_CONTENT_TYPE, HEADER_TRACEPARENT, "payload", "nats-msg-id"})
 
 
 def is_reserved_header(name: str) -> bool:

@@ -108,3 +108,11 @@ def test_reserved_header_names() -> None:
     assert is_reserved_header("Outbox-Anything")
     assert is_reserved_header("traceparent")
     assert not is_reserved_header("type")
+
+
+def test_broker_fields_are_reserved_and_not_user_headers() -> None:
+    assert is_reserved_header("payload")
+    assert is_reserved_header("Nats-Msg-Id")
+    env = Envelope(id=uuid.uuid4(), topic="t", key="k", seq=1, payload=b"")
+    headers = env.to_headers() | {"Nats-Msg-Id": str(env.id), "type": "A"}
+    assert Envelope.from_headers(headers, b"").headers == {"type": "A"}
