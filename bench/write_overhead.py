@@ -57,30 +57,48 @@ def baseline(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
 
 def with_outbox(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
     order_id = _business(conn, rnd)
-    publish(conn, topic="orders", key=order_id, payload={"order_id": order_id, "total": "12.50"},
-            headers={"type": "OrderCreated"})
+    publish(
+        conn,
+        topic="orders",
+        key=order_id,
+        payload={"order_id": order_id, "total": "12.50"},
+        headers={"type": "OrderCreated"},
+    )
     conn.commit()
 
 
 def with_outbox_no_wakeup(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
     order_id = _business(conn, rnd)
-    publish(conn, topic="orders", key=order_id, payload={"order_id": order_id, "total": "12.50"},
-            headers={"type": "OrderCreated"}, wakeup=False)
+    publish(
+        conn,
+        topic="orders",
+        key=order_id,
+        payload={"order_id": order_id, "total": "12.50"},
+        headers={"type": "OrderCreated"},
+        wakeup=False,
+    )
     conn.commit()
 
 
 def naive_notify(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
     order_id = _business(conn, rnd)
-    publish(conn, topic="orders", key=order_id, payload={"order_id": order_id, "total": "12.50"},
-            headers={"type": "OrderCreated"}, wakeup=False)
+    publish(
+        conn,
+        topic="orders",
+        key=order_id,
+        payload={"order_id": order_id, "total": "12.50"},
+        headers={"type": "OrderCreated"},
+        wakeup=False,
+    )
     conn.execute("SELECT pg_notify('outbox_wakeup_v1', '')")
     conn.commit()
 
 
 def keyed(keys: int) -> Txn:
     def txn(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
-        publish(conn, topic="contention", key=f"k{rnd.randrange(keys)}", payload={"n": 1},
-                wakeup=False)
+        publish(
+            conn, topic="contention", key=f"k{rnd.randrange(keys)}", payload={"n": 1}, wakeup=False
+        )
         conn.commit()
 
     return txn
@@ -127,9 +145,11 @@ def prepare_database(admin_url: str) -> str:
     url = _with_db(admin_url, name)
     upgrade(url)
     with psycopg.connect(url) as conn:
-        conn.execute("CREATE TABLE bench_orders (id uuid PRIMARY KEY, customer text NOT NULL, "
-                     "total numeric NOT NULL, notes text NOT NULL, "
-                     "created_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(
+            "CREATE TABLE bench_orders (id uuid PRIMARY KEY, customer text NOT NULL, "
+            "total numeric NOT NULL, notes text NOT NULL, "
+            "created_at timestamptz NOT NULL DEFAULT now())"
+        )
         conn.commit()
     return name
 
@@ -143,9 +163,12 @@ def main() -> None:
 
     name = prepare_database(args.url)
     url = _with_db(args.url, name)
-    variants: dict[str, Txn] = {"baseline": baseline, "outbox": with_outbox,
-                                "outbox_no_wakeup": with_outbox_no_wakeup,
-                                "naive_notify": naive_notify}
+    variants: dict[str, Txn] = {
+        "baseline": baseline,
+        "outbox": with_outbox,
+        "outbox_no_wakeup": with_outbox_no_wakeup,
+        "naive_notify": naive_notify,
+    }
     results: dict[str, Any] = {}
     try:
         for clients in (1, 4, 16):
@@ -158,33 +181,49 @@ def main() -> None:
                 "tps": {v: round(x, 1) for v, x in tps.items()},
                 "samples": {v: [round(x, 1) for x in s] for v, s in samples.items()},
                 "ratio_outbox_vs_baseline": round(tps["outbox"] / tps["baseline"], 3),
-                "ratio_outbox_no_wakeup_vs_baseline":
-                    round(tps["outbox_no_wakeup"] / tps["baseline"], 3),
+                "ratio_outbox_no_wakeup_vs_baseline": round(
+                    tps["outbox_no_wakeup"] / tps["baseline"], 3
+                ),
                 "ratio_naive_notify_vs_baseline": round(tps["naive_notify"] / tps["baseline"], 3),
             }
-            print(clients, results[f"clients_{clients}"]["tps"],
-                  results[f"clients_{clients}"]["ratio_outbox_vs_baseline"], flush=True)
+            print(
+                clients,
+                results[f"clients_{clients}"]["tps"],
+                results[f"clients_{clients}"]["ratio_outbox_vs_baseline"],
+                flush=True,
+            )
         one = statistics.median(run(url, keyed(1), 16, args.seconds) for _ in range(args.rounds))
         many = statistics.median(
-            run(url, keyed(1000), 16, args.seconds) for _ in range(args.rounds))
+            run(url, keyed(1000), 16, args.seconds) for _ in range(args.rounds)
+        )
         results["sequence_contention_16_writers"] = {
-            "tps_1_key": round(one, 1), "tps_1000_keys": round(many, 1),
-            "ratio_1_key_vs_1000_keys": round(one / many, 3)}
+            "tps_1_key": round(one, 1),
+            "tps_1000_keys": round(many, 1),
+            "ratio_1_key_vs_1000_keys": round(one / many, 3),
+        }
         print(results["sequence_contention_16_writers"], flush=True)
     finally:
         with psycopg.connect(args.url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     with psycopg.connect(args.url) as conn:
-        settings = dict(conn.execute(
-            "SELECT name, setting FROM pg_settings WHERE name IN "
-            "('fsync', 'synchronous_commit', 'server_version', 'shared_buffers', 'wal_level')"
-        ).fetchall())
-    path = write_result("write_overhead", {
-        "config": {"seconds_per_sample": args.seconds, "rounds": args.rounds,
-                   "postgres": settings},
-        "target": "outbox >= 0.85x baseline at 16 clients",
-        "results": results,
-    })
+        settings = dict(
+            conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN "
+                "('fsync', 'synchronous_commit', 'server_version', 'shared_buffers', 'wal_level')"
+            ).fetchall()
+        )
+    path = write_result(
+        "write_overhead",
+        {
+            "config": {
+                "seconds_per_sample": args.seconds,
+                "rounds": args.rounds,
+                "postgres": settings,
+            },
+            "target": "outbox >= 0.85x baseline at 16 clients",
+            "results": results,
+        },
+    )
     print(f"wrote {path}")
 
 

@@ -92,7 +92,8 @@ def _headers(headers: Mapping[str, str] | None) -> str:
         if is_reserved_header(k):
             raise SerializationError(
                 f"headers[{k!r}] uses a name reserved for the envelope (outbox-*, content-type, "
-                "traceparent, payload, nats-msg-id); pick another name, or use the content_type argument",
+                "traceparent, payload, nats-msg-id); pick another name, or use the "
+                "content_type argument",
                 where=f"headers[{k!r}]",
                 type_name="str",
             )
