@@ -7,7 +7,6 @@ import datetime as dt
 import click
 
 from inbox._retention import purge
-from outbox.cli import database_url
 
 __all__ = ["commands"]
 
@@ -39,6 +38,8 @@ def purge_command(
     include_dead: bool,
 ) -> None:
     """Delete old processed inbox records in batches."""
+    from outbox.cli import database_url  # here, not at import: outbox.cli loads this module
+
     deleted = purge(
         database_url(url),
         older_than=dt.timedelta(days=older_than_days),

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 from inbox_helpers import EFFECTS_DDL
 
 
 @pytest.fixture
-def effects_url(database_url: str) -> Iterator[str]:
+def effects_url(database_url: str) -> str:
     """A fresh database with the inbox tables and an ``effects`` table."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(EFFECTS_DDL)
