@@ -12,18 +12,30 @@ Record the message first, in the transaction that applies its effect; a redelive
 
 from __future__ import annotations
 
+from inbox._consumer import BrokerConsumer
+from inbox._kafka import KafkaConsumer
+from inbox._mqtt import MqttConsumer
+from inbox._nats import NatsConsumer
+from inbox._rabbitmq import RabbitMQConsumer
 from inbox._receive import Verdict, receive, receive_async, record, record_async
+from inbox._redis import RedisStreamConsumer
 from inbox._retention import purge
 from inbox._runner import AsyncHandlerRunner, HandlerRunner, Outcome, Result
 from inbox.exceptions import ConcurrentDeliveryError, InboxError, OutOfOrderError
 
 __all__ = [
     "AsyncHandlerRunner",
+    "BrokerConsumer",
     "ConcurrentDeliveryError",
     "HandlerRunner",
     "InboxError",
+    "KafkaConsumer",
+    "MqttConsumer",
+    "NatsConsumer",
     "OutOfOrderError",
     "Outcome",
+    "RabbitMQConsumer",
+    "RedisStreamConsumer",
     "Result",
     "Verdict",
     "purge",

@@ -48,6 +48,8 @@ class BrokerConsumer:
         self.redeliver_delay = redeliver_delay
         self._on_result = on_result
         self._stopping = asyncio.Event()
+        #: set once the runner is subscribed and receiving (tests and health checks wait on it)
+        self.ready = asyncio.Event()
 
     def stop(self) -> None:
         """Ask ``run`` to return after the message in hand; safe to call from a signal handler

@@ -47,6 +47,7 @@ class NatsConsumer(BrokerConsumer):
             sub = await js.pull_subscribe(
                 self.subject or "", durable=self.durable, stream=self.stream
             )
+            self.ready.set()
             while not self.stopping:
                 try:
                     msgs = await sub.fetch(self.batch, timeout=self.fetch_timeout)

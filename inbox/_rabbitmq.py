@@ -42,6 +42,7 @@ class RabbitMQConsumer(BrokerConsumer):
             await channel.set_qos(prefetch_count=self.prefetch)
             queue = await channel.get_queue(self.queue, ensure=True)
             tag = await queue.consume(self._on_message, no_ack=False)
+            self.ready.set()
             await self._stopping.wait()
             await queue.cancel(tag)  # no new deliveries; unacked ones return to the queue
             if self._inflight:

@@ -26,7 +26,7 @@ from inbox._receive import (
     run_steps_async,
 )
 from inbox._statements import InboxStatements, inbox_statements
-from inbox._transactions import async_transactions, sync_transactions
+from inbox._transactions import AsyncTransactions, async_transactions, sync_transactions
 from inbox.exceptions import ConcurrentDeliveryError
 from outbox._connections import resolve_async, resolve_sync
 from outbox.exceptions import ConfigurationError
@@ -218,6 +218,11 @@ class AsyncHandlerRunner:
     @property
     def consumer(self) -> str:
         return self._cfg.consumer
+
+    @property
+    def transactions(self) -> AsyncTransactions:
+        """The factory of transactions this runner opens (one per delivery)."""
+        return self._transactions
 
     async def handle(self, message: Any, *, also: AsyncAlso | None = None) -> Result:
         """Process one delivery of ``message``; never raises for a handler failure."""

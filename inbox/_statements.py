@@ -12,7 +12,12 @@ from functools import lru_cache
 
 from psycopg import sql
 
-from outbox.schema import INBOX_MESSAGES, INBOX_POSITIONS, check_identifier
+from outbox.schema import (
+    INBOX_KAFKA_OFFSETS,
+    INBOX_MESSAGES,
+    INBOX_POSITIONS,
+    check_identifier,
+)
 
 __all__ = ["InboxStatements", "inbox_statements"]
 
@@ -126,6 +131,23 @@ WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)s::uuid[])
   AND status IN ('processed', 'stale', 'dead')
 """
 
+# inbox_kafka_offset_store: in the transaction of the effect, so the offset and the effect
+# commit together (a crash can replay nothing that was applied). Never moves backwards: a
+# redelivered older message of the partition leaves the newer position.
+_KAFKA_OFFSET_STORE = """
+INSERT INTO {kafka_offsets} AS o (consumer, topic, partition, next_offset)
+VALUES (%(consumer)s, %(topic)s, %(partition)s, %(next_offset)s)
+ON CONFLICT ON CONSTRAINT {kafka_offsets_pkey} DO UPDATE
+    SET next_offset = excluded.next_offset, updated_at = clock_timestamp()
+    WHERE o.next_offset < excluded.next_offset
+"""
+
+# inbox_kafka_offsets_read: where to resume each assigned partition.
+_KAFKA_OFFSETS_READ = """
+SELECT topic, partition, next_offset FROM {kafka_offsets}
+WHERE consumer = %(consumer)s AND topic = ANY(%(topics)s::text[])
+"""
+
 
 @dataclass(frozen=True)
 class InboxStatements:
@@ -139,6 +161,8 @@ class InboxStatements:
     position_skip: bytes
     purge_batch: bytes
     finished: bytes
+    kafka_offset_store: bytes
+    kafka_offsets_read: bytes
     messages_name: str
 
 
@@ -156,6 +180,8 @@ def inbox_statements(schema: str | None) -> InboxStatements:
         "positions": _qualified(schema, INBOX_POSITIONS),
         "messages_pkey": sql.Identifier(f"{INBOX_MESSAGES}_pkey"),
         "positions_pkey": sql.Identifier(f"{INBOX_POSITIONS}_pkey"),
+        "kafka_offsets": _qualified(schema, INBOX_KAFKA_OFFSETS),
+        "kafka_offsets_pkey": sql.Identifier(f"{INBOX_KAFKA_OFFSETS}_pkey"),
     }
 
     def render(text: str) -> bytes:
@@ -172,5 +198,7 @@ def inbox_statements(schema: str | None) -> InboxStatements:
         position_skip=render(_POSITION_SKIP),
         purge_batch=render(_PURGE_BATCH),
         finished=render(_FINISHED),
+        kafka_offset_store=render(_KAFKA_OFFSET_STORE),
+        kafka_offsets_read=render(_KAFKA_OFFSETS_READ),
         messages_name=names["messages"].as_string(None),
     )
