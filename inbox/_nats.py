@@ -51,7 +51,7 @@ class NatsConsumer(BrokerConsumer):
             while not self.stopping:
                 try:
                     msgs = await sub.fetch(self.batch, timeout=self.fetch_timeout)
-                except NatsTimeout:
+                except (NatsTimeout, TimeoutError):  # nats-py raises either
                     continue
                 for msg in msgs:
                     await self._one(msg)
