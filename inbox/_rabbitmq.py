@@ -32,6 +32,7 @@ class RabbitMQConsumer(BrokerConsumer):
         super().__init__(runner, redeliver_delay=redeliver_delay, on_result=on_result)
         self.queue, self.url, self.prefetch = queue, url, prefetch
         self._inflight: set[asyncio.Task[None]] = set()
+        self._crash: BaseException | None = None
 
     async def run(self) -> None:
         import aio_pika
@@ -48,7 +49,9 @@ class RabbitMQConsumer(BrokerConsumer):
             if self._inflight:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
         finally:
-            await connection.close()
+            await connection.close()  # unacknowledged deliveries return to the queue
+        if self._crash is not None:
+            raise self._crash
 
     async def _on_message(self, message: Any) -> None:
         task = asyncio.current_task()
@@ -56,6 +59,9 @@ class RabbitMQConsumer(BrokerConsumer):
             self._inflight.add(task)
         try:
             await self._settle(message)
+        except Exception as exc:  # unexpected (not a handler failure): stop, surface from run()
+            self._crash = self._crash or exc
+            self.stop()
         finally:
             if task is not None:
                 self._inflight.discard(task)

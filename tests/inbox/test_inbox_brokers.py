@@ -71,8 +71,10 @@ async def _run_storm(broker: Broker, url: str) -> ResultLog:
         async with asyncio.timeout(20):
             await asyncio.gather(*(c.ready.wait() for c in consumers))
         await broker.publish(copies)
-        # every copy handled, plus the one failed attempt redelivered
-        await log.wait_count(len(copies) + 1, within=30)
+        # every copy handled, plus each failed attempt redelivered
+        await log.wait_for(
+            lambda lg: len(lg.results) >= len(copies) + len(lg.outcomes(Outcome.FAILED)), within=30
+        )
         await log.wait_processed([m.id for m in messages], within=10)
         for c in consumers:
             c.stop()
@@ -82,7 +84,10 @@ async def _run_storm(broker: Broker, url: str) -> ResultLog:
             await pool.close()
         await broker.teardown()
     assert sorted(log.outcomes(Outcome.PROCESSED)) == sorted(m.id for m in messages)
-    assert log.outcomes(Outcome.FAILED) == [messages[0].id]
+    assert not handler.pending_failures  # the failure happened...
+    # ...and was redelivered (FAILED), unless a concurrent copy processed the message meanwhile
+    # (then the failed delivery is settled as a DUPLICATE)
+    assert log.outcomes(Outcome.FAILED) in ([], [messages[0].id])
     return log
 
 
