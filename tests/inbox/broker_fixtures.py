@@ -262,6 +262,9 @@ class Kafka(Broker):
             while grabber.address is None:
                 await asyncio.to_thread(self.producer.poll, 0.1)
         self.bootstrap = grabber.address
+        # a metadata request creates the topic in the mock cluster (4 partitions)
+        metadata = await asyncio.to_thread(self.producer.list_topics, self.topic, 10)
+        assert metadata.topics[self.topic].error is None
 
     async def publish(self, envelopes: Sequence[Envelope]) -> None:
         for env in envelopes:

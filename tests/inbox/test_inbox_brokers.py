@@ -154,8 +154,7 @@ def test_kafka_offsets_in_db_resume_after_crash_without_redelivery(effects_url: 
     assert [r.outcome for _, r in after.results] == [Outcome.PROCESSED]  # only the new one
     assert crashed.results[0][1].outcome is Outcome.PROCESSED
     with psycopg.connect(effects_url) as conn:
-        rows = conn.execute(
-            "SELECT consumer, partition, next_offset FROM inbox_kafka_offsets"
-        ).fetchall()
-    assert rows == [("svc", 0, 2)]
+        rows = conn.execute("SELECT consumer, next_offset FROM inbox_kafka_offsets").fetchall()
+    # the two messages' partitions, each resumed after its one message (or one partition: 2)
+    assert sorted(rows) in ([("svc", 1), ("svc", 1)], [("svc", 2)])
     assert len(effects(effects_url, "svc")) == 2
