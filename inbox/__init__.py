@@ -1,3 +1,46 @@
-"""inbox: see the README. (Built in its own issue.)"""
+"""inbox: apply every message's effect exactly once per consumer, in your own transaction.
 
-__all__: list[str] = []
+Record the message first, in the transaction that applies its effect; a redelivery is a
+``False``, never an exception::
+
+    from inbox import receive
+    with Session(engine) as session, session.begin():
+        if not receive(session, consumer="billing", message=envelope):
+            return  # already processed by this consumer: no second effect
+        apply_payment(session, envelope)
+"""
+
+from __future__ import annotations
+
+from inbox._consumer import BrokerConsumer
+from inbox._kafka import KafkaConsumer
+from inbox._mqtt import MqttConsumer
+from inbox._nats import NatsConsumer
+from inbox._rabbitmq import RabbitMQConsumer
+from inbox._receive import Verdict, receive, receive_async, record, record_async
+from inbox._redis import RedisStreamConsumer
+from inbox._retention import purge
+from inbox._runner import AsyncHandlerRunner, HandlerRunner, Outcome, Result
+from inbox.exceptions import ConcurrentDeliveryError, InboxError, OutOfOrderError
+
+__all__ = [
+    "AsyncHandlerRunner",
+    "BrokerConsumer",
+    "ConcurrentDeliveryError",
+    "HandlerRunner",
+    "InboxError",
+    "KafkaConsumer",
+    "MqttConsumer",
+    "NatsConsumer",
+    "OutOfOrderError",
+    "Outcome",
+    "RabbitMQConsumer",
+    "RedisStreamConsumer",
+    "Result",
+    "Verdict",
+    "purge",
+    "receive",
+    "receive_async",
+    "record",
+    "record_async",
+]

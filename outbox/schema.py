@@ -36,6 +36,7 @@ from sqlalchemy.types import DateTime, UserDefinedType
 from outbox.exceptions import ConfigurationError
 
 __all__ = [
+    "INBOX_KAFKA_OFFSETS",
     "INBOX_MESSAGES",
     "INBOX_POSITIONS",
     "NAMING_CONVENTION",
@@ -52,6 +53,7 @@ OUTBOX_MESSAGES = "outbox_messages"
 OUTBOX_SEQUENCES = "outbox_key_sequences"
 INBOX_MESSAGES = "inbox_messages"
 INBOX_POSITIONS = "inbox_key_positions"
+INBOX_KAFKA_OFFSETS = "inbox_kafka_offsets"
 
 NAMING_CONVENTION: dict[str, str] = {
     "ix": "%(table_name)s_%(column_0_N_name)s_idx",
@@ -203,9 +205,29 @@ def make_metadata(schema: str | None = None) -> MetaData:
         ),
         PrimaryKeyConstraint("consumer", "topic", "key"),
     )
+    _inbox_tables(md)
     _relay_tables(md)
     _reconciliation_tables(md)
     return md
+
+
+def _inbox_tables(md: MetaData) -> None:
+    """Tables the inbox adds (migration outbox_0003)."""
+    Table(
+        INBOX_KAFKA_OFFSETS,
+        md,
+        # A Kafka consumer that stores its offsets in the same transaction as its effects: the
+        # next offset to read per partition, read back when partitions are assigned.
+        Column("consumer", Text, nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("partition", Integer, nullable=False),
+        Column("next_offset", BigInteger, nullable=False),
+        Column(
+            "updated_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+        ),
+        PrimaryKeyConstraint("consumer", "topic", "partition"),
+        CheckConstraint("next_offset >= 0", name="next_offset_not_negative"),
+    )
 
 
 def _relay_tables(md: MetaData) -> None:

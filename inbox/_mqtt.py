@@ -1,0 +1,100 @@
+"""MQTT 5 QoS 1 subscriber (paho-mqtt, manual acks): PUBACK only after the commit.
+
+MQTT has no negative acknowledgement: a failed or out-of-order message is retried locally after
+``redeliver_delay`` and, if the process dies first, redelivered by the broker when the
+persistent session (same ``client_id``, ``clean_start=False``) reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from inbox._consumer import BrokerConsumer, ResultCallback
+from inbox._runner import AsyncHandlerRunner
+from inbox._wire import decode_mqtt
+from outbox.exceptions import ConfigurationError
+
+__all__ = ["MqttConsumer"]
+
+
+class MqttConsumer(BrokerConsumer):
+    """Subscribe to ``topic`` at QoS 1 in a persistent session named ``client_id``."""
+
+    def __init__(
+        self,
+        runner: AsyncHandlerRunner,
+        *,
+        topic: str,
+        client_id: str,
+        host: str = "127.0.0.1",
+        port: int = 1883,
+        session_expiry: int = 86_400,
+        redeliver_delay: float = 1.0,
+        connect_timeout: float = 10.0,
+        on_result: ResultCallback | None = None,
+    ) -> None:
+        super().__init__(runner, redeliver_delay=redeliver_delay, on_result=on_result)
+        if not client_id:
+            raise ConfigurationError("client_id is required: it names the persistent session")
+        self.topic, self.client_id, self.host, self.port = topic, client_id, host, port
+        self.session_expiry, self.connect_timeout = session_expiry, connect_timeout
+
+    def _client(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> Any:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            protocol=mqtt.MQTTv5,
+            manual_ack=True,
+        )
+
+        def on_connect(c: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+            if not reason.is_failure:
+                c.subscribe(self.topic, qos=1)
+
+        def on_subscribe(_c: Any, _u: Any, _m: Any, _r: Any, _p: Any) -> None:
+            loop.call_soon_threadsafe(self.ready.set)
+
+        def on_message(_c: Any, _u: Any, msg: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, msg)
+
+        client.on_connect, client.on_subscribe = on_connect, on_subscribe
+        client.on_message = on_message
+        return client
+
+    async def run(self) -> None:
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        client = self._client(loop, queue)
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = self.session_expiry
+        await loop.run_in_executor(
+            None,
+            lambda: client.connect(self.host, self.port, clean_start=False, properties=props),
+        )
+        client.loop_start()
+        try:
+            await asyncio.wait_for(self.ready.wait(), self.connect_timeout)
+            while not self.stopping:
+                try:
+                    msg = await asyncio.wait_for(queue.get(), 0.5)
+                except TimeoutError:
+                    continue
+                await self._one(client, queue, msg)
+        finally:
+            client.disconnect()
+            await loop.run_in_executor(None, client.loop_stop)
+
+    async def _one(self, client: Any, queue: asyncio.Queue[Any], msg: Any) -> None:
+        properties = getattr(msg.properties, "UserProperty", None) if msg.properties else None
+        result = await self._dispatch(lambda: decode_mqtt(properties, msg.payload))
+        if result is None or result.outcome.ack:
+            client.ack(msg.mid, msg.qos)
+        else:
+            asyncio.get_running_loop().call_later(self.redeliver_delay, queue.put_nowait, msg)

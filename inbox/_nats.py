@@ -1,0 +1,68 @@
+"""NATS JetStream durable pull consumer: ack after commit, nak (with a delay) to redeliver."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inbox._consumer import BrokerConsumer, ResultCallback
+from inbox._runner import AsyncHandlerRunner
+from inbox._wire import decode_nats
+
+__all__ = ["NatsConsumer"]
+
+
+class NatsConsumer(BrokerConsumer):
+    """Pull ``batch`` messages at a time from the durable consumer ``durable`` on ``stream``.
+
+    The durable must allow explicit acks (the default of ``pull_subscribe``). Its
+    ``ack_wait`` bounds how long a crashed consumer's messages stay invisible; ``max_deliver``
+    should be unlimited (-1, the default): poison messages are settled by the inbox
+    (``max_attempts``), not dropped by the broker.
+    """
+
+    def __init__(
+        self,
+        runner: AsyncHandlerRunner,
+        *,
+        stream: str,
+        durable: str,
+        subject: str | None = None,
+        servers: str | list[str] = "nats://127.0.0.1:4222",
+        batch: int = 10,
+        fetch_timeout: float = 1.0,
+        redeliver_delay: float = 1.0,
+        on_result: ResultCallback | None = None,
+    ) -> None:
+        super().__init__(runner, redeliver_delay=redeliver_delay, on_result=on_result)
+        self.stream, self.durable, self.subject = stream, durable, subject
+        self.servers, self.batch, self.fetch_timeout = servers, batch, fetch_timeout
+
+    async def run(self) -> None:
+        import nats
+        from nats.errors import TimeoutError as NatsTimeout
+
+        nc = await nats.connect(self.servers)
+        try:
+            js = nc.jetstream()
+            sub = await js.pull_subscribe(
+                self.subject or "", durable=self.durable, stream=self.stream
+            )
+            self.ready.set()
+            while not self.stopping:
+                try:
+                    msgs = await sub.fetch(self.batch, timeout=self.fetch_timeout)
+                except (NatsTimeout, TimeoutError):  # nats-py raises either
+                    continue
+                for msg in msgs:
+                    await self._one(msg)
+        finally:
+            await nc.close()
+
+    async def _one(self, msg: Any) -> None:
+        result = await self._dispatch(lambda: decode_nats(msg.headers, msg.data))
+        if result is None:
+            await msg.term()  # not an outbox message: never redeliver it
+        elif result.outcome.ack:
+            await msg.ack()
+        else:
+            await msg.nak(delay=self.redeliver_delay)

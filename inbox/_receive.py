@@ -1,0 +1,243 @@
+"""``receive`` / ``record`` and their async twins: the inbox record in the caller's transaction.
+
+The decisions are a small generator of statements (:func:`_record_steps`) shared by both twins;
+each twin only runs the statements it yields on its own kind of connection.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from inbox._statements import InboxStatements, inbox_statements
+from inbox.exceptions import ConcurrentDeliveryError, OutOfOrderError
+from outbox._connections import resolve_async, resolve_sync
+from outbox.exceptions import InvalidMessageError, SchemaNotInstalledError
+
+__all__ = [
+    "MessageRef",
+    "Verdict",
+    "as_ref",
+    "receive",
+    "receive_async",
+    "record",
+    "record_async",
+    "run_steps",
+    "run_steps_async",
+    "translate",
+]
+
+#: One statement to run and its parameters; the generator is sent the first row (or None).
+Step = tuple[bytes, dict[str, Any]]
+Steps = Generator[Step, tuple[Any, ...] | None, Any]
+
+
+class Verdict(enum.Enum):
+    """What the inbox says about a delivery, decided in the caller's transaction."""
+
+    #: first delivery (and next in line, when ordered): apply the effect now
+    PROCESS = "process"
+    #: already processed (or dead) for this consumer: no effect, acknowledge
+    DUPLICATE = "duplicate"
+    #: ordered: older than the key's last applied message: no effect, acknowledge
+    STALE = "stale"
+    #: ordered: a predecessor is missing: nothing was recorded, redeliver later
+    OUT_OF_ORDER = "out_of_order"
+
+
+@dataclass(frozen=True)
+class MessageRef:
+    """What the inbox needs of a message: its id, topic, key and per-key sequence number."""
+
+    consumer: str
+    id: uuid.UUID
+    topic: str
+    key: str
+    seq: int | None
+
+    def params(self, **extra: Any) -> dict[str, Any]:
+        base = {
+            "consumer": self.consumer,
+            "id": self.id,
+            "topic": self.topic,
+            "key": self.key,
+            "seq": self.seq,
+        }
+        return base | extra
+
+
+def as_ref(consumer: str, message: Any, *, ordered: bool = False) -> MessageRef:
+    """Validate ``message`` (an Envelope or any object with id/topic/key/seq) for ``consumer``."""
+    if not isinstance(consumer, str) or not consumer:
+        raise InvalidMessageError(f"consumer must be a non-empty string, not {consumer!r}")
+    missing = [a for a in ("id", "topic", "key") if not hasattr(message, a)]
+    if missing:
+        raise InvalidMessageError(
+            f"{type(message).__name__} has no {', '.join(missing)}: pass an "
+            "outbox.envelope.Envelope (or an object with id, topic, key and seq)"
+        )
+    try:
+        msg_id = message.id if isinstance(message.id, uuid.UUID) else uuid.UUID(str(message.id))
+    except ValueError as exc:
+        raise InvalidMessageError(f"message id {message.id!r} is not a UUID") from exc
+    seq = getattr(message, "seq", None)
+    if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 1):
+        raise InvalidMessageError(f"message seq must be a positive int, not {seq!r}")
+    if ordered and seq is None:
+        raise InvalidMessageError(
+            f"message {msg_id} has no seq: the order guard (ordered=True) needs the per-key "
+            "sequence number the outbox assigns"
+        )
+    for name in ("topic", "key"):
+        value = getattr(message, name)
+        if not isinstance(value, str) or not value:
+            raise InvalidMessageError(f"message {name} must be a non-empty string, not {value!r}")
+    return MessageRef(consumer, msg_id, message.topic, message.key, seq)
+
+
+def decide(last_seq: int, seq: int) -> Verdict:
+    """The order guard: apply only the next message of a key."""
+    if seq <= last_seq:
+        return Verdict.STALE
+    if seq > last_seq + 1:
+        return Verdict.OUT_OF_ORDER
+    return Verdict.PROCESS
+
+
+def _record_steps(stmts: InboxStatements, ref: MessageRef, ordered: bool) -> Steps:
+    params = ref.params()
+    row = yield stmts.record, params
+    if row is None:
+        yield stmts.note_duplicate, params
+        return Verdict.DUPLICATE
+    if not ordered:
+        return Verdict.PROCESS
+    position = yield stmts.position_lock, params
+    assert position is not None
+    assert ref.seq is not None
+    verdict = decide(int(position[0]), ref.seq)
+    follow_up = {
+        Verdict.PROCESS: stmts.position_advance,
+        Verdict.STALE: stmts.mark_stale,
+        Verdict.OUT_OF_ORDER: stmts.forget,
+    }[verdict]
+    yield follow_up, params
+    return verdict
+
+
+def translate(exc: psycopg.Error, stmts: InboxStatements) -> Exception:
+    """Turn the driver errors a consumer can act on into inbox errors; others unchanged."""
+    if isinstance(exc, pg_errors.UndefinedTable):
+        return SchemaNotInstalledError(
+            f"table {stmts.messages_name} does not exist: run `outbox migrate upgrade` (add "
+            "--schema if you use one), or `alembic upgrade heads`"
+        )
+    if isinstance(
+        exc,
+        pg_errors.SerializationFailure | pg_errors.DeadlockDetected | pg_errors.LockNotAvailable,
+    ):
+        return ConcurrentDeliveryError(
+            f"{type(exc).__name__} ({exc.sqlstate}): another transaction handled this message "
+            "or key at the same time. Roll back and deliver the message again; the retry sees "
+            "the other transaction's outcome",
+            sqlstate=exc.sqlstate,
+        )
+    return exc
+
+
+def run_steps(raw: psycopg.Connection[Any], stmts: InboxStatements, steps: Steps) -> Any:
+    """Run a statement generator on a sync connection; return its result."""
+    try:
+        with raw.cursor() as cur:
+            step = next(steps)
+            while True:
+                cur.execute(step[0], step[1])
+                step = steps.send(cur.fetchone() if cur.description else None)
+    except StopIteration as done:
+        return done.value
+    except psycopg.Error as exc:
+        raise translate(exc, stmts) from exc
+
+
+async def run_steps_async(
+    raw: psycopg.AsyncConnection[Any], stmts: InboxStatements, steps: Steps
+) -> Any:
+    """Async twin of :func:`run_steps`."""
+    try:
+        async with raw.cursor() as cur:
+            step = next(steps)
+            while True:
+                await cur.execute(step[0], step[1])
+                step = steps.send(await cur.fetchone() if cur.description else None)
+    except StopIteration as done:
+        return done.value
+    except psycopg.Error as exc:
+        raise translate(exc, stmts) from exc
+
+
+def record(
+    target: Any, *, consumer: str, message: Any, ordered: bool = False, schema: str | None = None
+) -> Verdict:
+    """Record ``message`` for ``consumer`` in ``target``'s transaction and say what to do.
+
+    Call it first in the transaction that applies the message's effect. See :class:`Verdict`.
+    With ``ordered`` the per-key order guard is applied (the key's position is locked until
+    the transaction ends). OUT_OF_ORDER leaves no record: roll back and redeliver later.
+    """
+    ref = as_ref(consumer, message, ordered=ordered)
+    stmts = inbox_statements(schema)
+    verdict: Verdict = run_steps(resolve_sync(target), stmts, _record_steps(stmts, ref, ordered))
+    return verdict
+
+
+async def record_async(
+    target: Any, *, consumer: str, message: Any, ordered: bool = False, schema: str | None = None
+) -> Verdict:
+    """Async twin of :func:`record`."""
+    ref = as_ref(consumer, message, ordered=ordered)
+    stmts = inbox_statements(schema)
+    raw = await resolve_async(target)
+    verdict: Verdict = await run_steps_async(raw, stmts, _record_steps(stmts, ref, ordered))
+    return verdict
+
+
+def _to_bool(verdict: Verdict, ref: Any) -> bool:
+    if verdict is Verdict.OUT_OF_ORDER:
+        raise OutOfOrderError(
+            f"message {ref.id} (seq {ref.seq} of key {ref.key!r} on {ref.topic!r}) arrived "
+            "before its predecessor: roll back and let the broker deliver it again later",
+            message_id=ref.id,
+            seq=ref.seq,
+        )
+    return verdict is Verdict.PROCESS
+
+
+def receive(
+    target: Any, *, consumer: str, message: Any, ordered: bool = False, schema: str | None = None
+) -> bool:
+    """Record ``message`` as processed by ``consumer`` in ``target``'s transaction.
+
+    Returns True when the caller must apply the effect now (in the same transaction), False
+    for a duplicate (or, with ``ordered``, a stale message): apply nothing, commit, ack.
+    A duplicate is never an exception. With ``ordered``, a message ahead of a gap raises
+    :class:`~inbox.OutOfOrderError` (nothing recorded): roll back and redeliver later.
+    ``target``: SQLAlchemy Session/Connection or psycopg Connection, inside a transaction.
+    """
+    verdict = record(target, consumer=consumer, message=message, ordered=ordered, schema=schema)
+    return _to_bool(verdict, message)
+
+
+async def receive_async(
+    target: Any, *, consumer: str, message: Any, ordered: bool = False, schema: str | None = None
+) -> bool:
+    """Async twin of :func:`receive` (AsyncSession, AsyncConnection, psycopg.AsyncConnection)."""
+    verdict = await record_async(
+        target, consumer=consumer, message=message, ordered=ordered, schema=schema
+    )
+    return _to_bool(verdict, message)

@@ -1,0 +1,297 @@
+"""One small adapter per live broker for the consumer-runner tests.
+
+Test messages are produced with each broker's own client, following the relay's wire mapping in
+``relay/brokers/base.py`` exactly: body = payload, headers = ``Envelope.to_headers()`` plus the
+broker's id fields. Every name carries a uuid suffix; everything created is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from inbox import (
+    AsyncHandlerRunner,
+    BrokerConsumer,
+    KafkaConsumer,
+    MqttConsumer,
+    NatsConsumer,
+    RabbitMQConsumer,
+    RedisStreamConsumer,
+)
+from inbox._consumer import ResultCallback
+from outbox.envelope import Envelope
+
+
+def reachable(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+class Broker:
+    name = ""
+    port = 0
+
+    def __init__(self) -> None:
+        self.tag = uuid.uuid4().hex[:10]
+
+    async def setup(self) -> None: ...
+
+    async def publish(self, envelopes: Sequence[Envelope]) -> None: ...
+
+    def consumer(
+        self, runner: AsyncHandlerRunner, on_result: ResultCallback, instance: int
+    ) -> BrokerConsumer:
+        raise NotImplementedError
+
+    async def teardown(self) -> None: ...
+
+
+class Nats(Broker):
+    name, port = "nats", 4222
+
+    async def setup(self) -> None:
+        import nats
+        from nats.js.api import ConsumerConfig, StreamConfig
+
+        self.subject = f"inbox.test.{self.tag}"
+        self.stream = f"INBOX_TEST_{self.tag}"
+        self.nc = await nats.connect("nats://127.0.0.1:4222")
+        self.js = self.nc.jetstream()
+        await self.js.add_stream(StreamConfig(name=self.stream, subjects=[self.subject]))
+        # a short ack_wait, so a crashed consumer's message comes back quickly
+        await self.js.add_consumer(
+            self.stream, ConsumerConfig(durable_name="svc", ack_wait=1.0, ack_policy="explicit")
+        )
+
+    async def publish(self, envelopes: Sequence[Envelope]) -> None:
+        seen: dict[uuid.UUID, int] = {}
+        for env in envelopes:
+            # A copy re-sent after JetStream's dedup window (as after a long relay outage) is a
+            # new stream message; emulated by varying the Nats-Msg-Id of copies.
+            n = seen[env.id] = seen.get(env.id, 0) + 1
+            msg_id = str(env.id) if n == 1 else f"{env.id}/resent-{n}"
+            await self.js.publish(
+                self.subject, env.payload, headers={**env.to_headers(), "Nats-Msg-Id": msg_id}
+            )
+
+    def consumer(self, runner: Any, on_result: ResultCallback, instance: int) -> BrokerConsumer:
+        return NatsConsumer(
+            runner,
+            stream=self.stream,
+            durable="svc",
+            subject=self.subject,
+            batch=5,
+            fetch_timeout=0.5,
+            redeliver_delay=0.2,
+            on_result=on_result,
+        )
+
+    async def teardown(self) -> None:
+        await self.js.delete_stream(self.stream)
+        await self.nc.close()
+
+
+class RabbitMQ(Broker):
+    name, port = "rabbitmq", 5672
+    url = "amqp://guest:guest@127.0.0.1:5672/"
+
+    async def setup(self) -> None:
+        import aio_pika
+
+        self.queue = f"inbox-test-{self.tag}"
+        self.conn = await aio_pika.connect(self.url)
+        self.channel = await self.conn.channel()  # publisher confirms on
+        await self.channel.declare_queue(self.queue, durable=True)
+
+    async def publish(self, envelopes: Sequence[Envelope]) -> None:
+        import aio_pika
+
+        for env in envelopes:
+            message = aio_pika.Message(
+                env.payload,
+                message_id=str(env.id),
+                content_type=env.content_type,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers=dict(env.to_headers()),
+            )
+            await self.channel.default_exchange.publish(message, self.queue, mandatory=True)
+
+    def consumer(self, runner: Any, on_result: ResultCallback, instance: int) -> BrokerConsumer:
+        return RabbitMQConsumer(
+            runner,
+            queue=self.queue,
+            url=self.url,
+            prefetch=5,
+            redeliver_delay=0.1,
+            on_result=on_result,
+        )
+
+    async def teardown(self) -> None:
+        await self.channel.queue_delete(self.queue)
+        await self.conn.close()
+
+
+class Redis(Broker):
+    name, port = "redis", 6379
+
+    async def setup(self) -> None:
+        import redis.asyncio as aioredis
+
+        self.stream = f"inbox-test-{self.tag}"
+        self.client = aioredis.Redis.from_url("redis://127.0.0.1:6379/0")
+
+    async def publish(self, envelopes: Sequence[Envelope]) -> None:
+        for env in envelopes:
+            fields: dict[Any, Any] = {**env.to_headers(), "payload": env.payload}
+            await self.client.xadd(self.stream, fields)
+
+    def consumer(self, runner: Any, on_result: ResultCallback, instance: int) -> BrokerConsumer:
+        return RedisStreamConsumer(
+            runner,
+            stream=self.stream,
+            group="svc",
+            name=f"member-{instance}",
+            block_ms=200,
+            claim_idle_ms=300,
+            on_result=on_result,
+        )
+
+    async def teardown(self) -> None:
+        await self.client.delete(self.stream)
+        await self.client.aclose()
+
+
+class Mqtt(Broker):
+    name, port = "mqtt", 1883
+
+    async def setup(self) -> None:
+        self.topic = f"inbox/test/{self.tag}"
+        self.client_ids: set[str] = set()
+
+    async def publish(self, envelopes: Sequence[Envelope]) -> None:
+        await asyncio.to_thread(self._publish_sync, list(envelopes))
+
+    def _publish_sync(self, envelopes: list[Envelope]) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        client.connect("127.0.0.1", 1883)
+        client.loop_start()
+        try:
+            for env in envelopes:
+                props = Properties(PacketTypes.PUBLISH)
+                props.ContentType = env.content_type
+                props.UserProperty = list(env.to_headers().items())
+                client.publish(self.topic, env.payload, qos=1, properties=props).wait_for_publish(5)
+        finally:
+            client.disconnect()
+            client.loop_stop()
+
+    def consumer(self, runner: Any, on_result: ResultCallback, instance: int) -> BrokerConsumer:
+        client_id = f"inbox-test-{self.tag}-{instance}"
+        self.client_ids.add(client_id)
+        return MqttConsumer(
+            runner,
+            topic=f"$share/svc/{self.topic}",
+            client_id=client_id,
+            redeliver_delay=0.1,
+            on_result=on_result,
+        )
+
+    async def teardown(self) -> None:
+        await asyncio.to_thread(self._forget_sessions)
+
+    def _forget_sessions(self) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        for client_id in self.client_ids:  # clean start + no expiry: the session is removed
+            client = mqtt.Client(
+                CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+            )
+            client.connect("127.0.0.1", 1883, clean_start=True)
+            client.disconnect()
+
+
+class _BootstrapGrabber(logging.Handler):
+    address: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = re.search(r"replaced with (\S+)", record.getMessage())
+        if found:
+            self.address = found.group(1)
+
+
+class Kafka(Broker):
+    """librdkafka's mock cluster, alive as long as the producer that created it."""
+
+    name, port = "kafka", 0
+    offsets_in_db = False
+
+    async def setup(self) -> None:
+        from confluent_kafka import Producer
+
+        self.topic = f"inbox-test-{self.tag}"
+        grabber = _BootstrapGrabber()
+        logger = logging.getLogger(f"kafka-mock-{self.tag}")
+        logger.addHandler(grabber)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        self.producer = Producer(
+            {
+                "test.mock.num.brokers": 1,
+                "bootstrap.servers": "unused:9092",
+                "logger": logger,
+                "enable.idempotence": True,
+                "acks": "all",
+            }
+        )
+        async with asyncio.timeout(10):
+            while grabber.address is None:
+                await asyncio.to_thread(self.producer.poll, 0.1)
+        self.bootstrap = grabber.address
+        # a metadata request creates the topic in the mock cluster (4 partitions)
+        metadata = await asyncio.to_thread(self.producer.list_topics, self.topic, 10)
+        assert metadata.topics[self.topic].error is None
+
+    async def publish(self, envelopes: Sequence[Envelope]) -> None:
+        for env in envelopes:
+            headers = [(k, v.encode()) for k, v in env.to_headers().items()]
+            self.producer.produce(self.topic, env.payload, key=env.key.encode(), headers=headers)
+        remaining = await asyncio.to_thread(self.producer.flush, 10)
+        assert remaining == 0
+
+    def consumer(self, runner: Any, on_result: ResultCallback, instance: int) -> BrokerConsumer:
+        config = {
+            "bootstrap.servers": self.bootstrap,
+            "group.id": "svc",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+        }
+        return KafkaConsumer(
+            runner,
+            config=config,
+            topics=[self.topic],
+            offsets_in_db=self.offsets_in_db,
+            poll_timeout=0.2,
+            redeliver_delay=0.1,
+            on_result=on_result,
+        )
+
+    async def teardown(self) -> None:
+        await asyncio.to_thread(self.producer.flush, 5)
+
+
+BROKERS: dict[str, type[Broker]] = {b.name: b for b in (Nats, RabbitMQ, Redis, Mqtt, Kafka)}

@@ -1,0 +1,184 @@
+"""HandlerRunner / AsyncHandlerRunner, poison messages and retention, on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from sqlalchemy import create_engine, text
+from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+from sqlalchemy.orm import sessionmaker
+from sqlalchemy.pool import NullPool
+
+from inbox import AsyncHandlerRunner, HandlerRunner, Outcome, purge
+from inbox.cli import commands
+from outbox import ConfigurationError
+from outbox._migrate import sqlalchemy_url
+
+
+@pytest.fixture
+def pool(effects_url: str) -> Iterator[ConnectionPool]:
+    with ConnectionPool(effects_url, min_size=1, max_size=2, open=True) as p:
+        yield p
+
+
+class Flaky:
+    """A handler that fails its first ``failures`` calls, then applies the effect."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def __call__(self, conn: Any, msg: Any) -> None:
+        self.calls += 1
+        apply_effect(conn, "c", msg)  # rolled back with the transaction when we raise
+        if self.calls <= self.failures:
+            raise ValueError(f"boom {self.calls}")
+
+
+def test_runner_outcomes_and_attempts(pool: ConnectionPool, effects_url: str) -> None:
+    handler = Flaky(failures=2)
+    runner = HandlerRunner(pool, handler, consumer="c", max_attempts=5)
+    msg = make_envelope()
+    first = runner.handle(msg)
+    assert (first.outcome, first.attempts, str(first.error)) == (Outcome.FAILED, 1, "boom 1")
+    assert not first.outcome.ack
+    assert runner.handle(msg).outcome is Outcome.FAILED
+    assert runner.handle(msg).outcome is Outcome.PROCESSED
+    assert runner.handle(msg).outcome is Outcome.DUPLICATE
+    assert len(effects(effects_url, "c")) == 1  # failed attempts left no effect
+    status, attempts, last_error, _ = inbox_rows(effects_url, "c")[msg.id]
+    assert (status, attempts, last_error) == ("processed", 4, "ValueError: boom 2")
+
+
+def test_runner_poison_message_is_dead_and_acked(pool: ConnectionPool, effects_url: str) -> None:
+    runner = HandlerRunner(pool, Flaky(failures=99), consumer="c", max_attempts=3)
+    msg = make_envelope()
+    outcomes = [runner.handle(msg).outcome for _ in range(3)]
+    assert outcomes == [Outcome.FAILED, Outcome.FAILED, Outcome.DEAD]
+    assert Outcome.DEAD.ack
+    assert runner.handle(msg).outcome is Outcome.DUPLICATE  # a later redelivery: no retry
+    status, attempts, last_error, _ = inbox_rows(effects_url, "c")[msg.id]
+    assert (status, attempts, last_error) == ("dead", 4, "ValueError: boom 3")  # 4 deliveries
+    assert effects(effects_url, "c") == []
+
+
+def test_runner_ordered_dead_message_moves_the_key_on(
+    pool: ConnectionPool, effects_url: str
+) -> None:
+    poison = make_envelope(seq=1, payload=b"poison")
+
+    def handler(conn: Any, msg: Any) -> None:
+        if msg.payload == b"poison":
+            raise ValueError("cannot parse")
+        apply_effect(conn, "c", msg)
+
+    runner = HandlerRunner(pool, handler, consumer="c", ordered=True, max_attempts=1)
+    second = make_envelope(seq=2)
+    assert runner.handle(second).outcome is Outcome.OUT_OF_ORDER
+    assert runner.handle(poison).outcome is Outcome.DEAD
+    assert runner.handle(second).outcome is Outcome.PROCESSED
+    assert runner.handle(make_envelope(seq=1)).outcome is Outcome.STALE
+    assert [row[3] for row in effects(effects_url, "c")] == [2]
+
+
+def test_runner_concurrency_conflict_is_not_counted(pool: ConnectionPool, effects_url: str) -> None:
+    def handler(conn: Any, msg: Any) -> None:
+        raise psycopg.errors.SerializationFailure("could not serialize access")
+
+    runner = HandlerRunner(pool, handler, consumer="c", max_attempts=1)
+    result = runner.handle(make_envelope())
+    assert (result.outcome, result.attempts) == (Outcome.FAILED, None)
+    assert inbox_rows(effects_url, "c") == {}  # not dead: a conflict is not the message's fault
+
+
+def test_runner_with_sqlalchemy_sessionmaker_and_also(effects_url: str) -> None:
+    engine = create_engine(sqlalchemy_url(effects_url), poolclass=NullPool)
+    seen: list[str] = []
+
+    def also(session: Any) -> None:
+        seen.append(type(session).__name__)
+        stmt = (
+            "INSERT INTO effects (consumer, message_id, key) VALUES ('x', gen_random_uuid(), 'a')"
+        )
+        session.execute(text(stmt))
+
+    runner = HandlerRunner(sessionmaker(engine), lambda s, m: apply_effect(s, "c", m), consumer="c")
+    msg = make_envelope()
+    assert runner.handle(msg, also=also).outcome is Outcome.PROCESSED
+    assert runner.handle(msg, also=also).outcome is Outcome.DUPLICATE
+    engine.dispose()
+    assert seen == ["Session", "Session"]
+    assert len(effects(effects_url, "x")) == 2  # committed with each acknowledged outcome
+
+
+def test_async_runner_pool_and_sessionmaker(effects_url: str) -> None:
+    async def handler(conn: Any, msg: Any) -> None:
+        stmt = "INSERT INTO effects (consumer, message_id, key) VALUES ('c', %s, %s)"
+        if isinstance(conn, psycopg.AsyncConnection):
+            await conn.execute(stmt, (msg.id, msg.key))
+        else:
+            await conn.execute(
+                text("INSERT INTO effects (consumer, message_id, key) VALUES ('c', :m, :k)"),
+                {"m": msg.id, "k": msg.key},
+            )
+
+    async def go() -> list[Outcome]:
+        msg = make_envelope()
+        out = []
+        async with AsyncConnectionPool(effects_url, min_size=1, open=False) as apool:
+            runner = AsyncHandlerRunner(apool, handler, consumer="c")
+            out += [(await runner.handle(msg)).outcome for _ in range(2)]
+        engine = create_async_engine(sqlalchemy_url(effects_url), poolclass=NullPool)
+        runner = AsyncHandlerRunner(async_sessionmaker(engine), handler, consumer="c")
+        out += [(await runner.handle(msg)).outcome, (await runner.handle(make_envelope())).outcome]
+        await engine.dispose()
+        return out
+
+    assert asyncio.run(go()) == [
+        Outcome.PROCESSED,
+        Outcome.DUPLICATE,
+        Outcome.DUPLICATE,
+        Outcome.PROCESSED,
+    ]
+    assert len(effects(effects_url, "c")) == 2
+
+
+def test_runner_refuses_bad_configuration(pool: ConnectionPool) -> None:
+    with pytest.raises(ConfigurationError, match="max_attempts"):
+        HandlerRunner(pool, print, consumer="c", max_attempts=0)
+    with pytest.raises(ConfigurationError, match="consumer"):
+        HandlerRunner(pool, print, consumer="")
+    with pytest.raises(ConfigurationError, match=r"psycopg_pool\.ConnectionPool"):
+        HandlerRunner(42, print, consumer="c")
+
+
+def test_purge_deletes_old_finished_records_in_batches(effects_url: str) -> None:
+    with psycopg.connect(effects_url) as conn:
+        conn.execute(
+            "INSERT INTO inbox_messages (consumer, message_id, topic, key, status, received_at) "
+            "SELECT 'c', gen_random_uuid(), 't', 'k', s, now() - interval '10 days' "
+            "FROM unnest(array['processed','processed','processed','stale','dead','processing']) s"
+        )
+        conn.execute(
+            "INSERT INTO inbox_messages (consumer, message_id, topic, key) "
+            "VALUES ('c', gen_random_uuid(), 't', 'k'), ('other', gen_random_uuid(), 't', 'k')"
+        )
+    assert purge(effects_url, older_than=dt.timedelta(days=7), batch_size=2) == 4
+    left = sorted(status for status, *_ in inbox_rows(effects_url, "c").values())
+    assert left == ["dead", "processed", "processing"]  # dead, in-flight, and recent kept
+    result = CliRunner().invoke(
+        commands[0],
+        ["purge", "--url", effects_url, "--older-than-days", "7", "--include-dead"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "deleted 1 inbox records" in result.output
+    with pytest.raises(ConfigurationError, match="older_than"):
+        purge(effects_url, older_than=dt.timedelta(0))
