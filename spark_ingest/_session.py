@@ -81,6 +81,7 @@ def spark_session(
         builder = builder.config("spark.jars", find_jdbc_jar(jdbc_jar))
     builder = (
         builder.config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
         .config("spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2) * 2)))
