@@ -42,6 +42,7 @@ __all__ = [
     "NAMING_CONVENTION",
     "OUTBOX_MESSAGES",
     "OUTBOX_SEQUENCES",
+    "RECONCILIATION_RUNS",
     "Xid8",
     "check_identifier",
     "include_object",
@@ -54,6 +55,7 @@ OUTBOX_SEQUENCES = "outbox_key_sequences"
 INBOX_MESSAGES = "inbox_messages"
 INBOX_POSITIONS = "inbox_key_positions"
 INBOX_KAFKA_OFFSETS = "inbox_kafka_offsets"
+RECONCILIATION_RUNS = "outbox_reconciliation_runs"
 
 NAMING_CONVENTION: dict[str, str] = {
     "ix": "%(table_name)s_%(column_0_N_name)s_idx",
@@ -240,7 +242,32 @@ def _relay_tables(md: MetaData) -> None:
 
 
 def _reconciliation_tables(md: MetaData) -> None:
-    """Tables the nightly reconciliation adds (run history, ingest watermarks)."""
+    """Tables the nightly reconciliation adds (run history); see migration outbox_0004.
+
+    Ingest watermarks live next to the Parquet lake they describe (written after the data), so
+    the lake and its watermark cannot disagree; only the run history is kept here.
+    """
+    Table(
+        RECONCILIATION_RUNS,
+        md,
+        Column("run_id", UUID(as_uuid=True), nullable=False),
+        Column("started_at", _TIMESTAMPTZ, nullable=False),
+        Column("finished_at", _TIMESTAMPTZ, nullable=False),
+        Column("window_start", _TIMESTAMPTZ, nullable=False),
+        Column("window_end", _TIMESTAMPTZ, nullable=False),
+        # The outbox horizon frozen at job start: only rows with tx_id below it were judged.
+        Column("horizon_xmin", BigInteger, nullable=False),
+        Column("messages", BigInteger, nullable=False),
+        Column("discrepancies", BigInteger, nullable=False),
+        # 'ok' or 'failed' (a configured threshold was exceeded).
+        Column("outcome", Text, nullable=False),
+        # Counts per class, latency percentiles, thresholds: the JSON summary of the run.
+        Column("summary", JSONB, nullable=False),
+        PrimaryKeyConstraint("run_id"),
+        CheckConstraint("outcome IN ('ok', 'failed')", name="outcome_valid"),
+        CheckConstraint("window_start < window_end", name="window_ordered"),
+        Index(None, "started_at"),
+    )
 
 
 #: The tables in the search_path schema.

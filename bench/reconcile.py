@@ -1,0 +1,227 @@
+"""Reconciliation benchmark: JDBC read floor vs full reconciliation vs SQL in Postgres vs a night.
+
+Seeds (INSERT ... SELECT generate_series) an outbox of N messages over 10 days and two inbox
+databases (billing, shipping) with ~1% missing, ~0.5% duplicate deliveries and ~0.5% phantoms
+each; then, side by side in one run:
+
+  (a) read   : the same rows over JDBC into Spark, every column fetched (the I/O floor)
+  (b) full   : the whole reconciliation of the 10 days (reads, classify, outputs, run row)
+  (c) sql    : the same left/anti-join classification in SQL inside Postgres, on co-located
+               copies of the inbox tables (for reference; real inboxes live in other databases)
+  (d) night  : the reconciliation of the last day only (1 day of 10)
+
+Usage: python bench/reconcile.py [--sizes 200000,1000000]
+Sized for 2 cores / 24 GiB: local[2], 2 JDBC partitions per source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import write_result
+
+from outbox._migrate import upgrade
+from spark_ingest import JobConfig, Source, Window, reconcile, spark_session
+from spark_ingest._sources import read_inbox, read_outbox
+
+ADMIN = os.environ.get("OUTBOX_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+DAYS = 10
+
+_OUTBOX = """
+INSERT INTO outbox_messages (id, topic, key, seq, payload, created_at, available_at, status,
+                             published_at, attempts, tx_id)
+SELECT md5('m' || g)::uuid, 'orders', 'k' || (g %% 10000), g / 10000 + 1, '\\x7b226e223a317d',
+       ts, ts, CASE WHEN g %% 1000 = 7 THEN 'dead' ELSE 'published' END,
+       ts + interval '40 milliseconds', 1, '3'::xid8
+  FROM generate_series(1, %(n)s) AS g,
+       LATERAL (SELECT %(t0)s::timestamptz + (g::float8 / %(n)s) * interval '10 days') AS t(ts)
+"""
+# ~1% missing (g % 100 = c), ~0.5% duplicate deliveries (attempts 2), ~0.5% phantoms.
+_INBOX = """
+INSERT INTO inbox_messages (consumer, message_id, topic, key, seq, received_at, processed_at,
+                            attempts, status)
+SELECT %(consumer)s, md5('m' || g)::uuid, 'orders', 'k' || (g %% 10000), g / 10000 + 1,
+       ts + interval '90 milliseconds', ts + interval '120 milliseconds',
+       CASE WHEN g %% 200 = 3 THEN 2 ELSE 1 END, 'processed'
+  FROM generate_series(1, %(n)s) AS g,
+       LATERAL (SELECT %(t0)s::timestamptz + (g::float8 / %(n)s) * interval '10 days') AS t(ts)
+ WHERE g %% 100 <> %(skip)s
+UNION ALL
+SELECT %(consumer)s, md5('x' || %(consumer)s || g)::uuid, 'orders', 'ghost', 1,
+       ts, ts, 1, 'processed'
+  FROM generate_series(1, %(n)s / 200) AS g,
+       LATERAL (SELECT %(t0)s::timestamptz + (g::float8 / (%(n)s / 200)) * interval '10 days')
+               AS t(ts)
+"""
+# (c) the same classification inside Postgres, on co-located inbox copies.
+_SQL_CLASSIFY = """
+WITH subs(topic, consumer) AS (VALUES ('orders', 'billing'), ('orders', 'shipping')),
+pairs AS (
+  SELECT o.id, s.consumer, o.status AS ob, i.status AS ib, i.attempts
+    FROM outbox_messages o JOIN subs s USING (topic)
+    LEFT JOIN inbox_messages i ON i.consumer = s.consumer AND i.message_id = o.id
+   WHERE o.created_at >= %(lo)s AND o.created_at < %(hi)s
+)
+SELECT CASE WHEN ib = 'processed' THEN 'delivered' WHEN ib = 'dead' OR ob = 'dead' THEN 'dead'
+            WHEN ob = 'pending' THEN 'stuck' ELSE 'lost' END AS class,
+       count(*), count(*) FILTER (WHERE attempts > 1)
+  FROM pairs GROUP BY 1
+UNION ALL
+SELECT 'phantom', count(*), 0 FROM inbox_messages i
+ WHERE i.received_at >= %(lo)s AND i.received_at < %(hi)s
+   AND NOT EXISTS (SELECT 1 FROM outbox_messages o WHERE o.id = i.message_id)
+"""
+
+
+def _db(name: str) -> str:
+    with psycopg.connect(ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = ADMIN.rsplit("/", 1)[0] + "/" + name
+    upgrade(url)
+    return url
+
+
+def _drop(name: str) -> None:
+    with psycopg.connect(ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _seed(n: int, outbox: str, inboxes: dict[str, str]) -> float:
+    start = time.perf_counter()
+    params = {"n": n, "t0": T0}
+    with psycopg.connect(outbox) as conn:
+        conn.execute(_OUTBOX, params)
+        for skip, consumer in enumerate(inboxes, 1):  # co-located copies for (c)
+            conn.execute(_INBOX, params | {"consumer": consumer, "skip": skip})
+    for skip, (consumer, url) in enumerate(inboxes.items(), 1):
+        with psycopg.connect(url) as conn:
+            conn.execute(_INBOX, params | {"consumer": consumer, "skip": skip})
+    for url in (outbox, *inboxes.values()):
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+    return time.perf_counter() - start
+
+
+def _timed(fn: Any) -> tuple[float, Any]:
+    start = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - start, value
+
+
+def _read_floor(spark: Any, config: JobConfig) -> int:
+    """Every column of the same rows, over the same JDBC reads, aggregated so all are fetched."""
+    from pyspark.sql import functions as F
+
+    lo, hi = config.window.start, config.window.end
+    total = 0
+    frames = [read_outbox(spark, config.outbox, lo, hi, 2)]
+    frames += [read_inbox(spark, s, lo, hi + dt.timedelta(days=1), 2) for s in config.inboxes]
+    for df in frames:
+        row = df.select(F.count(F.lit(1)), F.sum(F.hash(*df.columns))).collect()[0]
+        total += int(row[0])
+    return total
+
+
+def run_size(spark: Any, n: int, out: Path) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:6]
+    names = {"outbox": f"bench_rec_{tag}", "billing": f"bench_rec_{tag}_b",
+             "shipping": f"bench_rec_{tag}_s"}  # fmt: skip
+    try:
+        urls = {k: _db(v) for k, v in names.items()}
+        inboxes = {"billing": urls["billing"], "shipping": urls["shipping"]}
+        seed_s = _seed(n, urls["outbox"], inboxes)
+        full = JobConfig(
+            outbox=Source("outbox", urls["outbox"]),
+            inboxes=tuple(Source(k, v) for k, v in inboxes.items()),
+            subscriptions={"orders": ("billing", "shipping")},
+            window=Window(T0, T0 + dt.timedelta(days=DAYS)),
+            partitions=2,
+        )
+        night = JobConfig(**{**full.__dict__, "window": Window(
+            T0 + dt.timedelta(days=DAYS - 1), T0 + dt.timedelta(days=DAYS))})  # fmt: skip
+        read_s, rows = _timed(lambda: _read_floor(spark, full))
+        full_s, result = _timed(lambda: reconcile(spark, full, out))
+        night_s, night_result = _timed(lambda: reconcile(spark, night, out))
+        with psycopg.connect(urls["outbox"]) as conn:
+            sql_s, sql_rows = _timed(lambda: conn.execute(_SQL_CLASSIFY, {
+                "lo": full.window.start, "hi": full.window.end}).fetchall())  # fmt: skip
+        counts = result.summary["counts"]
+        return {
+            "messages": n,
+            "rows_read": rows,
+            "seed_s": round(seed_s, 1),
+            "a_read_floor_s": round(read_s, 2),
+            "b_full_reconcile_s": round(full_s, 2),
+            "c_sql_in_postgres_s": round(sql_s, 2),
+            "d_night_1_of_10_s": round(night_s, 2),
+            "ratio_full_over_read": round(full_s / read_s, 2),
+            "ratio_night_over_full": round(night_s / full_s, 3),
+            "ratio_full_over_sql": round(full_s / sql_s, 2),
+            "rows_per_s_full": round(rows / full_s),
+            "counts": {
+                k: counts[k]
+                for k in (
+                    "pairs",
+                    "delivered",
+                    "lost",
+                    "dead",
+                    "phantom",
+                    "duplicate",
+                    "out_of_order",
+                )
+            },
+            "night_counts": {k: night_result.summary["counts"][k] for k in ("pairs", "lost")},
+            "sql_counts": {r[0]: [r[1], r[2]] for r in sql_rows},
+        }
+    finally:
+        for name in names.values():
+            _drop(name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="200000,1000000")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    start = time.perf_counter()
+    spark = spark_session(master="local[2]", extra_conf={
+        "spark.driver.memory": "8g", "spark.sql.shuffle.partitions": "4"})  # fmt: skip
+    spark.sparkContext.setLogLevel("ERROR")
+    session_s = time.perf_counter() - start
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-reconcile-") as out:
+        # Warm the JVM (JIT, JDBC classes) on a small size so the first size is not penalised.
+        run_size(spark, 20_000, Path(out))
+        for n in sizes:
+            results.append(run_size(spark, n, Path(out)))
+            print(results[-1], flush=True)
+    spark.stop()
+    linear = None
+    if len(results) >= 2:
+        a, b = results[0], results[-1]
+        linear = round((b["b_full_reconcile_s"] / a["b_full_reconcile_s"])
+                       / (b["messages"] / a["messages"]), 2)  # fmt: skip
+    path = write_result("reconcile", {
+        "setup": "local[2], 2 JDBC partitions per source, PostgreSQL on the same 2-core box; "
+                 "two consumers in two inbox databases; window = 10 days, night = last day",
+        "spark_session_start_s": round(session_s, 1),
+        "sizes": results,
+        "linearity_full_cost_per_message_ratio_largest_over_smallest": linear,
+    })  # fmt: skip
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

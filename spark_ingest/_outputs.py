@@ -1,0 +1,134 @@
+"""Outputs of a run: verdict against thresholds, files, the run row, the text summary."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from outbox.schema import RECONCILIATION_RUNS
+from spark_ingest._config import DISCREPANCY_CLASSES, Source
+from spark_ingest._sources import connect
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["format_summary", "judge", "record_run", "write_outputs"]
+
+
+def judge(counts: Mapping[str, int], thresholds: Mapping[str, int]) -> dict[str, Any]:
+    """``outcome`` 'failed' when any class exceeds its threshold (default 0 for every
+    discrepancy class; ``total`` bounds their sum; ``lagging`` is unbounded unless set)."""
+    limits = {c: 0 for c in DISCREPANCY_CLASSES} | dict(thresholds)
+    total = sum(counts.get(c, 0) for c in DISCREPANCY_CLASSES)
+    observed = dict(counts) | {"total": total}
+    exceeded = {
+        name: {"count": observed.get(name, 0), "limit": limit}
+        for name, limit in sorted(limits.items())
+        if observed.get(name, 0) > limit
+    }
+    return {
+        "discrepancies": total,
+        "thresholds": limits,
+        "exceeded": exceeded,
+        "outcome": "failed" if exceeded else "ok",
+    }
+
+
+def write_outputs(
+    output_dir: str | Path | None,
+    run_id: uuid.UUID,
+    summary: dict[str, Any],
+    detail: DataFrame,
+    lost_ids: list[str],
+) -> Path | None:
+    """``<dir>/<run_id>/``: summary.json, details/ (Parquet), redrive.txt, report.html."""
+    if output_dir is None:
+        return None
+    from spark_ingest._report import render_html
+
+    target = Path(output_dir) / str(run_id)
+    target.mkdir(parents=True, exist_ok=True)
+    detail.coalesce(1).write.mode("overwrite").parquet(str(target / "details"))
+    (target / "redrive.txt").write_text("".join(f"{i}\n" for i in lost_ids))
+    summary["files"] = {
+        "details": str(target / "details"),
+        "redrive": str(target / "redrive.txt"),
+        "report": str(target / "report.html"),
+        "summary": str(target / "summary.json"),
+    }
+    (target / "report.html").write_text(render_html(summary))
+    (target / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return target
+
+
+_INSERT = """
+INSERT INTO {table} (run_id, started_at, finished_at, window_start, window_end, horizon_xmin,
+                     messages, discrepancies, outcome, summary)
+VALUES (%(run_id)s, %(started_at)s, %(finished_at)s, %(window_start)s, %(window_end)s,
+        %(horizon_xmin)s, %(messages)s, %(discrepancies)s, %(outcome)s, %(summary)s)
+"""
+
+
+def record_run(source: Source, summary: dict[str, Any], xmin: int) -> None:
+    """One row in ``outbox_reconciliation_runs`` of the outbox database."""
+    table = (
+        sql.Identifier(source.schema, RECONCILIATION_RUNS)
+        if source.schema
+        else sql.Identifier(RECONCILIATION_RUNS)
+    )
+    params = {
+        "run_id": summary["run_id"],
+        "started_at": dt.datetime.fromisoformat(summary["started_at"]),
+        "finished_at": dt.datetime.fromisoformat(summary["finished_at"]),
+        "window_start": dt.datetime.fromisoformat(summary["window"]["start"]),
+        "window_end": dt.datetime.fromisoformat(summary["window"]["end"]),
+        "horizon_xmin": xmin,
+        "messages": summary["messages"],
+        "discrepancies": summary["discrepancies"],
+        "outcome": summary["outcome"],
+        "summary": Jsonb(json.loads(json.dumps(summary, default=str))),
+    }
+    with connect(source) as conn:
+        conn.execute(sql.SQL(_INSERT).format(table=table), params)
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """The human summary printed on stdout."""
+    c = summary["counts"]
+    w = summary["window"]
+    lines = [
+        f"reconciliation {summary['run_id']}  window {w['start']} .. {w['end']}",
+        f"  messages judged: {summary['messages']}  (message x consumer pairs: {c['pairs']}; "
+        f"deferred, still in flight at start: {summary['deferred_in_flight']})",
+        f"  delivered {c['delivered']}   in flight {c['in_flight']}   lagging {c['lagging']}",
+        "  discrepancies: "
+        + "  ".join(f"{k} {c[k]}" for k in DISCREPANCY_CLASSES)
+        + f"   total {summary['discrepancies']}",
+    ]
+    for item in summary["latency"]:
+        e2e = item["end_to_end"]
+        lines.append(
+            f"  latency {item['topic']} -> {item['consumer']}: n={item['n']} "
+            f"p50 {_ms(e2e['p50_ms'])} p90 {_ms(e2e['p90_ms'])} p99 {_ms(e2e['p99_ms'])} "
+            f"max {_ms(e2e['max_ms'])}"
+        )
+    for name, ex in summary["exceeded"].items():
+        lines.append(f"  THRESHOLD EXCEEDED: {name} {ex['count']} > {ex['limit']}")
+    lines.append(f"  outcome: {summary['outcome'].upper()}")
+    files = summary.get("files")
+    if files:
+        lines.append(f"  report: {files['report']}  re-drive list: {files['redrive']}")
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1000:.2f}s" if value >= 1000 else f"{value:.0f}ms"

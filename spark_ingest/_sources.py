@@ -1,0 +1,175 @@
+"""Reading the sources: the horizon, frozen in one statement per source, then parallel JDBC reads.
+
+Why the result is consistent (failure-modes F4, F41):
+
+* The horizon of each source is read in ONE statement (one snapshot): ``pg_snapshot_xmin`` of
+  the current snapshot, the server clock, and the start of the oldest transaction still open in
+  that database. Several statements would see several snapshots and could disagree.
+* Outbox rows are judged only if ``tx_id < xmin``: every transaction below the snapshot's xmin
+  has ended, so no row of a transaction still in flight at job start is ever judged (and no
+  such row can appear later below the horizon). Spark's partition queries run in their own
+  snapshots, later than the horizon; they all see every committed row below it.
+* Inbox tables have no transaction id, so their horizon is a time: ``least(now, start of the
+  oldest open transaction, oldest prepared transaction)``. A row inserted by a transaction still
+  open has ``received_at >= xact_start``, so every row below that time is already committed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
+from spark_ingest._config import Source
+from spark_ingest._errors import SourceError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "Horizon",
+    "read_horizon",
+    "read_inbox",
+    "read_outbox",
+    "time_predicates",
+]
+
+# One statement, one snapshot: xmin, clock and the oldest open/prepared transaction together.
+_HORIZON = """
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
+       clock_timestamp() AS now,
+       least(
+           clock_timestamp(),
+           (SELECT min(a.xact_start) FROM pg_stat_activity AS a
+             WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+               AND a.backend_type = 'client backend' AND a.xact_start IS NOT NULL),
+           (SELECT min(p.prepared) FROM pg_prepared_xacts AS p
+             WHERE p.database = current_database())
+       ) AS safe_time,
+       to_regclass(%(table)s) IS NOT NULL AS has_table
+"""
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """What one source looked like at job start."""
+
+    source: str
+    xmin: int
+    now: dt.datetime
+    safe_time: dt.datetime
+
+
+def _qualified(source: Source, table: str) -> sql.Identifier:
+    return sql.Identifier(source.schema, table) if source.schema else sql.Identifier(table)
+
+
+def _connect(source: Source) -> psycopg.Connection[Any]:
+    kw = source.libpq_kwargs()
+    try:
+        return psycopg.connect(connect_timeout=10, **kw)
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        where = f"{kw['host']}:{kw['port']}/{kw['dbname']} as {kw.get('user', '(default user)')}"
+        raise SourceError(
+            f"source {source.name!r}: cannot connect to {where}: {first}. Check the URL, the "
+            "user and the password (password_env / password_file)",
+            source=source.name,
+        ) from exc
+
+
+def read_horizon(source: Source, table: str) -> Horizon:
+    """Freeze the horizon of ``source`` and check that ``table`` exists there."""
+    name = _qualified(source, table).as_string(None)
+    with _connect(source) as conn:
+        row = conn.execute(_HORIZON, {"table": name}).fetchone()
+    assert row is not None
+    xmin, now, safe_time, has_table = row
+    if not has_table:
+        raise SourceError(
+            f"source {source.name!r}: table {name} does not exist in {source.jdbc_url}: run "
+            "`outbox migrate upgrade` there, or set the right schema",
+            source=source.name,
+            table=name,
+        )
+    return Horizon(source.name, int(xmin), now, safe_time)
+
+
+def connect(source: Source) -> psycopg.Connection[Any]:
+    """A psycopg connection to ``source`` (errors translated to SourceError)."""
+    return _connect(source)
+
+
+def time_predicates(column: str, lo: dt.datetime, hi: dt.datetime, n: int) -> list[str]:
+    """Split ``[lo, hi)`` on ``column`` into ``n`` contiguous ranges, one per Spark partition.
+
+    UUIDs cannot be a Spark partition column, so reads split on time (the bounds are our own
+    ISO timestamps, never user text).
+    """
+    n = max(1, n)
+    step = (hi - lo) / n
+    edges = [lo + step * i for i in range(n)] + [hi]
+    return [
+        f"{column} >= '{a.isoformat()}'::timestamptz AND {column} < '{b.isoformat()}'::timestamptz"
+        for a, b in itertools.pairwise(edges)
+    ]
+
+
+_OUTBOX_COLUMNS = (
+    "id::text AS id, topic, key, seq, status, attempts, created_at, available_at, "
+    "published_at, tx_id::text::bigint AS tx_id"
+)
+_INBOX_COLUMNS = (
+    "consumer, message_id::text AS message_id, topic, key, seq, received_at, processed_at, "
+    "attempts, status"
+)
+
+
+def _jdbc(spark: SparkSession, source: Source, query: str, predicates: list[str]) -> DataFrame:
+    try:
+        return spark.read.jdbc(
+            source.jdbc_url,
+            f"({query}) AS src",
+            predicates=predicates,
+            properties=source.jdbc_properties(),
+        )
+    except Exception as exc:  # py4j / AnalysisException: translate, keep the cause
+        raise SourceError(
+            f"source {source.name!r}: Spark could not read {source.jdbc_url}: "
+            f"{str(exc).strip().splitlines()[0][:300]}",
+            source=source.name,
+        ) from exc
+
+
+def read_outbox(
+    spark: SparkSession,
+    source: Source,
+    lo: dt.datetime,
+    hi: dt.datetime,
+    partitions: int,
+) -> DataFrame:
+    """Outbox rows with ``lo <= created_at < hi`` (tx_id kept: the caller applies the horizon)."""
+    table = _qualified(source, OUTBOX_MESSAGES).as_string(None)
+    query = f"SELECT {_OUTBOX_COLUMNS} FROM {table}"
+    return _jdbc(spark, source, query, time_predicates("created_at", lo, hi, partitions))
+
+
+def read_inbox(
+    spark: SparkSession,
+    source: Source,
+    lo: dt.datetime,
+    hi: dt.datetime,
+    partitions: int,
+) -> DataFrame:
+    """Inbox rows with ``lo <= received_at < hi``, tagged with the source name."""
+    from pyspark.sql import functions as F
+
+    table = _qualified(source, INBOX_MESSAGES).as_string(None)
+    query = f"SELECT {_INBOX_COLUMNS} FROM {table}"
+    df = _jdbc(spark, source, query, time_predicates("received_at", lo, hi, partitions))
+    return df.withColumn("source", F.lit(source.name))

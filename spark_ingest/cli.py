@@ -1,0 +1,209 @@
+"""``outbox reconcile``, ``outbox ingest`` and ``outbox redrive``.
+
+pyspark is imported only inside the commands that need it, so ``outbox --help`` works without it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from outbox.exceptions import ConfigurationError
+from spark_ingest._config import (
+    JobConfig,
+    Source,
+    Window,
+    load_toml,
+    parse_duration,
+    previous_day,
+)
+
+__all__ = ["commands", "ingest_cmd", "reconcile_cmd", "redrive_cmd"]
+
+
+def _parse_time(text: str | None) -> dt.datetime | None:
+    if text is None:
+        return None
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r}: use ISO 8601, e.g. 2026-11-20T00:00:00+00:00") from exc
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def _subscriptions(items: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    subs: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        topic, sep, consumers = item.partition("=")
+        names = tuple(c.strip() for c in consumers.split(",") if c.strip())
+        if not sep or not topic or not names:
+            raise click.BadParameter(
+                f"{item!r}: use TOPIC=consumer1,consumer2", param_hint="--subscribe"
+            )
+        subs[topic] = names
+    return subs
+
+
+def _thresholds(items: tuple[str, ...]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        name, _, limit = item.partition("=")
+        try:
+            out[name] = int(limit)
+        except ValueError as exc:
+            raise click.BadParameter(f"{item!r}: use CLASS=N", param_hint="--fail-above") from exc
+    return out
+
+
+def _sources(
+    file: dict[str, Any], outbox: str | None, inboxes: tuple[str, ...], opts: dict[str, Any]
+) -> tuple[Source, tuple[Source, ...]]:
+    common = {k: opts[k] for k in ("user", "password_env", "password_file", "schema") if opts[k]}
+    ob = Source("outbox", outbox, **common) if outbox else file.get("outbox")
+    ibs = (
+        tuple(Source(f"inbox{i + 1}", u, **common) for i, u in enumerate(inboxes))
+        if inboxes
+        else file.get("inboxes", ())
+    )
+    if ob is None:
+        raise ConfigurationError("no outbox source: pass --outbox jdbc:postgresql://host/db")
+    return ob, ibs
+
+
+_common = [
+    click.option(
+        "--config",
+        "config_file",
+        type=click.Path(exists=True, dir_okay=False),
+        help="TOML job file: [outbox], [[inbox]], [subscriptions], sla, [thresholds].",
+    ),
+    click.option(
+        "--outbox", "outbox_url", help="Outbox database (jdbc:postgresql://host:5432/db)."
+    ),
+    click.option("--inbox", "inbox_urls", multiple=True, help="An inbox database (repeatable)."),
+    click.option("--user", help="Database user for the sources given on the command line."),
+    click.option("--password-env", help="Environment variable holding their password."),
+    click.option("--password-file", help="File holding their password."),
+    click.option("--schema", default=None, help="Schema of the outbox/inbox tables."),
+    click.option(
+        "--master", default=None, help="Spark master (default: Spark's config, else local[*])."
+    ),
+    click.option(
+        "--jdbc-jar",
+        default=None,
+        help="PostgreSQL JDBC jar (default: $OUTBOX_JDBC_JAR, "
+        "else /usr/share/java/postgresql.jar).",
+    ),
+]
+
+
+def _with_common(f: Any) -> Any:
+    for option in reversed(_common):
+        f = option(f)
+    return f
+
+
+@click.command("reconcile")
+@_with_common
+@click.option("--subscribe", multiple=True, help="TOPIC=consumer1,consumer2 (repeatable).")
+@click.option("--since", help="Window start (default: yesterday 00:00 UTC).")
+@click.option("--until", help="Window end, exclusive (default: today 00:00 UTC).")
+@click.option("--sla", default=None, help="Time after which unprocessed means lost (default 1h).")
+@click.option("--fail-above", multiple=True, help="CLASS=N: fail when CLASS exceeds N (default 0).")
+@click.option("--output", default="reconciliation", show_default=True, help="Output directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON summary instead of text.")
+@click.option("--no-record", is_flag=True, help="Do not write a row in outbox_reconciliation_runs.")
+def reconcile_cmd(**opts: Any) -> None:
+    """Check that every message of a window reached every expected consumer exactly once.
+
+    Exit status: 0 clean, 1 discrepancies above the thresholds, 2 bad configuration or source.
+    """
+    from spark_ingest._job import reconcile
+    from spark_ingest._outputs import format_summary
+    from spark_ingest._session import spark_session
+
+    config = _job_config(opts)
+    spark = spark_session(master=opts["master"], jdbc_jar=opts["jdbc_jar"])
+    result = reconcile(spark, config, opts["output"], record=not opts["no_record"])
+    if opts["as_json"]:
+        click.echo(json.dumps(result.summary, indent=2, default=str))
+    else:
+        click.echo(format_summary(result.summary))
+    sys.exit(result.exit_code)
+
+
+def _job_config(opts: dict[str, Any]) -> JobConfig:
+    file = load_toml(opts["config_file"]) if opts["config_file"] else {}
+    outbox, inboxes = _sources(file, opts["outbox_url"], opts["inbox_urls"], opts)
+    default = previous_day()
+    window = Window(
+        _parse_time(opts["since"]) or default.start, _parse_time(opts["until"]) or default.end
+    )
+    return JobConfig(
+        outbox=outbox,
+        inboxes=inboxes,
+        subscriptions=_subscriptions(opts["subscribe"]) or file.get("subscriptions", {}),
+        window=window,
+        sla=parse_duration(opts["sla"]) if opts["sla"] else file.get("sla", dt.timedelta(hours=1)),
+        thresholds=file.get("thresholds", {}) | _thresholds(opts["fail_above"]),
+    )
+
+
+@click.command("ingest")
+@_with_common
+@click.option("--lake", required=True, help="Parquet lake directory (partitioned by date).")
+def ingest_cmd(**opts: Any) -> None:
+    """Land new outbox and inbox rows in a Parquet lake, from a watermark per source."""
+    from spark_ingest._ingest import ingest
+    from spark_ingest._session import spark_session
+
+    file = load_toml(opts["config_file"]) if opts["config_file"] else {}
+    outbox, inboxes = _sources(file, opts["outbox_url"], opts["inbox_urls"], opts)
+    spark = spark_session(master=opts["master"], jdbc_jar=opts["jdbc_jar"])
+    for landed in ingest(spark, opts["lake"], outbox, inboxes):
+        click.echo(
+            f"{landed.source} {landed.table}: {landed.rows} rows "
+            f"(watermark {landed.previous} -> {landed.watermark})"
+        )
+
+
+@click.command("redrive")
+@click.argument("ids_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--url", default=None, help="Outbox database (default: $OUTBOX_DATABASE_URL).")
+@click.option("--schema", default=None, envvar="OUTBOX_SCHEMA", help="Schema of the outbox.")
+@click.option("--dry-run", is_flag=True, help="Show what would be re-queued; change nothing.")
+def redrive_cmd(ids_file: Path, url: str | None, schema: str | None, dry_run: bool) -> None:
+    """Re-queue the message ids in IDS_FILE (e.g. a run's redrive.txt) for the relay.
+
+    The ids stay the same, so an inbox that did receive a message drops the copy.
+    """
+    import psycopg
+
+    from outbox import WAKEUP_CHANNEL
+    from outbox.cli import database_url
+    from spark_ingest._redrive import read_id_file, redrive
+
+    ids = read_id_file(ids_file)
+    with psycopg.connect(database_url(url)) as conn:
+        result = redrive(conn, ids, schema=schema, dry_run=dry_run)
+        if dry_run:
+            conn.rollback()
+        else:
+            conn.commit()
+            conn.execute("SELECT pg_notify(%s, '')", (WAKEUP_CHANNEL,))
+            conn.commit()
+    verb = "would re-queue" if dry_run else "re-queued"
+    click.echo(
+        f"{verb} {len(result.requeued)}; already pending {len(result.already_pending)}; "
+        f"not found {len(result.missing)}"
+    )
+    for missing in result.missing:
+        click.echo(f"not found: {missing}", err=True)
+
+
+commands = [reconcile_cmd, ingest_cmd, redrive_cmd]
