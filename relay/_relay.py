@@ -54,6 +54,7 @@ class Relay:
         self._inflight: set[asyncio.Task[None]] = set()
         self._broker_failures = 0
         self._db_failures = 0
+        self._paused_until = 0.0
         self.last_db_ok = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -140,6 +141,11 @@ class Relay:
             if self.stopping:
                 slots.release()
                 break
+            pause = self._paused_until - time.monotonic()
+            if pause > 0:  # the broker is down: probe again after the backoff
+                slots.release()
+                await self._sleep(pause)
+                continue
             self._wake.clear()  # a wake-up during the claim below keeps it set
             claim = await self._claim(pool)
             if claim is None:
@@ -187,40 +193,32 @@ class Relay:
 
     async def _process(self, pool: AsyncConnectionPool[Any], claim: Claim) -> None:
         started = time.perf_counter()
-        by_semantics = self._split(claim)
-        amo_ids = {e.id for e in by_semantics["at-most-once"]}
+        amo_ids = {e.id for e in claim.envelopes if self._amo(e.topic)}
         if amo_ids:
             # At-most-once: marked published *before* sending, never retried.
-            outcomes = [Outcome(i, "published") for i in amo_ids]
-            marked = await self._mark(pool, claim, outcomes)
+            marked = await self._mark(pool, claim, [Outcome(i, "published") for i in amo_ids])
             amo_ids &= marked
         to_send = [e for e in claim.envelopes if e.id in amo_ids or not self._amo(e.topic)]
-        results = await self._publish(to_send, claim)
+        results, unreachable = await self._publish(to_send, claim)
         by_id = dict(zip((e.id for e in to_send), results, strict=True))
-        for env in to_send:
-            if env.id in amo_ids and by_id[env.id] is not None:
-                self.metrics.failed.labels(env.topic).inc()
-                log.warning("relay: at-most-once message %s lost: %s", env.id, by_id[env.id])
+        self._count_at_most_once(to_send, amo_ids, by_id)
+        keep = [i for i, e in enumerate(claim.envelopes) if not self._amo(e.topic)]
         alo = Claim(
             claim.token,
-            [e for e in claim.envelopes if not self._amo(e.topic)],
-            [
-                a
-                for e, a in zip(claim.envelopes, claim.attempts, strict=True)
-                if not self._amo(e.topic)
-            ],
+            [claim.envelopes[i] for i in keep],
+            [claim.attempts[i] for i in keep],
             claim.deadline,
         )
-        alo_results = [by_id.get(e.id, RetryablePublishError("not sent")) for e in alo.envelopes]
-        if alo.envelopes and self._outage(alo_results):
-            # The broker is down (or nothing could be sent): give every row back untried and
-            # pause, so an outage never counts towards max_attempts or dead-letters anything.
-            outcomes = [Outcome(e.id, "release") for e in alo.envelopes]
+        alo_results = [by_id[e.id] for e in alo.envelopes]
+        if alo.envelopes and (unreachable or self._outage(alo, alo_results)):
+            # The broker is down (nothing could be sent, or every key of the batch failed):
+            # give every row back untried and pause claiming, so an outage never counts
+            # towards max_attempts or dead-letters anything.
+            await self._mark(pool, claim, [Outcome(e.id, "release") for e in alo.envelopes])
             self._broker_failures += 1
-            await self._mark(pool, claim, outcomes)
             delay = min(_BROKER_BACKOFF[0] * 2**self._broker_failures, _BROKER_BACKOFF[1])
             log.warning("relay: broker unavailable (%s); pausing %.1fs", alo_results[0], delay)
-            await self._sleep(delay)
+            self._paused_until = time.monotonic() + delay
             return
         self._broker_failures = 0
         outcomes = decide(alo, alo_results, self.config)
@@ -228,43 +226,55 @@ class Relay:
         self._count(alo, outcomes)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
+    def _count_at_most_once(
+        self, sent: list[Envelope], amo_ids: set[Any], by_id: dict[Any, BaseException | None]
+    ) -> None:
+        for env in sent:
+            if env.id not in amo_ids:
+                continue
+            if by_id[env.id] is None:
+                self.metrics.published.labels(env.topic).inc()
+            else:
+                self.metrics.failed.labels(env.topic).inc()
+                log.warning("relay: at-most-once message %s lost: %s", env.id, by_id[env.id])
+
     def _amo(self, topic: str) -> bool:
         return self.config.policy(topic).semantics == "at-most-once"
 
-    def _split(self, claim: Claim) -> dict[str, list[Envelope]]:
-        out: dict[str, list[Envelope]] = {"at-least-once": [], "at-most-once": []}
-        for env in claim.envelopes:
-            out[self.config.policy(env.topic).semantics].append(env)
-        return out
-
     @staticmethod
-    def _outage(results: Sequence[BaseException | None]) -> bool:
-        return all(isinstance(r, RetryablePublishError) for r in results)
+    def _outage(claim: Claim, results: Sequence[BaseException | None]) -> bool:
+        """Every message of at least two keys failed retryably: the broker, not the messages."""
+        keys = {(e.topic, e.key) for e in claim.envelopes}
+        return len(keys) > 1 and all(isinstance(r, RetryablePublishError) for r in results)
 
-    async def _publish(self, envelopes: list[Envelope], claim: Claim) -> list[BaseException | None]:
+    async def _publish(
+        self, envelopes: list[Envelope], claim: Claim
+    ) -> tuple[list[BaseException | None], bool]:
+        """The broker's result per envelope, and whether the broker was unreachable."""
         if not envelopes:
-            return []
+            return [], False
         budget = min(self.config.publish_timeout, claim.deadline - time.monotonic())
+        err: RetryablePublishError
         if budget <= 0:
-            return [RetryablePublishError("lease about to lapse; not sent")] * len(envelopes)
+            err = RetryablePublishError("lease about to lapse; not sent")
+            return [err] * len(envelopes), True
         try:
             with publish_span(envelopes):
                 async with asyncio.timeout(budget):
                     results = await self.publisher.publish_batch(envelopes)
         except TimeoutError:
             err = RetryablePublishError(f"broker did not confirm within {budget:.1f}s")
-            return [err] * len(envelopes)
+            return [err] * len(envelopes), True
         except Exception as exc:
-            err = (
-                exc
-                if isinstance(exc, RetryablePublishError)
-                else RetryablePublishError(f"publisher failed: {type(exc).__name__}: {exc}")
-            )
-            return [err] * len(envelopes)
+            if isinstance(exc, RetryablePublishError):
+                err = exc
+            else:
+                err = RetryablePublishError(f"publisher failed: {type(exc).__name__}: {exc}")
+            return [err] * len(envelopes), True
         if len(results) != len(envelopes):
             err = RetryablePublishError("publisher returned the wrong number of results")
-            return [err] * len(envelopes)
-        return list(results)
+            return [err] * len(envelopes), True
+        return list(results), False
 
     async def _mark(
         self, pool: AsyncConnectionPool[Any], claim: Claim, outcomes: list[Outcome]
