@@ -64,12 +64,32 @@ def _envelope(row: tuple[Any, ...]) -> Envelope:
 
 
 async def claim_batch(
-    conn: psycopg.AsyncConnection[Any], stmts: RelayStatements, config: RelayConfig
+    conn: psycopg.AsyncConnection[Any],
+    stmts: RelayStatements,
+    config: RelayConfig,
+    after: tuple[str, str] = ("", ""),
 ) -> Claim | None:
-    """Lease the next batch (see outbox_claim_batch), or None when nothing is claimable."""
+    """Lease the next batch (see outbox_claim_batch), or None when nothing is claimable.
+
+    Keys are visited in (topic, key) order starting after ``after``, wrapping around once.
+    """
+    claim = await _claim_from(conn, stmts, config, after)
+    if claim is None and after != ("", ""):
+        claim = await _claim_from(conn, stmts, config, ("", ""))
+    return claim
+
+
+async def _claim_from(
+    conn: psycopg.AsyncConnection[Any],
+    stmts: RelayStatements,
+    config: RelayConfig,
+    after: tuple[str, str],
+) -> Claim | None:
     token = uuid.uuid4()
     started = time.monotonic()
     params = {
+        "after_topic": after[0],
+        "after_key": after[1],
         "limit": config.batch_size,
         "per_key": config.per_key_batch,
         "owner": config.relay_id,

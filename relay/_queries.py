@@ -43,6 +43,10 @@ _HOLDS = """(CASE WHEN {t}.topic = ANY(%(skip_topics)s::text[]) THEN false
 
 # outbox_claim_batch: lease up to %(limit)s rows, the heads of keys plus the runs behind them.
 #
+# Finding heads walks *keys*, never a key's backlog: a hot key with a million pending rows
+# costs one index probe, not a million (an ORDER BY available_at scan would re-read the whole
+# backlog behind a leased head on every claim).
+#
 # Concurrency:
 # * `heads` is MATERIALIZED: only a WITH query is guaranteed to run once, so LIMIT bounds the
 #   rows it locks (an IN (sub-select) can be re-executed and lock more, PostgreSQL bug #15715).
@@ -60,9 +64,31 @@ _HOLDS = """(CASE WHEN {t}.topic = ANY(%(skip_topics)s::text[]) THEN false
 # * Rows are leased, not moved to another status: a crashed relay's rows become claimable
 #   again when lease_until passes, with no sweeper.
 _CLAIM = """
-WITH heads AS MATERIALIZED (
+WITH RECURSIVE keys AS (
+    -- A skip scan of the partial (topic, key, seq) index: one probe per key that has
+    -- unpublished rows, starting after the key the previous claim ended at (rotation, so
+    -- every key gets its turn). Lazy: it stops once `heads` has its LIMIT.
+    (SELECT m.topic, m.key FROM {messages} AS m
+     WHERE m.status <> 'published' AND (m.topic, m.key) > (%(after_topic)s, %(after_key)s)
+     ORDER BY m.topic, m.key, m.seq LIMIT 1)
+    UNION ALL
+    SELECT n.topic, n.key FROM keys AS k
+    CROSS JOIN LATERAL (
+        SELECT m.topic, m.key FROM {messages} AS m
+        WHERE m.status <> 'published' AND (m.topic, m.key) > (k.topic, k.key)
+        ORDER BY m.topic, m.key, m.seq LIMIT 1
+    ) AS n
+),
+heads AS MATERIALIZED (
     SELECT m.id, m.topic, m.key, m.seq
-    FROM {messages} AS m
+    FROM keys AS k
+    CROSS JOIN LATERAL (
+        -- the key's first pending row: no earlier row of the key is pending, by construction
+        SELECT f.id FROM {messages} AS f
+        WHERE f.topic = k.topic AND f.key = k.key AND f.status = 'pending'
+        ORDER BY f.seq LIMIT 1
+    ) AS first
+    JOIN {messages} AS m ON m.id = first.id
     WHERE m.status = 'pending'
       AND m.available_at <= clock_timestamp()
       AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
@@ -72,7 +98,6 @@ WITH heads AS MATERIALIZED (
             AND e.status <> 'published'
             AND (e.status = 'pending' OR {holds_m})
       )
-    ORDER BY m.available_at
     LIMIT %(limit)s
     FOR UPDATE OF m SKIP LOCKED
 ),

@@ -55,6 +55,7 @@ class Relay:
         self._broker_failures = 0
         self._db_failures = 0
         self._paused_until = 0.0
+        self._after = ("", "")  # the claim rotates over keys from here
         self.last_db_ok = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -177,7 +178,10 @@ class Relay:
         try:
             async with pool.connection(timeout=self.config.poll_interval * 5) as conn:
                 started = time.perf_counter()
-                claim = await claim_batch(conn, self._stmts, self.config)
+                claim = await claim_batch(conn, self._stmts, self.config, self._after)
+                if claim is not None:
+                    last = claim.envelopes[-1]
+                    self._after = (last.topic, last.key)
                 self.metrics.claim_seconds.observe(time.perf_counter() - started)
         except (psycopg.Error, Exception) as exc:
             if isinstance(exc, asyncio.CancelledError):  # pragma: no cover

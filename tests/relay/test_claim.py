@@ -154,6 +154,8 @@ def test_claim_locks_at_most_limit_heads_with_nested_loops(url: str) -> None:
         conn.execute("SET enable_mergejoin = off")
         params = {
             "limit": 7,
+            "after_topic": "",
+            "after_key": "",
             "per_key": 5,
             "owner": "r",
             "token": uuid.uuid4(),
