@@ -19,6 +19,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     Column,
+    Identity,
     Index,
     Integer,
     LargeBinary,
@@ -40,7 +41,9 @@ __all__ = [
     "INBOX_MESSAGES",
     "INBOX_POSITIONS",
     "NAMING_CONVENTION",
+    "OUTBOX_DEAD_AUDIT",
     "OUTBOX_MESSAGES",
+    "OUTBOX_RELAYS",
     "OUTBOX_SEQUENCES",
     "RECONCILIATION_RUNS",
     "Xid8",
@@ -56,6 +59,8 @@ INBOX_MESSAGES = "inbox_messages"
 INBOX_POSITIONS = "inbox_key_positions"
 INBOX_KAFKA_OFFSETS = "inbox_kafka_offsets"
 RECONCILIATION_RUNS = "outbox_reconciliation_runs"
+OUTBOX_RELAYS = "outbox_relays"
+OUTBOX_DEAD_AUDIT = "outbox_dead_audit"
 
 NAMING_CONVENTION: dict[str, str] = {
     "ix": "%(table_name)s_%(column_0_N_name)s_idx",
@@ -233,7 +238,64 @@ def _inbox_tables(md: MetaData) -> None:
 
 
 def _relay_tables(md: MetaData) -> None:
-    """Tables the relay daemon adds (leases, audit); see migrations outbox_0002+."""
+    """What the relay daemon adds (leases, live relays, audit); see migration outbox_0002.
+
+    The relay claims rows with a lease instead of a status change: a claimed row stays
+    ``pending`` and carries its owner, a fencing token and an expiry (see relay/_queries.py).
+    """
+    messages = md.tables[f"{md.schema}.{OUTBOX_MESSAGES}" if md.schema else OUTBOX_MESSAGES]
+    # The relay holding the row, the fencing token of its claim (fresh per claim: a relay that
+    # lost the row cannot mark it), and when the lease lapses (then any relay may claim it).
+    messages.append_column(Column("lease_owner", Text, nullable=True))
+    messages.append_column(Column("lease_token", UUID(as_uuid=True), nullable=True))
+    messages.append_column(Column("lease_until", _TIMESTAMPTZ, nullable=True))
+    # Head-of-key lookups: "is there an earlier unpublished row of this (topic, key)?". Partial,
+    # so a key's published history, however long, is never scanned.
+    Index(
+        None,
+        messages.c.topic,
+        messages.c.key,
+        messages.c.seq,
+        postgresql_where=text("status <> 'published'"),
+    )
+
+    Table(
+        OUTBOX_RELAYS,
+        md,
+        # One row per running relay process: written at start, touched every heartbeat, deleted
+        # at a clean stop. Only for `outbox status`; correctness never depends on it (leases do).
+        Column("relay_id", Text, nullable=False),
+        Column("hostname", Text, nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column(
+            "started_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+        ),
+        Column(
+            "heartbeat_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+        ),
+        Column("config", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+        PrimaryKeyConstraint("relay_id"),
+    )
+
+    Table(
+        OUTBOX_DEAD_AUDIT,
+        md,
+        # Who re-queued or purged which dead message, when, and why: written in the same
+        # transaction as the change itself.
+        Column("id", BigInteger, Identity(always=True), nullable=False),
+        Column("at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")),
+        Column("actor", Text, nullable=False),
+        Column("action", Text, nullable=False),
+        Column("message_id", UUID(as_uuid=True), nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("key", Text, nullable=False),
+        Column("seq", BigInteger, nullable=False),
+        Column("last_error", Text, nullable=True),
+        Column("reason", Text, nullable=True),
+        PrimaryKeyConstraint("id"),
+        CheckConstraint("action IN ('retry', 'purge')", name="action_valid"),
+        Index(None, "message_id"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------

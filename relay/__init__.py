@@ -1,3 +1,45 @@
-"""relay: see the README. (Built in its own issue.)"""
+"""relay: the daemon that publishes committed outbox messages to a broker, in per-key order.
 
-__all__: list[str] = []
+Run it with ``outbox relay --url postgresql://... --broker nats://...`` or in your own process::
+
+    import asyncio
+    from relay import Relay, RelayConfig
+
+    config = RelayConfig.load(database_url="postgresql://app@db/app")
+    asyncio.run(Relay(config, publisher).run())   # any relay.brokers.Publisher
+
+Several relays may run on one database: each message is published once in normal operation,
+message n+1 of a key never before message n, and a dead relay's work is taken over after its
+lease (see docs/relay.md).
+"""
+
+from relay._admin import (
+    DeadFilter,
+    RelayStatus,
+    dead_list,
+    dead_purge,
+    dead_retry,
+    delete_published,
+    relay_status,
+)
+from relay._config import RelayConfig, TopicPolicy
+from relay._metrics import RelayMetrics
+from relay._relay import Relay
+from relay.exceptions import PermanentPublishError, RelayError, RetryablePublishError
+
+__all__ = [
+    "DeadFilter",
+    "PermanentPublishError",
+    "Relay",
+    "RelayConfig",
+    "RelayError",
+    "RelayMetrics",
+    "RelayStatus",
+    "RetryablePublishError",
+    "TopicPolicy",
+    "dead_list",
+    "dead_purge",
+    "dead_retry",
+    "delete_published",
+    "relay_status",
+]

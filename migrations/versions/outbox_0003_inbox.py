@@ -15,7 +15,7 @@ from alembic import op
 from outbox._migrate import configured_schema
 
 revision = "outbox_0003"
-down_revision = "outbox_0001"
+down_revision = "outbox_0002"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,21 @@
+"""``python -m relay`` runs ``outbox relay``; ``python -m relay status`` and the rest too."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from relay.cli import commands, relay_cmd
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in {c.name for c in commands}:
+        group = click.Group("relay", commands={c.name or "": c for c in commands})
+        group(prog_name="python -m relay")
+    else:
+        relay_cmd(prog_name="python -m relay")
+
+
+if __name__ == "__main__":
+    main()

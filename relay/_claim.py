@@ -1,0 +1,176 @@
+"""Claim, decide, mark: the relay's three steps around a broker call, without the loop.
+
+Each database function runs one statement from :mod:`relay._queries` on an autocommit
+connection. :func:`decide` is pure: it turns a claim and the broker's results into the outcome
+of every row, keeping each key's order.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+
+from outbox.envelope import Envelope
+from relay._config import RelayConfig
+from relay._queries import RelayStatements
+from relay.exceptions import PermanentPublishError
+
+__all__ = ["Claim", "Outcome", "backoff_delay", "claim_batch", "decide", "mark_batch"]
+
+Action = Literal["published", "retry", "dead", "release"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Rows leased by one claim, sorted by (topic, key, seq), and the claim's fencing token."""
+
+    token: uuid.UUID
+    envelopes: list[Envelope]
+    attempts: list[int]
+    #: local monotonic time after which the lease may have lapsed (publishing must stop)
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Outcome:
+    id: uuid.UUID
+    action: Action
+    delay: float = 0.0
+    error: str | None = None
+
+
+def _envelope(row: tuple[Any, ...]) -> Envelope:
+    id_, topic, key, seq, payload, content_type, headers, traceparent, created_at, _ = row
+    if isinstance(headers, str):  # pragma: no cover - jsonb arrives decoded with psycopg 3
+        headers = json.loads(headers)
+    return Envelope(
+        id=id_,
+        topic=topic,
+        key=key,
+        seq=seq,
+        payload=bytes(payload),
+        content_type=content_type,
+        headers=headers or {},
+        traceparent=traceparent,
+        created_at=created_at,
+    )
+
+
+async def claim_batch(
+    conn: psycopg.AsyncConnection[Any],
+    stmts: RelayStatements,
+    config: RelayConfig,
+    after: tuple[str, str] = ("", ""),
+) -> Claim | None:
+    """Lease the next batch (see outbox_claim_batch), or None when nothing is claimable.
+
+    Keys are visited in (topic, key) order starting after ``after``, wrapping around once.
+    """
+    claim = await _claim_from(conn, stmts, config, after)
+    if claim is None and after != ("", ""):
+        claim = await _claim_from(conn, stmts, config, ("", ""))
+    return claim
+
+
+async def _claim_from(
+    conn: psycopg.AsyncConnection[Any],
+    stmts: RelayStatements,
+    config: RelayConfig,
+    after: tuple[str, str],
+) -> Claim | None:
+    token = uuid.uuid4()
+    started = time.monotonic()
+    params = {
+        "after_topic": after[0],
+        "after_key": after[1],
+        "limit": config.batch_size,
+        "per_key": config.per_key_batch,
+        "owner": config.relay_id,
+        "token": token,
+        "lease_seconds": config.lease_seconds,
+        **config.dead_policy_params(),
+    }
+    cur = await conn.execute(stmts.claim, params)
+    rows = await cur.fetchall()
+    if not rows:
+        return None
+    rows.sort(key=lambda r: (r[1], r[2], r[3]))
+    # The server's lease started no earlier than `started`; stop publishing a little before it
+    # can lapse, so a slow clock or a pause cannot make two relays publish one key at once.
+    deadline = started + config.lease_seconds * 0.9
+    return Claim(token, [_envelope(r) for r in rows], [r[9] for r in rows], deadline)
+
+
+async def mark_batch(
+    conn: psycopg.AsyncConnection[Any],
+    stmts: RelayStatements,
+    token: uuid.UUID,
+    outcomes: Sequence[Outcome],
+) -> set[uuid.UUID]:
+    """Apply outcomes under the claim's fencing token; return the ids actually marked."""
+    if not outcomes:
+        return set()
+    cur = await conn.execute(
+        stmts.mark,
+        {
+            "ids": [o.id for o in outcomes],
+            "actions": [o.action for o in outcomes],
+            "delays": [o.delay for o in outcomes],
+            "errors": [o.error for o in outcomes],
+            "token": token,
+        },
+    )
+    return {r[0] for r in await cur.fetchall()}
+
+
+def backoff_delay(attempts: int, config: RelayConfig, rng: random.Random | None = None) -> float:
+    """Exponential backoff with jitter: base * 2**(attempts-1), capped, times U(0.5, 1)."""
+    raw = config.backoff_base * (2 ** min(max(attempts - 1, 0), 30))
+    jitter: float = (rng or random).uniform(0.5, 1.0)
+    return float(min(config.backoff_max, raw) * jitter)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def decide(
+    claim: Claim,
+    results: Sequence[BaseException | None],
+    config: RelayConfig,
+    rng: random.Random | None = None,
+) -> list[Outcome]:
+    """The outcome of each row, keeping per-key order.
+
+    Per key, in seq order: acknowledged rows are published until the first failure. A failure
+    is retried later (or dead after max attempts, at once if permanent). Rows of the same key
+    after a retried row, or after a dead row under 'hold', are released untried-as-far-as-we-
+    count: they go out again after the failed one, never before it.
+    """
+    outcomes: list[Outcome] = []
+    blocked: tuple[str, str] | None = None
+    for env, attempts, result in zip(claim.envelopes, claim.attempts, results, strict=True):
+        key = (env.topic, env.key)
+        policy = config.policy(env.topic)
+        if blocked == key:
+            outcomes.append(Outcome(env.id, "release"))
+            continue
+        if result is None:
+            outcomes.append(Outcome(env.id, "published"))
+            continue
+        error = _describe(result)
+        if isinstance(result, PermanentPublishError) or attempts >= policy.max_attempts:
+            outcomes.append(Outcome(env.id, "dead", error=error))
+            if policy.on_dead == "hold":
+                blocked = key
+        else:
+            outcomes.append(Outcome(env.id, "retry", backoff_delay(attempts, config, rng), error))
+            blocked = key
+    return outcomes

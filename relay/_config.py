@@ -1,0 +1,258 @@
+"""The relay's configuration: flags > ``OUTBOX_*`` environment > TOML file > defaults.
+
+Everything ends in one frozen :class:`RelayConfig`, validated as a whole, with errors that name
+the setting, where it came from and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from outbox.exceptions import ConfigurationError
+from outbox.schema import check_identifier
+
+__all__ = ["RelayConfig", "TopicPolicy"]
+
+Semantics = Literal["at-least-once", "at-most-once"]
+DeadPolicy = Literal["hold", "skip"]
+
+_SEMANTICS = ("at-least-once", "at-most-once")
+_DEAD = ("hold", "skip")
+
+
+@dataclass(frozen=True)
+class TopicPolicy:
+    """How one topic is relayed.
+
+    * ``semantics``: ``at-least-once`` (marked after the broker's ack, retried) or
+      ``at-most-once`` (marked published *before* sending, never retried).
+    * ``on_dead``: ``hold`` keeps the rest of a key waiting behind a dead message until an
+      operator retries or purges it; ``skip`` lets the key go on past it.
+    * ``max_attempts``: failed attempts before a message becomes dead.
+    """
+
+    semantics: Semantics = "at-least-once"
+    on_dead: DeadPolicy = "hold"
+    max_attempts: int = 10
+
+    def __post_init__(self) -> None:
+        if self.semantics not in _SEMANTICS:
+            raise ConfigurationError(
+                f"semantics {self.semantics!r} is not one of {', '.join(_SEMANTICS)}",
+                value=self.semantics,
+            )
+        if self.on_dead not in _DEAD:
+            raise ConfigurationError(
+                f"on_dead {self.on_dead!r} is not one of {', '.join(_DEAD)}", value=self.on_dead
+            )
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ConfigurationError(
+                f"max_attempts must be an integer >= 1, got {self.max_attempts!r}",
+                value=self.max_attempts,
+            )
+
+
+def _default_relay_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """Settings of one relay process. See docs/relay.md for each one."""
+
+    database_url: str
+    broker_url: str | None = None
+    schema: str | None = None
+    relay_id: str = field(default_factory=_default_relay_id)
+    #: rows leased per claim (heads of keys first, then the runs behind them)
+    batch_size: int = 500
+    #: most rows of one key in one claim (a hot key's backlog goes out in runs of this size)
+    per_key_batch: int = 100
+    #: claims being published at once by this relay
+    max_in_flight: int = 4
+    #: a dead relay's rows are claimable again this long after its last claim
+    lease_seconds: float = 30.0
+    #: a publish_batch still running after this is treated as failed (must be < lease)
+    publish_timeout: float = 10.0
+    #: fallback poll when no notification arrives (notifications are lost across reconnects)
+    poll_interval: float = 1.0
+    listen: bool = True
+    backoff_base: float = 0.5
+    backoff_max: float = 300.0
+    heartbeat_interval: float = 5.0
+    shutdown_timeout: float = 15.0
+    #: delete published rows older than this many seconds (None: keep them; another job may)
+    retention_seconds: float | None = None
+    retention_interval: float = 60.0
+    retention_batch: int = 1000
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    default_policy: TopicPolicy = field(default_factory=TopicPolicy)
+    topics: Mapping[str, TopicPolicy] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.database_url:
+            raise ConfigurationError(
+                "no database URL: set database_url / --url / OUTBOX_DATABASE_URL"
+            )
+        if self.schema is not None:
+            check_identifier(self.schema)
+        for name in ("batch_size", "per_key_batch", "max_in_flight", "retention_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigurationError(
+                    f"{name} must be an integer >= 1, got {value!r}", setting=name
+                )
+        for name in (
+            "lease_seconds",
+            "publish_timeout",
+            "poll_interval",
+            "backoff_base",
+            "backoff_max",
+            "heartbeat_interval",
+            "shutdown_timeout",
+            "retention_interval",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise ConfigurationError(
+                    f"{name} must be a number of seconds > 0, got {value!r}", setting=name
+                )
+        if self.publish_timeout >= self.lease_seconds:
+            raise ConfigurationError(
+                f"publish_timeout ({self.publish_timeout}s) must be shorter than lease_seconds "
+                f"({self.lease_seconds}s), or another relay could take over a batch that is "
+                "still being published",
+                setting="publish_timeout",
+            )
+        if self.retention_seconds is not None and self.retention_seconds <= 0:
+            raise ConfigurationError(
+                f"retention_seconds must be > 0, got {self.retention_seconds!r}",
+                setting="retention_seconds",
+            )
+
+    def policy(self, topic: str) -> TopicPolicy:
+        """The policy of ``topic`` (the default one unless configured)."""
+        return self.topics.get(topic, self.default_policy)
+
+    def dead_policy_params(self) -> dict[str, Any]:
+        """The claim statement's per-topic 'hold' parameters."""
+        return {
+            "hold_default": self.default_policy.on_dead == "hold",
+            "hold_topics": [t for t, p in self.topics.items() if p.on_dead == "hold"],
+            "skip_topics": [t for t, p in self.topics.items() if p.on_dead == "skip"],
+        }
+
+    @classmethod
+    def load(
+        cls,
+        file: str | Path | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        **flags: Any,
+    ) -> RelayConfig:
+        """Merge a TOML file, ``OUTBOX_*`` environment variables and flags (``None`` = unset)."""
+        values: dict[str, Any] = {}
+        if file is not None:
+            values.update(_from_toml(Path(file)))
+        values.update(_from_env(os.environ if env is None else env))
+        values.update({k: v for k, v in flags.items() if v is not None})
+        return _build(cls, values)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(RelayConfig)}
+_SCALARS = set(_FIELDS) - {"default_policy", "topics"}
+
+
+def _from_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read config file {path}: {exc}", path=str(path)) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigurationError(f"config file {path} is not valid TOML: {exc}") from exc
+    data = data.get("relay", data)
+    unknown = set(data) - set(_FIELDS) - {"default"}
+    if unknown:
+        raise ConfigurationError(
+            f"unknown setting(s) in {path}: {', '.join(sorted(unknown))}; known: "
+            f"{', '.join(sorted(_FIELDS))}",
+            unknown=sorted(unknown),
+        )
+    out = {k: v for k, v in data.items() if k in _SCALARS}
+    if "default" in data or "default_policy" in data:
+        out["default_policy"] = _policy("default", data.get("default", data.get("default_policy")))
+    if "topics" in data:
+        if not isinstance(data["topics"], dict):
+            raise ConfigurationError(f"[topics] in {path} must be a table of topic -> policy")
+        out["topics"] = {t: _policy(t, p) for t, p in data["topics"].items()}
+    return out
+
+
+def _policy(topic: str, raw: Any) -> TopicPolicy:
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"policy of topic {topic!r} must be a table, got {raw!r}")
+    known = {f.name for f in dataclasses.fields(TopicPolicy)}
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigurationError(
+            f"unknown key(s) {', '.join(sorted(unknown))} in the policy of topic {topic!r}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    try:
+        return TopicPolicy(**raw)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"topic {topic!r}: {exc.message}") from exc
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if env.get("OUTBOX_DATABASE_URL"):
+        out["database_url"] = env["OUTBOX_DATABASE_URL"]
+    if env.get("OUTBOX_BROKER_URL"):
+        out["broker_url"] = env["OUTBOX_BROKER_URL"]
+    if env.get("OUTBOX_SCHEMA"):
+        out["schema"] = env["OUTBOX_SCHEMA"]
+    for name in _SCALARS - {"database_url", "broker_url", "schema"}:
+        var = f"OUTBOX_RELAY_{name.upper()}"
+        if var in env:
+            out[name] = _parse(name, var, env[var])
+    return out
+
+
+def _parse(name: str, var: str, raw: str) -> Any:
+    kind = _FIELDS[name].type
+    try:
+        if "bool" in str(kind):
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("1", "true", "yes")
+        if "int" in str(kind):
+            return int(raw)
+        if "float" in str(kind):
+            return float(raw)
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"{var}={raw!r} is not a valid {kind} for {name}", setting=name
+        ) from exc
+    return raw
+
+
+def _build(cls: type[RelayConfig], values: dict[str, Any]) -> RelayConfig:
+    if "database_url" not in values:
+        raise ConfigurationError(
+            "no database URL: pass --url postgresql://user@host:5432/dbname, set "
+            "OUTBOX_DATABASE_URL, or database_url in the config file"
+        )
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise ConfigurationError(f"invalid relay configuration: {exc}") from exc

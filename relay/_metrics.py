@@ -1,0 +1,140 @@
+"""Prometheus metrics and the health endpoint (optional extra ``metrics``).
+
+Without prometheus-client installed, or without ``metrics_port``, the relay uses no-op metrics
+that cost nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import psycopg
+
+from outbox.exceptions import ConfigurationError
+from relay._queries import RelayStatements
+
+__all__ = ["MetricsServer", "RelayMetrics"]
+
+
+class _Noop:
+    def labels(self, *args: Any, **kwargs: Any) -> _Noop:
+        return self
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
+
+    def observe(self, value: float) -> None:
+        pass
+
+
+class RelayMetrics:
+    """The relay's counters, gauges and histograms."""
+
+    def __init__(self, registry: Any | None) -> None:
+        self.registry = registry
+        if registry is None:
+            noop: Any = _Noop()
+            self.published = self.failed = self.dead = self.fenced = noop
+            self.claim_seconds = self.batch_seconds = noop
+            self.backlog = self.oldest_pending = self.dead_rows = noop
+            return
+        from prometheus_client import Counter, Gauge, Histogram
+
+        kw: dict[str, Any] = {"registry": registry}
+        self.published = Counter(
+            "outbox_relay_published", "Messages confirmed by the broker", ["topic"], **kw
+        )
+        self.failed = Counter(
+            "outbox_relay_failed", "Publish attempts that failed", ["topic"], **kw
+        )
+        self.dead = Counter("outbox_relay_dead", "Messages dead-lettered", ["topic"], **kw)
+        self.fenced = Counter(
+            "outbox_relay_fenced", "Marks refused because another relay took the lease", **kw
+        )
+        self.claim_seconds = Histogram(
+            "outbox_relay_claim_seconds", "Duration of one claim statement", **kw
+        )
+        self.batch_seconds = Histogram(
+            "outbox_relay_batch_seconds", "Claim-to-mark duration of one batch", **kw
+        )
+        self.backlog = Gauge("outbox_backlog", "Pending messages", ["topic"], **kw)
+        self.oldest_pending = Gauge(
+            "outbox_oldest_pending_seconds", "Age of the oldest pending message", ["topic"], **kw
+        )
+        self.dead_rows = Gauge("outbox_dead_messages", "Dead messages", ["topic"], **kw)
+
+    @classmethod
+    def disabled(cls) -> RelayMetrics:
+        return cls(None)
+
+    @classmethod
+    def prometheus(cls) -> RelayMetrics:
+        try:
+            from prometheus_client import CollectorRegistry
+        except ImportError as exc:
+            raise ConfigurationError(
+                "metrics_port is set but prometheus-client is not installed: "
+                "pip install 'outbox-inbox[metrics]'"
+            ) from exc
+        return cls(CollectorRegistry())
+
+    async def refresh_backlog(
+        self, conn: psycopg.AsyncConnection[Any], stmts: RelayStatements
+    ) -> None:
+        if self.registry is None:
+            return
+        cur = await conn.execute(stmts.status_topics)
+        for topic, pending, _leased, dead, oldest in await cur.fetchall():
+            self.backlog.labels(topic).set(pending)
+            self.dead_rows.labels(topic).set(dead)
+            self.oldest_pending.labels(topic).set(oldest or 0.0)
+
+
+class MetricsServer:
+    """``/metrics`` (Prometheus text) and ``/healthz`` (200 while healthy, else 503)."""
+
+    def __init__(
+        self, metrics: RelayMetrics, healthy: Callable[[], bool], host: str, port: int
+    ) -> None:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        registry: Any = metrics.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.startswith("/metrics"):
+                    body, ctype, code = generate_latest(registry), CONTENT_TYPE_LATEST, 200
+                elif self.path.startswith("/healthz"):
+                    ok = healthy()
+                    body, ctype = (b"ok\n" if ok else b"unhealthy\n"), "text/plain"
+                    code = 200 if ok else 503
+                else:
+                    body, ctype, code = b"not found\n", "text/plain", 404
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.started = time.monotonic()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)

@@ -1,0 +1,339 @@
+"""Every SQL statement of the relay, rendered once per schema. Read the comments first.
+
+The relay never holds a transaction open across network I/O: each statement below runs alone
+in autocommit mode (one statement = one transaction = one snapshot, failure-modes F4), and the
+broker is called between the claim and the mark.
+
+The ordering argument, in short (docs/relay.md has the long form):
+
+* A row is *claimable* only if it is the **head of its key**: no earlier row of the same
+  (topic, key) is pending (leased or not), nor dead under the 'hold' policy.
+* A claim **locks the head row** (``FOR UPDATE SKIP LOCKED``) and, in the same statement, leases
+  the contiguous run of claimable rows that follow it. The head row's lock is therefore the
+  key's lock: two relays can never lease rows of one key at the same time, because both would
+  need the same head row, and the second one skips it.
+* Any change to a key's unpublished rows is made by the holder of the head's lease, and every
+  change either moves the head forward (published/dead), postpones it (retry), or restores it
+  (release). A relay whose snapshot is stale re-checks the head under the lock (PostgreSQL
+  re-evaluates the WHERE clause on the newest row version) and drops it.
+* Leases carry a fresh random ``lease_token`` per claim; every mark names it, so a relay whose
+  lease lapsed and was re-claimed by another relay marks nothing (fencing, F12).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from psycopg import sql
+
+from outbox.schema import (
+    OUTBOX_DEAD_AUDIT,
+    OUTBOX_MESSAGES,
+    OUTBOX_RELAYS,
+    check_identifier,
+)
+
+__all__ = ["RelayStatements", "relay_statements"]
+
+# The 'hold' decision for a topic, from the relay's per-topic dead-letter policy.
+_HOLDS = """(CASE WHEN {t}.topic = ANY(%(skip_topics)s::text[]) THEN false
+      WHEN {t}.topic = ANY(%(hold_topics)s::text[]) THEN true
+      ELSE %(hold_default)s::boolean END)"""
+
+# outbox_claim_batch: lease up to %(limit)s rows, the heads of keys plus the runs behind them.
+#
+# Finding heads walks *keys*, never a key's backlog: a hot key with a million pending rows
+# costs one index probe, not a million (an ORDER BY available_at scan would re-read the whole
+# backlog behind a leased head on every claim).
+#
+# Concurrency:
+# * `heads` is MATERIALIZED: only a WITH query is guaranteed to run once, so LIMIT bounds the
+#   rows it locks (an IN (sub-select) can be re-executed and lock more, PostgreSQL bug #15715).
+# * `FOR UPDATE OF m SKIP LOCKED`: a head another relay is claiming or marking right now is
+#   skipped, never waited for. When the lock is granted on a row that changed after our
+#   snapshot, PostgreSQL re-checks the row's own conditions (status, lease, available_at) on the
+#   newest version, so a head that was meanwhile leased, published or postponed is dropped.
+# * The NOT EXISTS uses the statement's snapshot. It can only err towards "not a head" for a
+#   row whose predecessor was published after the snapshot (the next claim takes it); it can
+#   never call a row a head while an earlier row is unpublished, because a key's rows become
+#   visible in seq order (seq is assigned under the key's lock, in commit order).
+# * `run` is computed only for heads we hold locked. Nobody else can touch that key's pending
+#   rows meanwhile (they would need the head), so the run read from our snapshot is current.
+#   The UPDATE re-checks status/lease on each row anyway.
+# * Rows are leased, not moved to another status: a crashed relay's rows become claimable
+#   again when lease_until passes, with no sweeper.
+_CLAIM = """
+WITH RECURSIVE keys AS (
+    -- A skip scan of the partial (topic, key, seq) index: one probe per key that has
+    -- unpublished rows, starting after the key the previous claim ended at (rotation, so
+    -- every key gets its turn). Lazy: it stops once `heads` has its LIMIT.
+    (SELECT m.topic, m.key FROM {messages} AS m
+     WHERE m.status <> 'published' AND (m.topic, m.key) > (%(after_topic)s, %(after_key)s)
+     ORDER BY m.topic, m.key, m.seq LIMIT 1)
+    UNION ALL
+    SELECT n.topic, n.key FROM keys AS k
+    CROSS JOIN LATERAL (
+        SELECT m.topic, m.key FROM {messages} AS m
+        WHERE m.status <> 'published' AND (m.topic, m.key) > (k.topic, k.key)
+        ORDER BY m.topic, m.key, m.seq LIMIT 1
+    ) AS n
+),
+heads AS MATERIALIZED (
+    SELECT m.id, m.topic, m.key, m.seq
+    FROM keys AS k
+    CROSS JOIN LATERAL (
+        -- the key's first pending row: no earlier row of the key is pending, by construction
+        SELECT f.id FROM {messages} AS f
+        WHERE f.topic = k.topic AND f.key = k.key AND f.status = 'pending'
+        ORDER BY f.seq LIMIT 1
+    ) AS first
+    JOIN {messages} AS m ON m.id = first.id
+    WHERE m.status = 'pending'
+      AND m.available_at <= clock_timestamp()
+      AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
+      AND NOT EXISTS (
+          SELECT 1 FROM {messages} AS e
+          WHERE e.topic = m.topic AND e.key = m.key AND e.seq < m.seq
+            AND e.status <> 'published'
+            AND (e.status = 'pending' OR {holds_m})
+      )
+    LIMIT %(limit)s
+    FOR UPDATE OF m SKIP LOCKED
+),
+candidates AS (
+    SELECT h.id AS head_id, x.id, x.status, x.seq,
+           -- true while every row so far (head first) may go out in this batch
+           bool_and(
+               x.status = 'dead'
+               OR (x.available_at <= clock_timestamp()
+                   AND (x.lease_until IS NULL OR x.lease_until < clock_timestamp()))
+           ) OVER (PARTITION BY h.id ORDER BY x.seq) AND NOT bool_or(
+               x.status = 'dead' AND {holds_x}
+           ) OVER (PARTITION BY h.id ORDER BY x.seq) AS open
+    FROM heads AS h
+    CROSS JOIN LATERAL (
+        SELECT y.id, y.topic, y.status, y.seq, y.available_at, y.lease_until
+        FROM {messages} AS y
+        WHERE y.topic = h.topic AND y.key = h.key AND y.seq > h.seq
+          AND y.status <> 'published'
+        ORDER BY y.seq
+        LIMIT %(per_key)s
+    ) AS x
+),
+chosen AS (
+    SELECT id, 0::bigint AS rank FROM heads
+    UNION ALL
+    SELECT id, row_number() OVER (PARTITION BY head_id ORDER BY seq) AS rank
+    FROM candidates WHERE open AND status = 'pending'
+),
+limited AS (
+    -- whole prefixes of each key only: all first rows, then all second rows, ...
+    SELECT id FROM chosen ORDER BY rank LIMIT %(limit)s
+)
+UPDATE {messages} AS m
+SET lease_owner = %(owner)s,
+    lease_token = %(token)s,
+    lease_until = clock_timestamp() + %(lease_seconds)s * interval '1 second',
+    attempts = m.attempts + 1
+FROM limited
+WHERE m.id = limited.id
+  AND m.status = 'pending'
+  AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
+RETURNING m.id, m.topic, m.key, m.seq, m.payload, m.content_type, m.headers, m.traceparent,
+          m.created_at, m.attempts
+"""
+
+# outbox_mark_batch: record the outcome of every row of one claim, in one statement.
+#
+# Fencing: `m.lease_token = %(token)s` matches only rows still leased by *this* claim. If the
+# lease lapsed and another relay claimed the row, its token changed and the row is left alone;
+# the caller compares the returned ids with what it asked for. If the lease lapsed but nobody
+# claimed the row, the token still matches and the mark is right: nobody else published it.
+# Every action clears the lease. 'release' gives the claim back untried (attempts - 1).
+_MARK = """
+UPDATE {messages} AS m
+SET status = CASE o.action WHEN 'published' THEN 'published'
+                           WHEN 'dead' THEN 'dead' ELSE 'pending' END,
+    published_at = CASE WHEN o.action = 'published' THEN clock_timestamp()
+                        ELSE m.published_at END,
+    available_at = CASE WHEN o.action = 'retry'
+                        THEN clock_timestamp() + o.delay * interval '1 second'
+                        ELSE m.available_at END,
+    attempts = CASE WHEN o.action = 'release' THEN greatest(m.attempts - 1, 0)
+                    ELSE m.attempts END,
+    last_error = CASE WHEN o.action IN ('retry', 'dead') THEN o.error ELSE m.last_error END,
+    lease_owner = NULL, lease_token = NULL, lease_until = NULL
+FROM unnest(%(ids)s::uuid[], %(actions)s::text[], %(delays)s::float8[], %(errors)s::text[])
+    AS o(id, action, delay, error)
+WHERE m.id = o.id AND m.lease_token = %(token)s AND m.status = 'pending'
+RETURNING m.id
+"""
+
+# outbox_release_owner: at shutdown, give back whatever this relay still holds.
+_RELEASE_OWNER = """
+UPDATE {messages}
+SET lease_owner = NULL, lease_token = NULL, lease_until = NULL,
+    attempts = greatest(attempts - 1, 0)
+WHERE lease_owner = %(owner)s AND status = 'pending'
+"""
+
+# outbox_relay_register / heartbeat / unregister: informational only (outbox status).
+_REGISTER = """
+INSERT INTO {relays} (relay_id, hostname, pid, config)
+VALUES (%(relay_id)s, %(hostname)s, %(pid)s, %(config)s)
+ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = clock_timestamp()
+"""
+_HEARTBEAT = "UPDATE {relays} SET heartbeat_at = clock_timestamp() WHERE relay_id = %(relay_id)s"
+_UNREGISTER = "DELETE FROM {relays} WHERE relay_id = %(relay_id)s"
+
+# outbox_retention_delete: one batch of old published rows. SKIP LOCKED and a small LIMIT keep
+# each transaction short; published rows are never heads, so deleting them cannot unblock or
+# reorder anything.
+_RETENTION = """
+WITH old AS MATERIALIZED (
+    SELECT id FROM {messages}
+    WHERE status = 'published'
+      AND published_at < clock_timestamp() - %(keep_seconds)s * interval '1 second'
+    ORDER BY published_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {messages} AS m USING old WHERE m.id = old.id
+"""
+
+# outbox_status_topics: backlog per topic (read-only, any snapshot is fine).
+_STATUS_TOPICS = """
+SELECT topic,
+       count(*) FILTER (WHERE status = 'pending') AS pending,
+       count(*) FILTER (WHERE status = 'pending' AND lease_until > clock_timestamp()) AS leased,
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       extract(epoch FROM clock_timestamp()
+               - min(created_at) FILTER (WHERE status = 'pending'))::float8 AS oldest_pending_s
+FROM {messages}
+WHERE status <> 'published'
+GROUP BY topic ORDER BY topic
+"""
+
+_STATUS_RELAYS = """
+SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
+       extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS silent_s,
+       (SELECT count(*) FROM {messages} AS m
+        WHERE m.status = 'pending' AND m.lease_owner = r.relay_id
+          AND m.lease_until > clock_timestamp()) AS leased,
+       (SELECT array_agg(DISTINCT m.topic) FROM {messages} AS m
+        WHERE m.status = 'pending' AND m.lease_owner = r.relay_id
+          AND m.lease_until > clock_timestamp()) AS topics
+FROM {relays} AS r ORDER BY r.started_at
+"""
+
+# Dead letters: the filter is a fixed text with optional parameters (NULL = no filter).
+_DEAD_FILTER = """
+status = 'dead'
+AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+AND (%(key)s::text IS NULL OR key = %(key)s)
+AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
+AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)
+"""
+
+_DEAD_LIST = """
+SELECT id, topic, key, seq, attempts, created_at, last_error, payload, content_type, headers
+FROM {messages} WHERE {filter}
+ORDER BY topic, key, seq LIMIT %(limit)s
+"""
+
+# outbox_dead_retry: back to pending, fresh attempts, available now, with an audit row in the
+# same statement (so the change and its audit commit together). FOR UPDATE: two operators
+# re-queueing at once audit each message once.
+_DEAD_RETRY = """
+WITH picked AS MATERIALIZED (
+    SELECT id FROM {messages} WHERE {filter} ORDER BY topic, key, seq
+    LIMIT %(limit)s FOR UPDATE
+),
+changed AS (
+    UPDATE {messages} AS m
+    SET status = 'pending', attempts = 0, available_at = clock_timestamp(),
+        lease_owner = NULL, lease_token = NULL, lease_until = NULL
+    FROM picked WHERE m.id = picked.id AND m.status = 'dead'
+    RETURNING m.id, m.topic, m.key, m.seq, m.last_error
+)
+INSERT INTO {audit} (actor, action, message_id, topic, key, seq, last_error, reason)
+SELECT %(actor)s, 'retry', id, topic, key, seq, last_error, %(reason)s FROM changed
+RETURNING message_id
+"""
+
+_DEAD_PURGE = """
+WITH picked AS MATERIALIZED (
+    SELECT id FROM {messages} WHERE {filter} ORDER BY topic, key, seq
+    LIMIT %(limit)s FOR UPDATE
+),
+gone AS (
+    DELETE FROM {messages} AS m USING picked
+    WHERE m.id = picked.id AND m.status = 'dead'
+    RETURNING m.id, m.topic, m.key, m.seq, m.last_error
+)
+INSERT INTO {audit} (actor, action, message_id, topic, key, seq, last_error, reason)
+SELECT %(actor)s, 'purge', id, topic, key, seq, last_error, %(reason)s FROM gone
+RETURNING message_id
+"""
+
+_AUDIT_LIST = """
+SELECT at, actor, action, message_id, topic, key, seq, reason FROM {audit}
+ORDER BY id DESC LIMIT %(limit)s
+"""
+
+
+@dataclass(frozen=True)
+class RelayStatements:
+    claim: bytes
+    mark: bytes
+    release_owner: bytes
+    register: bytes
+    heartbeat: bytes
+    unregister: bytes
+    retention: bytes
+    status_topics: bytes
+    status_relays: bytes
+    dead_list: bytes
+    dead_retry: bytes
+    dead_purge: bytes
+    audit_list: bytes
+
+
+def _qualified(schema: str | None, table: str) -> sql.Identifier:
+    return sql.Identifier(schema, table) if schema else sql.Identifier(table)
+
+
+@lru_cache(maxsize=32)
+def relay_statements(schema: str | None) -> RelayStatements:
+    """The relay's statements for tables in ``schema`` (``None``: the search_path)."""
+    if schema is not None:
+        check_identifier(schema)
+    names = {
+        "messages": _qualified(schema, OUTBOX_MESSAGES),
+        "relays": _qualified(schema, OUTBOX_RELAYS),
+        "audit": _qualified(schema, OUTBOX_DEAD_AUDIT),
+        "holds_m": sql.SQL(_HOLDS).format(t=sql.Identifier("m")),
+        "holds_x": sql.SQL(_HOLDS).format(t=sql.Identifier("x")),
+        "filter": sql.SQL(_DEAD_FILTER),
+    }
+
+    def render(text: str) -> bytes:
+        return sql.SQL(text).format(**names).as_string(None).encode()
+
+    return RelayStatements(
+        claim=render(_CLAIM),
+        mark=render(_MARK),
+        release_owner=render(_RELEASE_OWNER),
+        register=render(_REGISTER),
+        heartbeat=render(_HEARTBEAT),
+        unregister=render(_UNREGISTER),
+        retention=render(_RETENTION),
+        status_topics=render(_STATUS_TOPICS),
+        status_relays=render(_STATUS_RELAYS),
+        dead_list=render(_DEAD_LIST),
+        dead_retry=render(_DEAD_RETRY),
+        dead_purge=render(_DEAD_PURGE),
+        audit_list=render(_AUDIT_LIST),
+    )

@@ -1,0 +1,414 @@
+"""The relay daemon's loop: wake, claim, publish, mark; many claims in flight; clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from outbox._statements import WAKEUP_CHANNEL
+from outbox.envelope import Envelope
+from relay._claim import Claim, Outcome, claim_batch, decide, mark_batch
+from relay._config import RelayConfig
+from relay._metrics import RelayMetrics
+from relay._queries import relay_statements
+from relay._tracing import publish_span
+from relay.brokers.base import Publisher
+from relay.exceptions import RetryablePublishError
+
+__all__ = ["Relay"]
+
+log = logging.getLogger("relay")
+
+_DB_BACKOFF = (0.1, 5.0)
+_BROKER_BACKOFF = (0.1, 10.0)
+
+
+class Relay:
+    """Publishes committed outbox messages through ``publisher``, in per-key order.
+
+    ``await relay.run()`` runs until :meth:`stop` (or SIGTERM/SIGINT with
+    :meth:`install_signal_handlers`). The relay calls ``publisher.start()`` first and
+    ``publisher.close()`` at the end.
+    """
+
+    def __init__(
+        self, config: RelayConfig, publisher: Publisher, *, metrics: RelayMetrics | None = None
+    ) -> None:
+        self.config = config
+        self.publisher = publisher
+        self.metrics = metrics or RelayMetrics.disabled()
+        self._stmts = relay_statements(config.schema)
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._broker_failures = 0
+        self._db_failures = 0
+        self._paused_until = 0.0
+        self._after = ("", "")  # the claim rotates over keys from here
+        self.last_db_ok = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight batches finish (or are released) and run() returns."""
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("relay %s: %s received, stopping", self.config.relay_id, sig.name)
+        self.stop()
+
+    async def run(self) -> None:
+        """Relay until stopped. Never raises for broker or database outages: it retries."""
+        pool = AsyncConnectionPool(
+            self.config.database_url,
+            min_size=1,
+            max_size=self.config.max_in_flight + 2,
+            kwargs={"autocommit": True},
+            open=False,
+            name=f"relay-{self.config.relay_id}",
+        )
+        await pool.open(wait=False)
+        background = [asyncio.create_task(self._heartbeat(pool))]
+        if self.config.listen:
+            background.append(asyncio.create_task(self._listen()))
+        try:
+            await self._start_publisher()
+            await self._register(pool)
+            await self._loop(pool)
+        finally:
+            await self._shutdown(pool, background)
+
+    async def _start_publisher(self) -> None:
+        delay = _BROKER_BACKOFF[0]
+        while not self.stopping:
+            try:
+                await self.publisher.start()
+                return
+            except Exception as exc:
+                log.warning("relay: broker unavailable (%s); retrying in %.1fs", exc, delay)
+                await self._sleep(delay)
+                delay = min(delay * 2, _BROKER_BACKOFF[1])
+
+    async def _shutdown(
+        self, pool: AsyncConnectionPool[Any], tasks: list[asyncio.Task[Any]]
+    ) -> None:
+        self._stopping.set()
+        if self._inflight:
+            _, pending = await asyncio.wait(self._inflight, timeout=self.config.shutdown_timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5), pool.connection(timeout=3) as conn:
+                cur = await conn.execute(self._stmts.release_owner, {"owner": self.config.relay_id})
+                if cur.rowcount:
+                    log.info("relay: released %d leased rows at shutdown", cur.rowcount)
+                await conn.execute(self._stmts.unregister, {"relay_id": self.config.relay_id})
+        with contextlib.suppress(Exception):
+            await self.publisher.close()
+        await pool.close(timeout=5)
+        log.info("relay %s stopped", self.config.relay_id)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def _loop(self, pool: AsyncConnectionPool[Any]) -> None:
+        slots = asyncio.Semaphore(self.config.max_in_flight)
+        while not self.stopping:
+            await slots.acquire()
+            if self.stopping:
+                slots.release()
+                break
+            pause = self._paused_until - time.monotonic()
+            if pause > 0:  # the broker is down: probe again after the backoff
+                slots.release()
+                await self._sleep(pause)
+                continue
+            self._wake.clear()  # a wake-up during the claim below keeps it set
+            claim = await self._claim(pool)
+            if claim is None:
+                slots.release()
+                await self._wait_for_work()
+                continue
+            task = asyncio.create_task(self._process(pool, claim))
+            self._inflight.add(task)
+            task.add_done_callback(lambda t: self._done(t, slots))
+
+    def _done(self, task: asyncio.Task[None], slots: asyncio.Semaphore) -> None:
+        self._inflight.discard(task)
+        slots.release()
+        self._wake.set()  # the batch's keys may have new heads now
+        if not task.cancelled() and task.exception() is not None:
+            log.error("relay: batch failed unexpectedly", exc_info=task.exception())
+
+    async def _wait_for_work(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.config.poll_interval):
+                await self._wake.wait()
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
+
+    async def _claim(self, pool: AsyncConnectionPool[Any]) -> Claim | None:
+        try:
+            async with pool.connection(timeout=self.config.poll_interval * 5) as conn:
+                started = time.perf_counter()
+                claim = await claim_batch(conn, self._stmts, self.config, self._after)
+                if claim is not None:
+                    last = claim.envelopes[-1]
+                    self._after = (last.topic, last.key)
+                self.metrics.claim_seconds.observe(time.perf_counter() - started)
+        except (psycopg.Error, Exception) as exc:
+            if isinstance(exc, asyncio.CancelledError):  # pragma: no cover
+                raise
+            self._db_failures += 1
+            delay = min(_DB_BACKOFF[0] * 2**self._db_failures, _DB_BACKOFF[1])
+            log.warning("relay: claim failed (%s); retrying in %.1fs", exc, delay)
+            await self._sleep(delay)
+            return None
+        self._db_failures = 0
+        self.last_db_ok = time.monotonic()
+        return claim
+
+    async def _process(self, pool: AsyncConnectionPool[Any], claim: Claim) -> None:
+        started = time.perf_counter()
+        amo_ids = {e.id for e in claim.envelopes if self._amo(e.topic)}
+        if amo_ids:
+            # At-most-once: marked published *before* sending, never retried.
+            marked = await self._mark(pool, claim, [Outcome(i, "published") for i in amo_ids])
+            amo_ids &= marked
+        to_send = [e for e in claim.envelopes if e.id in amo_ids or not self._amo(e.topic)]
+        results, unreachable = await self._publish(to_send, claim)
+        by_id = dict(zip((e.id for e in to_send), results, strict=True))
+        self._count_at_most_once(to_send, amo_ids, by_id)
+        keep = [i for i, e in enumerate(claim.envelopes) if not self._amo(e.topic)]
+        alo = Claim(
+            claim.token,
+            [claim.envelopes[i] for i in keep],
+            [claim.attempts[i] for i in keep],
+            claim.deadline,
+        )
+        alo_results = [by_id[e.id] for e in alo.envelopes]
+        if alo.envelopes and (unreachable or self._outage(alo, alo_results)):
+            # The broker is down (nothing could be sent, or every key of the batch failed):
+            # give every row back untried and pause claiming, so an outage never counts
+            # towards max_attempts or dead-letters anything.
+            await self._mark(pool, claim, [Outcome(e.id, "release") for e in alo.envelopes])
+            self._broker_failures += 1
+            delay = min(_BROKER_BACKOFF[0] * 2**self._broker_failures, _BROKER_BACKOFF[1])
+            log.warning("relay: broker unavailable (%s); pausing %.1fs", alo_results[0], delay)
+            self._paused_until = time.monotonic() + delay
+            return
+        self._broker_failures = 0
+        outcomes = decide(alo, alo_results, self.config)
+        await self._mark(pool, claim, outcomes)
+        self._count(alo, outcomes)
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+
+    def _count_at_most_once(
+        self, sent: list[Envelope], amo_ids: set[Any], by_id: dict[Any, BaseException | None]
+    ) -> None:
+        for env in sent:
+            if env.id not in amo_ids:
+                continue
+            if by_id[env.id] is None:
+                self.metrics.published.labels(env.topic).inc()
+            else:
+                self.metrics.failed.labels(env.topic).inc()
+                log.warning("relay: at-most-once message %s lost: %s", env.id, by_id[env.id])
+
+    def _amo(self, topic: str) -> bool:
+        return self.config.policy(topic).semantics == "at-most-once"
+
+    @staticmethod
+    def _outage(claim: Claim, results: Sequence[BaseException | None]) -> bool:
+        """Every message of at least two keys failed retryably: the broker, not the messages."""
+        keys = {(e.topic, e.key) for e in claim.envelopes}
+        return len(keys) > 1 and all(isinstance(r, RetryablePublishError) for r in results)
+
+    async def _publish(
+        self, envelopes: list[Envelope], claim: Claim
+    ) -> tuple[list[BaseException | None], bool]:
+        """The broker's result per envelope, and whether the broker was unreachable."""
+        if not envelopes:
+            return [], False
+        budget = min(self.config.publish_timeout, claim.deadline - time.monotonic())
+        err: RetryablePublishError
+        if budget <= 0:
+            err = RetryablePublishError("lease about to lapse; not sent")
+            return [err] * len(envelopes), True
+        try:
+            with publish_span(envelopes):
+                async with asyncio.timeout(budget):
+                    results = await self.publisher.publish_batch(envelopes)
+        except TimeoutError:
+            err = RetryablePublishError(f"broker did not confirm within {budget:.1f}s")
+            return [err] * len(envelopes), True
+        except Exception as exc:
+            if isinstance(exc, RetryablePublishError):
+                err = exc
+            else:
+                err = RetryablePublishError(f"publisher failed: {type(exc).__name__}: {exc}")
+            return [err] * len(envelopes), True
+        if len(results) != len(envelopes):
+            err = RetryablePublishError("publisher returned the wrong number of results")
+            return [err] * len(envelopes), True
+        return list(results), False
+
+    async def _mark(
+        self, pool: AsyncConnectionPool[Any], claim: Claim, outcomes: list[Outcome]
+    ) -> set[Any]:
+        """Mark under the fencing token; retry through a lost connection while the lease holds."""
+        delay = _DB_BACKOFF[0]
+        while True:
+            try:
+                async with pool.connection(timeout=5) as conn:
+                    marked = await mark_batch(conn, self._stmts, claim.token, outcomes)
+                break
+            except psycopg.Error as exc:
+                if time.monotonic() + delay > claim.deadline + self.config.lease_seconds * 0.1:
+                    log.error(
+                        "relay: cannot mark %d rows (%s); their lease will lapse and "
+                        "they will be published again",
+                        len(outcomes),
+                        exc,
+                    )
+                    return set()
+                log.warning("relay: mark failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _DB_BACKOFF[1])
+        self.last_db_ok = time.monotonic()
+        fenced = len(outcomes) - len(marked)
+        if fenced:
+            self.metrics.fenced.inc(fenced)
+            log.warning("relay: %d rows were no longer ours (lease taken over); not marked", fenced)
+        return marked
+
+    def _count(self, claim: Claim, outcomes: list[Outcome]) -> None:
+        topics = {e.id: e.topic for e in claim.envelopes}
+        for o in outcomes:
+            if o.action == "published":
+                self.metrics.published.labels(topics[o.id]).inc()
+            elif o.action == "retry":
+                self.metrics.failed.labels(topics[o.id]).inc()
+            elif o.action == "dead":
+                self.metrics.failed.labels(topics[o.id]).inc()
+                self.metrics.dead.labels(topics[o.id]).inc()
+                log.error("relay: message %s dead-lettered: %s", o.id, o.error)
+
+    # -- background: wake-ups, heartbeat, retention -------------------------------------------
+
+    async def _listen(self) -> None:
+        """LISTEN on a dedicated connection; every (re)connect wakes the loop (F20)."""
+        delay = _DB_BACKOFF[0]
+        while not self.stopping:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.config.database_url, autocommit=True
+                )
+            except psycopg.Error as exc:
+                log.warning("relay: listener cannot connect (%s)", exc)
+                await self._sleep(delay)
+                delay = min(delay * 2, _DB_BACKOFF[1])
+                continue
+            try:
+                await conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
+                delay = _DB_BACKOFF[0]
+                self._wake.set()  # notifications sent while we were away are lost: poll now
+                while not self.stopping:
+                    async for _ in conn.notifies(timeout=self.config.heartbeat_interval):
+                        self._wake.set()
+                    await conn.execute("SELECT 1")  # detect a dead connection
+            except psycopg.Error as exc:
+                log.warning("relay: listener connection lost (%s); reconnecting", exc)
+            finally:
+                await conn.close()
+
+    async def _register(self, pool: AsyncConnectionPool[Any]) -> None:
+        cfg = self.config
+        params = {
+            "relay_id": cfg.relay_id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "config": json.dumps(
+                {
+                    "broker": _redact(cfg.broker_url),
+                    "batch_size": cfg.batch_size,
+                    "lease_seconds": cfg.lease_seconds,
+                }
+            ),
+        }
+        with contextlib.suppress(psycopg.Error, Exception):
+            async with pool.connection(timeout=5) as conn:
+                await conn.execute(self._stmts.register, params)
+
+    async def _heartbeat(self, pool: AsyncConnectionPool[Any]) -> None:
+        next_retention = time.monotonic()
+        while not self.stopping:
+            try:
+                async with pool.connection(timeout=5) as conn:
+                    await conn.execute(
+                        self._stmts.register,
+                        {
+                            "relay_id": self.config.relay_id,
+                            "hostname": socket.gethostname(),
+                            "pid": os.getpid(),
+                            "config": "{}",
+                        },
+                    )
+                    await self.metrics.refresh_backlog(conn, self._stmts)
+                    if self.config.retention_seconds and time.monotonic() >= next_retention:
+                        await self._retention(conn)
+                        next_retention = time.monotonic() + self.config.retention_interval
+                self.last_db_ok = time.monotonic()
+            except Exception as exc:
+                log.warning("relay: heartbeat failed (%s)", exc)
+            await self._sleep(self.config.heartbeat_interval)
+
+    async def _retention(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        total = 0
+        while not self.stopping:
+            cur = await conn.execute(
+                self._stmts.retention,
+                {
+                    "keep_seconds": self.config.retention_seconds,
+                    "limit": self.config.retention_batch,
+                },
+            )
+            total += cur.rowcount
+            if cur.rowcount < self.config.retention_batch:
+                break
+        if total:
+            log.info("relay: retention deleted %d published rows", total)
+
+
+def _redact(url: str | None) -> str | None:
+    if not url or "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"

@@ -1,0 +1,302 @@
+"""`outbox relay`, `outbox status`, `outbox dead ...`, `outbox retention` (click commands).
+
+``outbox.cli`` adds :data:`commands` to the ``outbox`` group through the ``outbox.cli`` entry
+point; ``python -m relay`` runs the same commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import uuid
+from typing import Any
+
+import click
+
+from outbox.cli import database_url
+from outbox.exceptions import ConfigurationError
+from relay._admin import (
+    DeadFilter,
+    audit_log,
+    dead_list,
+    dead_purge,
+    dead_retry,
+    delete_published,
+    relay_status,
+)
+from relay._config import RelayConfig
+from relay._logs import configure_logging
+from relay._metrics import MetricsServer, RelayMetrics
+from relay._relay import Relay
+from relay.brokers.base import Publisher
+
+__all__ = ["commands", "dead_group", "relay_cmd", "retention_cmd", "status_cmd"]
+
+_url = click.option("--url", default=None, help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL).")
+_schema = click.option(
+    "--schema", default=None, envvar="OUTBOX_SCHEMA", help="Schema of the tables."
+)
+
+
+def make_publisher(config: RelayConfig) -> Publisher:
+    """The broker adapter for ``config.broker_url`` (relay.brokers.publisher_for_url)."""
+    if not config.broker_url:
+        raise ConfigurationError(
+            "no broker: pass --broker nats://host:4222 (or amqp://, kafka://, redis://, mqtt://, "
+            "stdout:, file:), set OUTBOX_BROKER_URL, or broker_url in the config file"
+        )
+    try:
+        from relay import brokers
+    except ImportError as exc:  # pragma: no cover
+        raise ConfigurationError(f"broker adapters unavailable: {exc}") from exc
+    factory = getattr(brokers, "publisher_for_url", None)
+    if factory is None:
+        raise ConfigurationError(
+            "this installation has no broker adapters (relay.brokers.publisher_for_url)"
+        )
+    publisher: Publisher = factory(config.broker_url)
+    return publisher
+
+
+async def _serve(relay: Relay) -> None:
+    relay.install_signal_handlers()
+    await relay.run()
+
+
+@click.command("relay")
+@_url
+@click.option(
+    "--broker", default=None, help="Broker URL: nats://, amqp://, kafka://, redis://, mqtt://."
+)
+@click.option(
+    "--config",
+    "config_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="TOML file (flags and OUTBOX_* variables override it).",
+)
+@_schema
+@click.option("--relay-id", default=None, help="Name of this relay (default: host-pid-random).")
+@click.option("--batch-size", type=int, default=None)
+@click.option("--lease-seconds", type=float, default=None)
+@click.option("--poll-interval", type=float, default=None)
+@click.option(
+    "--retention-seconds",
+    type=float,
+    default=None,
+    help="Delete published rows older than this (default: keep).",
+)
+@click.option("--metrics-port", type=int, default=None, help="Serve /metrics and /healthz here.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
+@click.option("--log-level", default="info")
+def relay_cmd(
+    url: str | None,
+    broker: str | None,
+    config_file: str | None,
+    log_format: str,
+    log_level: str,
+    **flags: Any,
+) -> None:
+    """Publish committed outbox messages to the broker, until SIGTERM/SIGINT."""
+    configure_logging(log_level, log_format)
+    if url:
+        flags["database_url"] = url
+    config = RelayConfig.load(config_file, broker_url=broker, **flags)
+    metrics = RelayMetrics.prometheus() if config.metrics_port is not None else None
+    relay = Relay(config, make_publisher(config), metrics=metrics)
+    server = None
+    if metrics is not None and config.metrics_port is not None:
+        server = MetricsServer(
+            metrics, lambda: _healthy(relay), config.metrics_host, config.metrics_port
+        )
+        server.start()
+    try:
+        asyncio.run(_serve(relay))
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _healthy(relay: Relay) -> bool:
+    import time
+
+    window = max(relay.config.poll_interval, relay.config.heartbeat_interval) * 3 + 5
+    return not relay.stopping and time.monotonic() - relay.last_db_ok < window
+
+
+@click.command("status")
+@_url
+@_schema
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
+    """Backlog per topic, oldest pending age, dead count, live relays and what they hold."""
+    status = relay_status(database_url(url), schema=schema)
+    if as_json:
+        click.echo(json.dumps({"topics": status.topics, "relays": status.relays}, default=str))
+        return
+    click.echo(f"{'topic':<24} {'pending':>8} {'leased':>7} {'dead':>6} {'oldest pending':>15}")
+    for t in status.topics:
+        oldest = f"{t['oldest_pending_s']:.1f}s" if t["oldest_pending_s"] is not None else "-"
+        click.echo(
+            f"{t['topic']:<24} {t['pending']:>8} {t['leased']:>7} {t['dead']:>6} {oldest:>15}"
+        )
+    click.echo("")
+    click.echo(f"{'relay':<36} {'pid':>7} {'last seen':>10} {'leased':>7}  topics")
+    for r in status.relays:
+        topics = ",".join(r["topics"] or [])
+        click.echo(
+            f"{r['relay_id']:<36} {r['pid']:>7} {r['silent_s']:>9.1f}s {r['leased']:>7}  {topics}"
+        )
+
+
+def _filters(fn: Any) -> Any:
+    for opt in reversed(
+        [
+            click.option("--topic", default=None),
+            click.option("--key", default=None),
+            click.option("--id", "ids", multiple=True, help="Message id (repeatable)."),
+            click.option(
+                "--since", type=click.DateTime(), default=None, help="Created at or after."
+            ),
+            click.option("--until", type=click.DateTime(), default=None, help="Created before."),
+            _url,
+            _schema,
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+def _dead_filter(
+    topic: str | None,
+    key: str | None,
+    ids: tuple[str, ...],
+    since: dt.datetime | None,
+    until: dt.datetime | None,
+) -> DeadFilter:
+    try:
+        parsed = [uuid.UUID(i) for i in ids]
+    except ValueError as exc:
+        raise click.BadParameter(f"--id must be a message UUID: {exc}") from exc
+    tz = dt.UTC
+    return DeadFilter(
+        topic,
+        key,
+        parsed or None,
+        since.replace(tzinfo=since.tzinfo or tz) if since else None,
+        until.replace(tzinfo=until.tzinfo or tz) if until else None,
+    )
+
+
+@click.group("dead")
+def dead_group() -> None:
+    """Inspect, re-queue or purge dead messages (every change is audited)."""
+
+
+@dead_group.command("list")
+@_filters
+@click.option("--limit", type=int, default=100)
+def dead_list_cmd(url: str | None, schema: str | None, limit: int, **f: Any) -> None:
+    """List dead messages matching the filters."""
+    for m in dead_list(database_url(url), _dead_filter(**f), limit=limit, schema=schema):
+        click.echo(
+            f"{m.id}  {m.topic}  {m.key}  seq={m.seq}  attempts={m.attempts}  "
+            f"{m.created_at:%Y-%m-%d %H:%M:%S}  {m.last_error or ''}"
+        )
+
+
+@dead_group.command("show")
+@click.argument("message_id")
+@_url
+@_schema
+def dead_show_cmd(message_id: str, url: str | None, schema: str | None) -> None:
+    """Everything about one dead message, payload included."""
+    where = _dead_filter(None, None, (message_id,), None, None)
+    found = dead_list(database_url(url), where, limit=1, schema=schema)
+    if not found:
+        raise click.ClickException(f"no dead message with id {message_id}")
+    m = found[0]
+    click.echo(
+        json.dumps(
+            {
+                "id": str(m.id),
+                "topic": m.topic,
+                "key": m.key,
+                "seq": m.seq,
+                "attempts": m.attempts,
+                "created_at": m.created_at.isoformat(),
+                "last_error": m.last_error,
+                "content_type": m.content_type,
+                "headers": m.headers,
+                "payload": m.payload.decode("utf-8", errors="replace"),
+            },
+            indent=2,
+        )
+    )
+
+
+def _change_cmd(name: str, fn: Any, help_text: str) -> click.Command:
+    @click.command(name, help=help_text)
+    @_filters
+    @click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
+    @click.option("--all", "everything", is_flag=True, help="Required when no filter is given.")
+    @click.option("--reason", default=None, help="Why (kept in the audit).")
+    @click.option("--actor", default=None, help="Who (default: user@host).")
+    def cmd(
+        url: str | None,
+        schema: str | None,
+        dry_run: bool,
+        everything: bool,
+        reason: str | None,
+        actor: str | None,
+        **f: Any,
+    ) -> None:
+        where = _dead_filter(**f)
+        if where.empty and not everything:
+            raise click.UsageError(f"refusing to {name} every dead message: add a filter or --all")
+        ids = fn(
+            database_url(url), where, actor=actor, reason=reason, dry_run=dry_run, schema=schema
+        )
+        verb = (
+            f"would {name}"
+            if dry_run
+            else name.replace("retry", "re-queued").replace("purge", "purged")
+        )
+        for i in ids:
+            click.echo(str(i))
+        click.echo(f"{verb}: {len(ids)} message(s)", err=True)
+
+    return cmd
+
+
+dead_group.add_command(_change_cmd("retry", dead_retry, "Re-queue matching dead messages."))
+dead_group.add_command(_change_cmd("purge", dead_purge, "Delete matching dead messages."))
+
+
+@dead_group.command("audit")
+@_url
+@_schema
+@click.option("--limit", type=int, default=50)
+def dead_audit_cmd(url: str | None, schema: str | None, limit: int) -> None:
+    """Who re-queued or purged what, newest first."""
+    for at, actor, action, mid, topic, key, seq, reason in audit_log(
+        database_url(url), limit=limit, schema=schema
+    ):
+        click.echo(
+            f"{at:%Y-%m-%d %H:%M:%S}  {actor}  {action}  {mid}  {topic}/{key}#{seq}  {reason or ''}"
+        )
+
+
+@click.command("retention")
+@_url
+@_schema
+@click.option("--older-than", type=float, required=True, help="Seconds since publication.")
+@click.option("--batch", type=int, default=1000, help="Rows per transaction.")
+def retention_cmd(url: str | None, schema: str | None, older_than: float, batch: int) -> None:
+    """Delete published rows older than --older-than seconds, in small batches."""
+    n = delete_published(database_url(url), older_than, batch=batch, schema=schema)
+    click.echo(f"deleted {n} published message(s)")
+
+
+commands: list[click.Command] = [relay_cmd, status_cmd, dead_group, retention_cmd]

@@ -1,0 +1,170 @@
+"""The claim: head-of-key leasing, contiguous runs, fencing, lease expiry, late commits."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import config, write
+
+from outbox import Message, publish_batch
+from relay._claim import Claim, Outcome, claim_batch, mark_batch
+from relay._queries import relay_statements
+
+S = relay_statements(None)
+
+
+async def _claim(url: str, **kw: Any) -> Claim | None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        return await claim_batch(conn, S, config(url, **kw))
+
+
+async def _mark(url: str, claim: Claim, action: str = "published") -> set[uuid.UUID]:
+    outcomes = [Outcome(e.id, action) for e in claim.envelopes]  # type: ignore[arg-type]
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        return await mark_batch(conn, S, claim.token, outcomes)
+
+
+def _seqs(claim: Claim | None) -> list[tuple[str, int]]:
+    return [] if claim is None else [(e.key, e.seq) for e in claim.envelopes]
+
+
+def test_claim_takes_contiguous_run_of_a_key_and_blocks_the_key(url: str) -> None:
+    write(url, [("t", "a")] * 5 + [("t", "b")] * 2)
+
+    async def go() -> None:
+        first = await _claim(url, per_key_batch=3, relay_id="r1")
+        assert _seqs(first) == [("a", 1), ("a", 2), ("a", 3), ("a", 4), ("b", 1), ("b", 2)]
+        # Another relay gets nothing: every remaining row (a5) sits behind a leased row.
+        assert await _claim(url, relay_id="r2") is None
+        assert first is not None
+        assert len(await _mark(url, first)) == 6
+        second = await _claim(url, relay_id="r2")
+        assert _seqs(second) == [("a", 5)]
+
+    asyncio.run(go())
+
+
+def test_claim_batch_limit_keeps_whole_prefixes(url: str) -> None:
+    write(url, [("t", k) for _ in range(4) for k in ("a", "b", "c")])
+
+    async def go() -> None:
+        claim = await _claim(url, batch_size=5)
+        got = _seqs(claim)
+        assert len(got) == 5
+        for key in "abc":
+            seqs = [s for k, s in got if k == key]
+            assert seqs == list(range(1, len(seqs) + 1))
+
+    asyncio.run(go())
+
+
+def test_claim_fenced_relay_cannot_mark_after_takeover(url: str) -> None:
+    write(url, [("t", "a")] * 3)
+
+    async def go() -> None:
+        stale = await _claim(url, lease_seconds=0.3, publish_timeout=0.1, relay_id="slow")
+        assert stale is not None
+        assert await _claim(url, relay_id="other") is None  # lease still valid
+        await asyncio.sleep(0.4)
+        taken = await _claim(url, relay_id="other")
+        assert _seqs(taken) == _seqs(stale)
+        assert await _mark(url, stale) == set()  # fenced: the token changed
+        assert taken is not None
+        assert len(await _mark(url, taken)) == 3
+
+    asyncio.run(go())
+
+
+def test_claim_expired_but_untaken_lease_may_still_be_marked(url: str) -> None:
+    write(url, [("t", "a")])
+
+    async def go() -> None:
+        claim = await _claim(url, lease_seconds=0.2, publish_timeout=0.1)
+        await asyncio.sleep(0.3)
+        assert claim is not None
+        assert len(await _mark(url, claim)) == 1  # nobody else published it: right to mark
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("hold", []), ("skip", [("a", 2)])])
+def test_claim_dead_head_holds_or_skips_its_key(url: str, policy: str, expected: list[Any]) -> None:
+    from relay import TopicPolicy
+
+    write(url, [("t", "a")] * 2)
+
+    async def go() -> None:
+        kw: dict[str, Any] = {"topics": {"t": TopicPolicy(on_dead=policy)}}  # type: ignore[arg-type]
+        claim = await _claim(url, per_key_batch=1, batch_size=1, **kw)
+        assert claim is not None
+        await _mark(url, claim, "dead")
+        assert _seqs(await _claim(url, **kw)) == expected
+
+    asyncio.run(go())
+
+
+def test_claim_retry_postpones_the_whole_key(url: str) -> None:
+    write(url, [("t", "a")] * 2 + [("t", "b")])
+
+    async def go() -> None:
+        claim = await _claim(url, batch_size=1)
+        assert claim is not None
+        outcome = Outcome(claim.envelopes[0].id, "retry", delay=0.5, error="boom")
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await mark_batch(conn, S, claim.token, [outcome])
+        assert _seqs(await _claim(url)) == [("b", 1)]  # a1 waits, so a2 waits too
+        await asyncio.sleep(0.6)
+        assert _seqs(await _claim(url)) == [("a", 1), ("a", 2)]
+
+    asyncio.run(go())
+
+
+def test_claim_late_commit_with_lower_id_is_not_skipped(url: str) -> None:
+    """A transaction that started first (lower UUIDv7 id) and commits last is still relayed."""
+    early = psycopg.connect(url)
+    try:
+        [early_id] = publish_batch(early, [Message(topic="t", key="x", payload=1)], wakeup=False)
+        [late_id] = write(url, [("t", "y")])
+        assert early_id < late_id
+
+        async def go() -> None:
+            first = await _claim(url)
+            assert first is not None
+            assert [e.id for e in first.envelopes] == [late_id]
+            await _mark(url, first)
+            early.commit()
+            second = await _claim(url)
+            assert second is not None
+            assert [e.id for e in second.envelopes] == [early_id]
+
+        asyncio.run(go())
+    finally:
+        early.close()
+
+
+def test_claim_locks_at_most_limit_heads_with_nested_loops(url: str) -> None:
+    """F9: the MATERIALIZED CTE bounds the locked rows even when the planner re-scans."""
+    write(url, [("t", f"k{i}") for i in range(30)])
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET enable_hashjoin = off")
+        conn.execute("SET enable_mergejoin = off")
+        params = {
+            "limit": 7,
+            "after_topic": "",
+            "after_key": "",
+            "per_key": 5,
+            "owner": "r",
+            "token": uuid.uuid4(),
+            "lease_seconds": 5,
+            **config(url).dead_policy_params(),
+        }
+        rows = conn.execute(S.claim, params).fetchall()
+        leased = conn.execute(
+            "SELECT count(*) FROM outbox_messages WHERE lease_token IS NOT NULL"
+        ).fetchone()
+    assert len(rows) == 7
+    assert leased == (7,)
