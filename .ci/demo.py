@@ -98,12 +98,25 @@ def place_orders(shop_url: str, orders: int, rnd: random.Random) -> tuple[set[An
             total = f"{rnd.randint(5, 500)}.{rnd.randint(0, 99):02d}"
             conn.execute("INSERT INTO orders VALUES (%s, %s)", (order_id, total))
             key = f"order-{order_id}"
-            ids = publish_batch(conn, [
-                Message("orders", key, {"order_id": order_id, "total": total},
-                        headers={"type": "OrderCreated"}, idempotency_key=f"{key}-created"),
-                Message("orders", key, {"order_id": order_id},
-                        headers={"type": "OrderPaid"}, idempotency_key=f"{key}-paid"),
-            ])
+            ids = publish_batch(
+                conn,
+                [
+                    Message(
+                        "orders",
+                        key,
+                        {"order_id": order_id, "total": total},
+                        headers={"type": "OrderCreated"},
+                        idempotency_key=f"{key}-created",
+                    ),
+                    Message(
+                        "orders",
+                        key,
+                        {"order_id": order_id},
+                        headers={"type": "OrderPaid"},
+                        idempotency_key=f"{key}-paid",
+                    ),
+                ],
+            )
             if rnd.random() < 0.1:
                 conn.rollback()
                 rolled_back.update(ids)
@@ -139,9 +152,9 @@ async def inject_duplicates(nats_url: str, count: int) -> int:
     return sent
 
 
-async def run_pipeline(shop_url: str, billing_url: str, nats_url: str, expected: int) -> Counter[
-    Outcome
-]:
+async def run_pipeline(
+    shop_url: str, billing_url: str, nats_url: str, expected: int
+) -> Counter[Outcome]:
     import nats
 
     nc = await nats.connect(nats_url)
@@ -150,29 +163,44 @@ async def run_pipeline(shop_url: str, billing_url: str, nats_url: str, expected:
     await nc.close()
 
     outcomes: Counter[Outcome] = Counter()
-    relay = Relay(RelayConfig(database_url=shop_url, poll_interval=0.2),
-                  publisher_for_url(nats_url, destinations={"orders": SUBJECT}))
+    relay = Relay(
+        RelayConfig(database_url=shop_url, poll_interval=0.2),
+        publisher_for_url(nats_url, destinations={"orders": SUBJECT}),
+    )
     async with AsyncConnectionPool(billing_url, min_size=1, max_size=4, open=False) as pool:
         runner = AsyncHandlerRunner(pool, apply_billing, consumer="billing", ordered=True)
 
-        def seen(result: Result) -> None:
+        def seen(_envelope: Envelope | None, result: Result) -> None:
             outcomes[result.outcome] += 1
 
-        consumer = NatsConsumer(runner, stream=STREAM, durable="billing", subject=SUBJECT,
-                                servers=nats_url, batch=50, on_result=seen)
+        consumer = NatsConsumer(
+            runner,
+            stream=STREAM,
+            durable="billing",
+            subject=SUBJECT,
+            servers=nats_url,
+            batch=50,
+            on_result=seen,
+        )
         tasks = [asyncio.create_task(relay.run()), asyncio.create_task(consumer.run())]
-        await wait_for(lambda: outcomes[Outcome.PROCESSED] >= expected, 60, "first delivery")
+        await wait_for(lambda: outcomes[Outcome.PROCESSED] >= expected, 60, "first delivery", tasks)
         replayed = await inject_duplicates(nats_url, min(expected, 40))
-        await wait_for(lambda: sum(outcomes.values()) >= expected + replayed, 60, "replays")
+        await wait_for(lambda: sum(outcomes.values()) >= expected + replayed, 60, "replays", tasks)
         relay.stop()
         consumer.stop()
         await asyncio.gather(*tasks)
     return outcomes
 
 
-async def wait_for(condition: Any, seconds: float, what: str) -> None:
+async def wait_for(
+    condition: Any, seconds: float, what: str, tasks: list[asyncio.Task[None]]
+) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
+        for task in tasks:
+            if task.done():
+                task.result()  # re-raise what stopped the relay or the consumer
+                raise RuntimeError(f"demo: a component stopped while waiting for {what}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"demo: timed out waiting for {what}")
         await asyncio.sleep(0.05)
@@ -181,7 +209,8 @@ async def wait_for(condition: Any, seconds: float, what: str) -> None:
 def check(billing_url: str, committed: set[Any], rolled_back: set[Any]) -> list[str]:
     with psycopg.connect(billing_url) as conn:
         rows = conn.execute(
-            "SELECT message_id, order_key, seq FROM ledger ORDER BY ledger_id").fetchall()
+            "SELECT message_id, order_key, seq FROM ledger ORDER BY ledger_id"
+        ).fetchall()
     problems = []
     applied = Counter(r[0] for r in rows)
     if set(applied) != committed:
@@ -212,17 +241,22 @@ def main() -> int:
         upgrade(shop_url)
         upgrade(billing_url)
         with psycopg.connect(billing_url) as conn:
-            conn.execute("CREATE TABLE ledger (ledger_id bigserial PRIMARY KEY, message_id uuid, "
-                         "order_key text, seq bigint, event text)")
+            conn.execute(
+                "CREATE TABLE ledger (ledger_id bigserial PRIMARY KEY, message_id uuid, "
+                "order_key text, seq bigint, event text)"
+            )
             conn.commit()
         print(f"PostgreSQL (embedded) and NATS JetStream ({nats_url}) are up")
         committed, rolled_back = place_orders(shop_url, args.orders, rnd)
         print(f"shop: {len(committed)} messages committed, {len(rolled_back)} rolled back")
         t0 = time.monotonic()
         outcomes = asyncio.run(run_pipeline(shop_url, billing_url, nats_url, len(committed)))
-        print(f"relay + consumer: done in {time.monotonic() - t0:.1f}s; consumer outcomes: "
-              + ", ".join(f"{o.value}={n}" for o, n in sorted(outcomes.items(),
-                                                               key=lambda i: i[0].value)))
+        print(
+            f"relay + consumer: done in {time.monotonic() - t0:.1f}s; consumer outcomes: "
+            + ", ".join(
+                f"{o.value}={n}" for o, n in sorted(outcomes.items(), key=lambda i: i[0].value)
+            )
+        )
         problems = check(billing_url, committed, rolled_back)
     finally:
         nats_proc.terminate()
@@ -232,9 +266,11 @@ def main() -> int:
     if problems:
         print("FAILED:\n  " + "\n  ".join(problems))
         return 1
-    print(f"OK: every committed message had exactly one effect, in per-key order "
-          f"({outcomes[Outcome.DUPLICATE]} redeliveries absorbed by the inbox); "
-          "no rolled-back message was delivered")
+    print(
+        f"OK: every committed message had exactly one effect, in per-key order "
+        f"({outcomes[Outcome.DUPLICATE]} redeliveries absorbed by the inbox); "
+        "no rolled-back message was delivered"
+    )
     return 0
 
 

@@ -28,6 +28,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -87,12 +88,17 @@ class Doorbell:
     def _run(self) -> None:
         conn: psycopg.Connection[Any] | None = None
         poll = _MIN_POLL
+        last = 0.0
         while True:
             with self._cond:
                 while not self._pending and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     break
+            # Coalesce: at most one check per cadence, however many rings arrive meanwhile.
+            self._sleep_until(last + poll)
+            last = time.monotonic()
+            with self._cond:
                 watched = list(self._pending)
             try:
                 if conn is None or conn.closed:
@@ -102,16 +108,12 @@ class Doorbell:
                 log.warning("outbox doorbell cannot reach the database: %s", exc)
                 conn = None
                 finished = watched  # best effort: the relay's fallback poll covers it
-                self._wait(_MAX_POLL * 20)
+                self._sleep_until(time.monotonic() + _MAX_POLL * 20)
             with self._cond:
                 self._pending.difference_update(finished)
-                more = bool(self._pending)
                 self._cond.notify_all()
-            if len(finished) < len(watched) and more:
-                self._wait(poll)  # some writers are still open: look again soon
-                poll = min(poll * 2, _MAX_POLL)
-            else:
-                poll = _MIN_POLL
+            # Writers still open: back off; everything settled: back to the short cadence.
+            poll = min(poll * 2, _MAX_POLL) if len(finished) < len(watched) else _MIN_POLL
         if conn is not None:
             conn.close()
 
@@ -127,10 +129,14 @@ class Doorbell:
             self.notifications_sent += 1
         return [*done, _COMMITTED] if committed else list(done)
 
-    def _wait(self, seconds: float) -> None:
+    def _sleep_until(self, deadline: float) -> None:
+        """Sleep until ``deadline``; only close() cuts it short (rings do not)."""
         with self._cond:
-            if not self._closed:
-                self._cond.wait(seconds)
+            while not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._cond.wait(remaining)
 
 
 # outbox_doorbell_settle: statuses of the watched xids; pg_notify runs only if one committed.
