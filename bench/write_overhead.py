@@ -55,42 +55,26 @@ def baseline(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
     conn.commit()
 
 
-def with_outbox(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
+def _order_with_message(conn: psycopg.Connection[Any], rnd: random.Random, wakeup: bool) -> None:
     order_id = _business(conn, rnd)
-    publish(
-        conn,
-        topic="orders",
-        key=order_id,
-        payload={"order_id": order_id, "total": "12.50"},
-        headers={"type": "OrderCreated"},
-    )
+    payload = {"order_id": order_id, "total": "12.50"}
+    headers = {"type": "OrderCreated"}
+    publish(conn, topic="orders", key=order_id, payload=payload, headers=headers, wakeup=wakeup)
+
+
+def with_outbox(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
+    _order_with_message(conn, rnd, wakeup=True)
     conn.commit()
 
 
 def with_outbox_no_wakeup(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
-    order_id = _business(conn, rnd)
-    publish(
-        conn,
-        topic="orders",
-        key=order_id,
-        payload={"order_id": order_id, "total": "12.50"},
-        headers={"type": "OrderCreated"},
-        wakeup=False,
-    )
+    _order_with_message(conn, rnd, wakeup=False)
     conn.commit()
 
 
 def naive_notify(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
-    order_id = _business(conn, rnd)
-    publish(
-        conn,
-        topic="orders",
-        key=order_id,
-        payload={"order_id": order_id, "total": "12.50"},
-        headers={"type": "OrderCreated"},
-        wakeup=False,
-    )
-    conn.execute("SELECT pg_notify('outbox_wakeup_v1', '')")
+    _order_with_message(conn, rnd, wakeup=False)
+    conn.execute("SELECT pg_notify('outbox_wakeup_v1', '')")  # inside the business transaction
     conn.commit()
 
 
