@@ -14,8 +14,10 @@ connection) sends one ``NOTIFY`` from its own tiny transaction once the caller h
   milliseconds and for all watched transactions in one statement, whether they have ended
   (``pg_xact_status``), notifying if any committed.
 
-The notifying transaction has no xid and writes no WAL, so it holds the lock only for
-microseconds and never while a business commit flushes. Rings coalesce: many commits, one
+NOTIFY gives its transaction an xid, so even the doorbell's tiny transaction writes a commit
+record; the doorbell's session runs with ``synchronous_commit = off`` so that commit never
+waits for a WAL flush (a notification has nothing to make durable) and the lock is held for
+microseconds, never while a business commit flushes. Rings coalesce: many commits, one
 notification. A rolled-back transaction rings nothing.
 
 The doorbell is best effort by design: if it cannot connect, messages are not lost, the
@@ -29,6 +31,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -62,8 +65,10 @@ class Doorbell:
     def ring(self, tx_ids: Iterable[str]) -> None:
         """Note transactions to watch. Thread-safe, never blocks on I/O, never raises."""
         with self._cond:
+            idle = not self._pending
             self._pending.update(tx_ids)
-            self._cond.notify()
+            if idle:  # only an idle doorbell needs waking; a busy one sees the set next check
+                self._cond.notify_all()
 
     def ring_committed(self) -> None:
         """A transaction that wrote messages has just committed: notify without checking."""
@@ -78,6 +83,10 @@ class Doorbell:
         """Wait until no rung transaction is being watched; True if idle."""
         with self._cond:
             return self._cond.wait_for(lambda: not self._pending, timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self, timeout: float = 2.0) -> None:
         with self._cond:
@@ -103,6 +112,8 @@ class Doorbell:
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self.conninfo, autocommit=True)
+                    # The NOTIFY commit record needs no flush: see the module docstring.
+                    conn.execute("SET synchronous_commit = off")
                 finished = self._settle(conn, watched)
             except psycopg.Error as exc:
                 log.warning("outbox doorbell cannot reach the database: %s", exc)
@@ -121,7 +132,7 @@ class Doorbell:
         committed = _COMMITTED in watched
         xids = [x for x in watched if x != _COMMITTED]
         # One round trip: which watched transactions ended, and NOTIFY if one committed (or a
-        # commit hook already told us so). The notifying transaction has no xid: no WAL flush.
+        # commit hook already told us so). Its commit does not wait for a WAL flush.
         row = conn.execute(_SETTLE, [xids, self.channel, committed]).fetchone()
         assert row is not None
         done, notified = row
@@ -153,6 +164,7 @@ FROM s
 
 _lock = threading.Lock()
 _doorbells: dict[str, Doorbell] = {}
+_by_connection: weakref.WeakKeyDictionary[Any, Doorbell] = weakref.WeakKeyDictionary()
 
 
 def _conninfo(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str:
@@ -165,11 +177,15 @@ def _conninfo(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> st
 
 def doorbell_for(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Doorbell:
     """The process's doorbell for the database ``raw`` is connected to."""
-    key = _conninfo(raw)
+    bell = _by_connection.get(raw)
+    if bell is not None and not bell.closed:
+        return bell
+    key = _conninfo(raw)  # a few hundred microseconds: once per connection, not per publish
     with _lock:
         bell = _doorbells.get(key)
         if bell is None:
             bell = _doorbells[key] = Doorbell(key)
+        _by_connection[raw] = bell
         return bell
 
 
@@ -221,6 +237,7 @@ def _close_all() -> None:
     with _lock:
         bells = list(_doorbells.values())
         _doorbells.clear()
+        _by_connection.clear()
     for bell in bells:
         bell.close()
 
@@ -230,6 +247,7 @@ def _forget_after_fork() -> None:
     global _lock
     _lock = threading.Lock()
     _doorbells.clear()
+    _by_connection.clear()
 
 
 atexit.register(_close_all)

@@ -27,7 +27,6 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     Table,
     Text,
-    UniqueConstraint,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
@@ -136,20 +135,14 @@ def make_metadata(schema: str | None = None) -> MetaData:
         # pg_snapshot_xmin(pg_current_snapshot()). Not the xmin system column: that one is
         # 32-bit, wraps, and changes when the row is updated.
         Column("tx_id", Xid8(), nullable=False, server_default=text("pg_current_xact_id()")),
+        # No UNIQUE (topic, key, seq): numbers are unique by construction (the counter row
+        # below), and every lookup by key uses the relay's partial index (outbox_0005).
         PrimaryKeyConstraint("id"),
-        UniqueConstraint("topic", "key", "seq"),
         CheckConstraint("topic <> ''", name="topic_not_empty"),
         CheckConstraint("key <> ''", name="key_not_empty"),
         CheckConstraint("seq > 0", name="seq_positive"),
         CheckConstraint("status IN ('pending', 'published', 'dead')", name="status_valid"),
         CheckConstraint("attempts >= 0", name="attempts_not_negative"),
-        # The relay's claim looks only at pending rows, ordered by availability. A partial
-        # index keeps it as small as the backlog, whatever the size of the published history.
-        Index(
-            None,
-            "available_at",
-            postgresql_where=text("status = 'pending'"),
-        ),
         # Retention deletes old published rows in batches by published_at; partial so that
         # pending rows (and the writers inserting them) do not pay for it.
         Index(
