@@ -67,6 +67,8 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
         "benchmark": name,
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
+        # Other work on the machine skews figures: this says how busy it was when we finished.
+        "load_average_1_5_15m": [round(x, 2) for x in os.getloadavg()],
         **data,
     }
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")

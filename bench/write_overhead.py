@@ -7,7 +7,9 @@ thread, the machine's PostgreSQL with its default durability settings), at 1, 4 
 * ``outbox``: the same plus ``publish(...)`` (wake-up through the after-commit doorbell: the
   library's default).
 * ``outbox_no_wakeup``: ``publish(..., wakeup=False)``: the cost of the doorbell itself.
-* ``naive_notify``: the outbox insert plus ``pg_notify`` inside the business transaction, as
+* ``naive``: a naive outbox for reference: one plain INSERT into a bigserial table (no per-key
+  sequence, no idempotency, no wake-up).
+* ``naive_notify``: the naive insert plus ``pg_notify`` inside the business transaction, as
   naive outboxes do: every commit then takes PostgreSQL's cluster-wide notify lock.
 
 Variants are interleaved in rounds so drift on a shared machine hits all of them alike; the
@@ -18,6 +20,7 @@ median round is reported. Also: the per-key sequence under contention, 16 writer
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -72,8 +75,21 @@ def with_outbox_no_wakeup(conn: psycopg.Connection[Any], rnd: random.Random) -> 
     conn.commit()
 
 
+def _naive_insert(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
+    order_id = _business(conn, rnd)
+    conn.execute(
+        "INSERT INTO bench_naive_outbox (topic, key, payload) VALUES (%s, %s, %s)",
+        ["orders", order_id, json.dumps({"order_id": order_id, "total": "12.50"})],
+    )
+
+
+def naive(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
+    _naive_insert(conn, rnd)
+    conn.commit()
+
+
 def naive_notify(conn: psycopg.Connection[Any], rnd: random.Random) -> None:
-    _order_with_message(conn, rnd, wakeup=False)
+    _naive_insert(conn, rnd)
     conn.execute("SELECT pg_notify('outbox_wakeup_v1', '')")  # inside the business transaction
     conn.commit()
 
@@ -134,6 +150,11 @@ def prepare_database(admin_url: str) -> str:
             "total numeric NOT NULL, notes text NOT NULL, "
             "created_at timestamptz NOT NULL DEFAULT now())"
         )
+        conn.execute(
+            "CREATE TABLE bench_naive_outbox (id bigserial PRIMARY KEY, topic text NOT NULL, "
+            "key text NOT NULL, payload jsonb NOT NULL, "
+            "created_at timestamptz NOT NULL DEFAULT now())"
+        )
         conn.commit()
     return name
 
@@ -151,6 +172,7 @@ def main() -> None:
         "baseline": baseline,
         "outbox": with_outbox,
         "outbox_no_wakeup": with_outbox_no_wakeup,
+        "naive": naive,
         "naive_notify": naive_notify,
     }
     results: dict[str, Any] = {}
@@ -168,7 +190,9 @@ def main() -> None:
                 "ratio_outbox_no_wakeup_vs_baseline": round(
                     tps["outbox_no_wakeup"] / tps["baseline"], 3
                 ),
+                "ratio_naive_vs_baseline": round(tps["naive"] / tps["baseline"], 3),
                 "ratio_naive_notify_vs_baseline": round(tps["naive_notify"] / tps["baseline"], 3),
+                "ratio_outbox_vs_naive": round(tps["outbox"] / tps["naive"], 3),
             }
             print(
                 clients,

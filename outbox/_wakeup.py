@@ -183,7 +183,7 @@ def doorbell_for(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) ->
     key = _conninfo(raw)  # a few hundred microseconds: once per connection, not per publish
     with _lock:
         bell = _doorbells.get(key)
-        if bell is None:
+        if bell is None or bell.closed:
             bell = _doorbells[key] = Doorbell(key)
         _by_connection[raw] = bell
         return bell

@@ -94,3 +94,27 @@ def test_sqlalchemy_session_rings_from_after_commit_hook(database_url: str) -> N
             session.rollback()
             assert list(listener.notifies(timeout=0.3)) == []
     engine.dispose()
+
+
+def test_doorbell_is_looked_up_once_per_connection_and_never_reused_closed(
+    database_url: str,
+) -> None:
+    from outbox import _wakeup
+
+    with (
+        psycopg.connect(database_url, autocommit=True) as listener,
+        psycopg.connect(database_url) as producer,
+    ):
+        listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
+        bell = doorbell_for(producer)
+        assert _wakeup._by_connection[producer] is bell  # cached: no conninfo work per publish
+        assert doorbell_for(producer) is bell
+        bell.close()  # e.g. interpreter shutdown ran, or a test closed it
+        publish(producer, topic="t", key="k", payload=1)
+        producer.commit()
+        fresh = doorbell_for(producer)
+        assert fresh is not bell
+        assert not fresh.closed
+        got = list(listener.notifies(timeout=5, stop_after=1))  # the fresh bell still rings
+    assert [n.channel for n in got] == [WAKEUP_CHANNEL]
+
