@@ -57,6 +57,7 @@ class Doorbell:
         self.channel = channel
         self.notifications_sent = 0
         self._pending: set[str] = set()
+        self._poll = _MIN_POLL  # current cadence; guarded by _cond
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="outbox-doorbell", daemon=True)
@@ -66,8 +67,14 @@ class Doorbell:
         """Note transactions to watch. Thread-safe, never blocks on I/O, never raises."""
         with self._cond:
             idle = not self._pending
+            fresh = not self._pending.issuperset(tx_ids)
             self._pending.update(tx_ids)
-            if idle:  # only an idle doorbell needs waking; a busy one sees the set next check
+            if fresh and self._poll > _MIN_POLL:
+                # Backed off because some old transaction stays open: a new writer must not
+                # wait for that backoff. Back to the short cadence, and cut the sleep short.
+                self._poll = _MIN_POLL
+                self._cond.notify_all()
+            elif idle:  # an idle doorbell needs waking; a busy one sees the set next check
                 self._cond.notify_all()
 
     def ring_committed(self) -> None:
@@ -88,6 +95,12 @@ class Doorbell:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def cadence(self) -> float:
+        """Seconds between checks right now: short, or backed off while writers stay open."""
+        with self._cond:
+            return self._poll
+
     def close(self, timeout: float = 2.0) -> None:
         with self._cond:
             self._closed = True
@@ -96,7 +109,6 @@ class Doorbell:
 
     def _run(self) -> None:
         conn: psycopg.Connection[Any] | None = None
-        poll = _MIN_POLL
         last = 0.0
         while True:
             with self._cond:
@@ -105,7 +117,7 @@ class Doorbell:
                 if self._closed:
                     break
             # Coalesce: at most one check per cadence, however many rings arrive meanwhile.
-            self._sleep_until(last + poll)
+            self._sleep_cadence(last)
             last = time.monotonic()
             with self._cond:
                 watched = list(self._pending)
@@ -123,8 +135,10 @@ class Doorbell:
             with self._cond:
                 self._pending.difference_update(finished)
                 self._cond.notify_all()
-            # Writers still open: back off; everything settled: back to the short cadence.
-            poll = min(poll * 2, _MAX_POLL) if len(finished) < len(watched) else _MIN_POLL
+                # Progress (or nothing left): keep the short cadence. Only transactions that
+                # stay open with nothing else settling make it back off (see ring()).
+                progress = bool(finished) or not self._pending
+                self._poll = _MIN_POLL if progress else min(self._poll * 2, _MAX_POLL)
         if conn is not None:
             conn.close()
 
@@ -139,6 +153,15 @@ class Doorbell:
         if notified:
             self.notifications_sent += 1
         return [*done, _COMMITTED] if committed else list(done)
+
+    def _sleep_cadence(self, last: float) -> None:
+        """Sleep until one cadence after ``last``; a ring that resets the cadence cuts it."""
+        with self._cond:
+            while not self._closed:
+                remaining = last + self._poll - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._cond.wait(remaining)
 
     def _sleep_until(self, deadline: float) -> None:
         """Sleep until ``deadline``; only close() cuts it short (rings do not)."""

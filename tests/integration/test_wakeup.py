@@ -118,3 +118,28 @@ def test_doorbell_is_looked_up_once_per_connection_and_never_reused_closed(
         got = list(listener.notifies(timeout=5, stop_after=1))  # the fresh bell still rings
     assert [n.channel for n in got] == [WAKEUP_CHANNEL]
 
+
+
+def test_a_long_open_writer_does_not_slow_the_next_wake_up(database_url: str) -> None:
+    with (
+        psycopg.connect(database_url, autocommit=True) as listener,
+        psycopg.connect(database_url) as long_writer,
+        psycopg.connect(database_url) as producer,
+    ):
+        listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
+        bell = doorbell_for(producer)
+        publish(long_writer, topic="t", key="slow", payload=1)  # stays open
+        end = time.monotonic() + 5
+        while bell.cadence == 0.002 and time.monotonic() < end:  # until it has backed off
+            bell.wait_idle(0.01)
+        assert bell.cadence > 0.002
+        publish(producer, topic="t", key="fast", payload=2)
+        assert bell.cadence == 0.002  # the new writer reset the cadence
+        producer.commit()
+        got = list(listener.notifies(timeout=5, stop_after=1))
+        assert [n.channel for n in got] == [WAKEUP_CHANNEL]
+        end = time.monotonic() + 5
+        while bell.pending() > 1 and time.monotonic() < end:  # the doorbell settles the fast one
+            bell.wait_idle(0.01)
+        assert bell.pending() == 1  # only the long writer is still watched
+        long_writer.rollback()
