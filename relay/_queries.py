@@ -54,10 +54,11 @@ _HOLDS = """(CASE WHEN {t}.topic = ANY(%(skip_topics)s::text[]) THEN false
 #   skipped, never waited for. When the lock is granted on a row that changed after our
 #   snapshot, PostgreSQL re-checks the row's own conditions (status, lease, available_at) on the
 #   newest version, so a head that was meanwhile leased, published or postponed is dropped.
-# * The NOT EXISTS uses the statement's snapshot. It can only err towards "not a head" for a
-#   row whose predecessor was published after the snapshot (the next claim takes it); it can
-#   never call a row a head while an earlier row is unpublished, because a key's rows become
-#   visible in seq order (seq is assigned under the key's lock, in commit order).
+# * `first` is read from the statement's snapshot. It can only err towards "not a head": if the
+#   row it found was published after the snapshot, the lock's re-check drops it (the next claim
+#   takes the key's new head). It can never take a row as a head while an earlier row is
+#   unpublished, because a key's rows become visible in seq order (seq is assigned under the
+#   key's lock, in commit order).
 # * `run` is computed only for heads we hold locked. Nobody else can touch that key's pending
 #   rows meanwhile (they would need the head), so the run read from our snapshot is current.
 #   The UPDATE re-checks status/lease on each row anyway.
@@ -83,23 +84,19 @@ heads AS MATERIALIZED (
     SELECT m.id, m.topic, m.key, m.seq
     FROM keys AS k
     CROSS JOIN LATERAL (
-        -- the key's first pending row: no earlier row of the key is pending, by construction
+        -- The key's first row that is pending, or dead under 'hold'. It is the head only if
+        -- it is pending (m.status below): then no earlier row of the key is pending or held.
+        -- One ordered index probe per key: never an anti join, which for a hot key made the
+        -- planner hash or scan the whole table (it cannot know there are only `limit` heads).
         SELECT f.id FROM {messages} AS f
-        WHERE f.topic = k.topic AND f.key = k.key AND f.status = 'pending'
-        ORDER BY f.seq LIMIT 1
+        WHERE f.topic = k.topic AND f.key = k.key AND f.status <> 'published'
+          AND (f.status = 'pending' OR {holds_f})
+        ORDER BY f.topic, f.key, f.seq LIMIT 1
     ) AS first
     JOIN {messages} AS m ON m.id = first.id
     WHERE m.status = 'pending'
       AND m.available_at <= clock_timestamp()
       AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
-      -- No earlier row of the key is pending, nor dead under 'hold': the key's first such row
-      -- is m itself. Written as an ordered LIMIT 1 (not NOT EXISTS) so that it stays one
-      -- index probe per head: as an anti join, a hot key made the planner hash or scan the
-      -- whole table, since it cannot know there are at most `limit` heads.
-      AND (SELECT e.seq FROM {messages} AS e
-           WHERE e.topic = m.topic AND e.key = m.key AND e.status <> 'published'
-             AND (e.status = 'pending' OR {holds_m})
-           ORDER BY e.topic, e.key, e.seq LIMIT 1) = m.seq
     LIMIT %(limit)s
     FOR UPDATE OF m SKIP LOCKED
 ),
@@ -322,7 +319,7 @@ def relay_statements(schema: str | None) -> RelayStatements:
         "messages": _qualified(schema, OUTBOX_MESSAGES),
         "relays": _qualified(schema, OUTBOX_RELAYS),
         "audit": _qualified(schema, OUTBOX_DEAD_AUDIT),
-        "holds_m": sql.SQL(_HOLDS).format(t=sql.Identifier("m")),
+        "holds_f": sql.SQL(_HOLDS).format(t=sql.Identifier("f")),
         "holds_x": sql.SQL(_HOLDS).format(t=sql.Identifier("x")),
         "filter": sql.SQL(_DEAD_FILTER),
     }

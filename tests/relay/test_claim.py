@@ -220,9 +220,9 @@ def test_claim_gives_each_key_a_fair_share_of_the_batch(url: str) -> None:
 
 
 def test_claim_checks_earlier_rows_per_head_not_by_scanning_the_table(url: str) -> None:
-    """The NOT EXISTS stays a per-head index probe; a hash anti join read every row."""
+    """A hot key: finding its head is index probes; as an anti join it scanned every row."""
     with psycopg.connect(url) as conn:
-        publish_batch(conn, [Message("t", "hot", {"i": i}) for i in range(3000)], wakeup=False)
+        publish_batch(conn, [Message("t", "hot", {"i": i}) for i in range(20000)], wakeup=False)
         conn.commit()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ANALYZE outbox_messages")
