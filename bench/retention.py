@@ -1,9 +1,9 @@
 """Retention after millions of messages: table size and claim speed before and after.
 
     python bench/retention.py            # writes bench/results/retention.json
-    BENCH_RETENTION_MESSAGES=500000 python bench/retention.py   # a shorter run
+    BENCH_RETENTION_MESSAGES=3000000 python bench/retention.py   # ~6.5 min per million on 2 cores
 
-1. ``BENCH_RETENTION_MESSAGES`` (default 2,000,000) messages over 1,000 keys pass through the
+1. ``BENCH_RETENTION_MESSAGES`` (default 1,000,000) messages over 1,000 keys pass through the
    outbox: committed in rounds of 200,000 and each round drained by a relay (no-op publisher,
    so the database does all the work: claim and mark, two row versions per message).
 2. Measured: table and index sizes, dead tuples, the time of one claim (EXPLAIN ANALYZE,
@@ -40,7 +40,7 @@ from relay import Relay, RelayConfig
 from relay._queries import relay_statements
 from relay.brokers.base import BrokerFeatures
 
-N = int(os.environ.get("BENCH_RETENTION_MESSAGES", "2000000"))
+N = int(os.environ.get("BENCH_RETENTION_MESSAGES", "1000000"))
 ROUND = 200_000
 KEYS = 1000
 BACKLOG = 20_000
