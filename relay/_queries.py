@@ -94,7 +94,12 @@ heads AS MATERIALIZED (
         ORDER BY f.topic, f.key, f.seq LIMIT 1
     ) AS first
     JOIN {messages} AS m ON m.id = first.id
-    WHERE m.status = 'pending'
+    -- `m.status || '' = 'pending'` is `m.status = 'pending'` in a form that matches no partial
+    -- index. With statistics that say almost nothing is pending (a long published history,
+    -- or a table never analyzed), the planner otherwise read every pending row through a
+    -- partial index once per head, or drove the join from them: 3.8 s and 20 s per claim over
+    -- 10,000 pending rows (tested). Here and in the UPDATE below, m stays a primary-key probe.
+    WHERE m.status || '' = 'pending'
       AND m.available_at <= clock_timestamp()
       AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
     LIMIT %(limit)s
@@ -143,7 +148,7 @@ SET lease_owner = %(owner)s,
     attempts = m.attempts + 1
 FROM limited
 WHERE m.id = limited.id
-  AND m.status = 'pending'
+  AND m.status || '' = 'pending'  -- = 'pending', kept a primary-key probe (see `heads`)
   AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
 RETURNING m.id, m.topic, m.key, m.seq, m.payload, m.content_type, m.headers, m.traceparent,
           m.created_at, m.attempts

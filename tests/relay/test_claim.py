@@ -231,3 +231,31 @@ def test_claim_checks_earlier_rows_per_head_not_by_scanning_the_table(url: str) 
     assert row is not None
     nodes = _plan_nodes(row[0][0]["Plan"])
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], nodes
+
+
+def test_claim_plan_holds_when_statistics_say_nothing_is_pending(url: str) -> None:
+    """A long published history, analyzed, then a fresh backlog: heads stay key-driven probes.
+
+    With `m.status = 'pending'` the planner trusted "no pending rows" and read every pending
+    row once per head through a partial index, or drove the join from them (seconds a claim).
+    """
+    with psycopg.connect(url) as conn:
+        old = [Message("orders", f"k{i % 200}", {"i": i}) for i in range(6000)]
+        publish_batch(conn, old, wakeup=False)
+        conn.execute("UPDATE outbox_messages SET status = 'published', published_at = now()")
+        conn.commit()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE outbox_messages")
+    with psycopg.connect(url) as conn:
+        fresh = [Message("probe", f"k{i % 200}", {"i": i}) for i in range(2000)]
+        publish_batch(conn, fresh, wakeup=False)
+        conn.commit()
+    with psycopg.connect(url) as conn:
+        params = _claim_params(url, limit=100, per_key=100)
+        row = conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + S.claim, params).fetchone()
+        conn.rollback()
+    assert row is not None
+    nodes = _plan_nodes(row[0][0]["Plan"])
+    assert not [n for n in nodes if n.get("Index Name") == "outbox_messages_available_at_idx"]
+    # one probe per key visited at most: never a loop over every pending row per head
+    assert max(n["Actual Loops"] for n in nodes) <= 400
