@@ -1,11 +1,16 @@
-"""Relay benchmark. Part (a): each broker client's raw publish-with-ack rate (no database) beside
-the adapter's ``publish_batch`` rate over the same messages, in one run; ratio adapter/raw.
+"""Relay benchmark, issue 3, in one run, side by side. Writes bench/results/relay.json.
 
-    python bench/relay.py            # writes bench/results/relay_brokers.json
+    python bench/relay.py
+
+Per broker: (a) the raw client's publish-with-ack rate (no database) and the adapter's
+``publish_batch`` rate over the same messages; (c) the relay end to end: rows committed to the
+outbox first, then one relay process publishes them all through the adapter, and the ratio
+(c)/(a raw). Then, on NATS JetStream: (d) commit -> broker latency at a steady 1,000 msg/s and
+(e) 1 vs 2 relay processes on one backlog, with a read-back of the stream (once, in key order).
+(b), the database side alone, is ``bench/relay_db.py``.
 
 Sized for 2 cores. Brokers: NATS JetStream, RabbitMQ, Redis, Mosquitto on 127.0.0.1, Kafka via
 librdkafka's mock cluster. An unreachable broker is reported as skipped.
-(The end-to-end relay parts (b)-(e) are added with the relay core.)
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import relay_e2e
 from bench.common import write_result
 from outbox.envelope import Envelope
 from relay.brokers import Publisher
@@ -31,6 +37,9 @@ from relay.brokers import Publisher
 BATCH = 1000
 PAYLOAD = b'{"order": 123, "amount": "19.99", "note": "' + b"x" * 150 + b'"}'
 SIZES = {"nats": 20_000, "kafka": 20_000, "redis": 20_000, "rabbitmq": 5_000, "mqtt": 5_000}
+#: rows drained end to end (c), per broker
+E2E = {"nats": 50_000, "kafka": 50_000, "redis": 50_000, "rabbitmq": 10_000, "mqtt": 10_000}
+E2E_KEYS = 1000
 
 
 def envelopes(n: int, ns: str) -> list[Envelope]:
@@ -199,13 +208,29 @@ def up(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-async def measure(name: str, raw: Callable[[], Awaitable[float]], pub: Publisher,
-                  envs: list[Envelope]) -> dict[str, Any]:  # fmt: skip
+async def measure(
+    name: str,
+    raw: Callable[[], Awaitable[float]],
+    pub: Publisher,
+    envs: list[Envelope],
+    broker_url: str,
+    topic: str,
+) -> dict[str, Any]:
+    """(a) raw and adapter rates, then (c) the relay end to end, for one broker."""
     raw_rate = await raw()
     adapter = await adapter_rate(pub, envs)
-    row = {"broker": name, "messages": len(envs), "batch": BATCH,
-           "raw_msg_per_s": round(raw_rate), "adapter_msg_per_s": round(adapter),
-           "ratio_adapter_to_raw": round(adapter / raw_rate, 3)}  # fmt: skip
+    n = E2E[name.split()[0]]
+    e2e = await asyncio.to_thread(relay_e2e.drain, broker_url, topic, n, keys=E2E_KEYS)
+    row = {
+        "broker": name,
+        "messages": len(envs),
+        "batch": BATCH,
+        "raw_msg_per_s": round(raw_rate),
+        "adapter_msg_per_s": round(adapter),
+        "ratio_adapter_to_raw": round(adapter / raw_rate, 3),
+        "relay_e2e": e2e,
+        "ratio_relay_e2e_to_raw": round(e2e["msg_per_s"] / raw_rate, 3),
+    }
     print(row, flush=True)
     return row
 
@@ -228,7 +253,8 @@ async def bench_brokers() -> list[dict[str, Any]]:
         envs = envelopes(SIZES["nats"], f"{ns}.a")
         envs2 = envelopes(SIZES["nats"], f"{ns}.b")
         try:
-            rows.append(await measure("nats", lambda: raw_nats(envs, ns), NatsPublisher(), envs2))
+            rows.append(await measure("nats", lambda: raw_nats(envs, ns), NatsPublisher(), envs2,
+                                      "nats://127.0.0.1:4222", f"{ns}.e2e"))  # fmt: skip
         finally:
             await js.delete_stream(ns)
             await nc.close()
@@ -238,12 +264,15 @@ async def bench_brokers() -> list[dict[str, Any]]:
         conn = await aio_pika.connect("amqp://guest:guest@127.0.0.1:5672/")
         channel = await conn.channel()
         queue = await channel.declare_queue(ns)
+        e2e_queue = await channel.declare_queue(f"{ns}-e2e")
         envs = envelopes(SIZES["rabbitmq"], ns)
         try:
+            amqp = "amqp://guest:guest@127.0.0.1:5672/"
             rows.append(await measure("rabbitmq", lambda: raw_rabbitmq(envs, ns),
-                                      RabbitMQPublisher(), envs))  # fmt: skip
+                                      RabbitMQPublisher(), envs, amqp, f"{ns}-e2e"))  # fmt: skip
         finally:
             await queue.delete(if_unused=False, if_empty=False)
+            await e2e_queue.delete(if_unused=False, if_empty=False)
             await conn.close()
     if up(6379):
         import redis.asyncio
@@ -251,34 +280,89 @@ async def bench_brokers() -> list[dict[str, Any]]:
         envs = envelopes(SIZES["redis"], ns)
         try:
             rows.append(await measure("redis", lambda: raw_redis(envs, ns), RedisPublisher(),
-                                      envs))  # fmt: skip
+                                      envs, "redis://127.0.0.1:6379", f"{ns}-e2e"))  # fmt: skip
         finally:
             client = redis.asyncio.Redis(host="127.0.0.1", port=6379)
-            await client.delete(ns, ns + "-raw")
+            await client.delete(ns, ns + "-raw", f"{ns}-e2e")
             await client.aclose()
     holder, bootstrap = kafka_mock()
     envs = envelopes(SIZES["kafka"], ns)
     rows.append(await measure("kafka (librdkafka mock cluster)",
                               lambda: asyncio.to_thread(raw_kafka_sync, envs, bootstrap, ns),
-                              KafkaPublisher(bootstrap), envs))  # fmt: skip
+                              KafkaPublisher(bootstrap), envs, f"kafka://{bootstrap}",
+                              f"{ns}-e2e"))  # fmt: skip
     holder.flush(1)
     if up(1883):
         envs = envelopes(SIZES["mqtt"], f"{ns}/a")
         rows.append(await measure("mqtt", lambda: asyncio.to_thread(raw_mqtt_sync, envs, ns),
-                                  MqttPublisher(), envs))  # fmt: skip
+                                  MqttPublisher(), envs, "mqtt://127.0.0.1:1883",
+                                  f"{ns}/e2e"))  # fmt: skip
     return rows
+
+
+async def bench_nats_relays() -> dict[str, Any]:
+    """(d) latency at a steady 1,000 msg/s and (e) 1 vs 2 relays, on NATS JetStream."""
+    import nats
+
+    if not up(4222):
+        return {"skipped": "NATS is not running on 127.0.0.1:4222"}
+    nc = await nats.connect("nats://127.0.0.1:4222")
+    js = nc.jetstream()
+    out: dict[str, Any] = {}
+    try:
+        ns = f"bench{uuid.uuid4().hex[:8]}"
+        await js.add_stream(name=ns, subjects=[f"{ns}.>"])
+        out["latency_at_1000_msg_per_s"] = await relay_e2e.latency(
+            "nats://127.0.0.1:4222", f"{ns}.latency"
+        )
+        print(out["latency_at_1000_msg_per_s"], flush=True)
+        await js.delete_stream(ns)
+        runs = []
+        for relays in (1, 2):
+            stream = f"bench{uuid.uuid4().hex[:8]}"
+            # A 100 ms dedup window (the server's minimum): a second publish of a message later
+            # than that is stored again and shows up in the read-back.
+            await js.add_stream(name=stream, subjects=[f"{stream}.>"], duplicate_window=0.1)
+            run = await asyncio.to_thread(
+                relay_e2e.drain, "nats://127.0.0.1:4222", f"{stream}.e2e", E2E["nats"],
+                keys=E2E_KEYS, relays=relays,
+            )  # fmt: skip
+            run["stream"] = await relay_e2e.stream_check(js, stream, f"{stream}.>")
+            await js.delete_stream(stream)
+            print(run, flush=True)
+            runs.append(run)
+        out["relays_1_vs_2"] = {
+            "runs": runs,
+            "ratio_2_to_1": round(runs[1]["msg_per_s"] / runs[0]["msg_per_s"], 3),
+        }
+    finally:
+        await nc.close()
+    return out
 
 
 def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     rows = asyncio.run(bench_brokers())
+    nats_parts = asyncio.run(bench_nats_relays())
     path = write_result(
-        "relay_brokers",
+        "relay",
         {
-            "description": "(a) raw broker client publish-with-ack vs the adapter's "
-            f"publish_batch over the same messages, {BATCH} per batch, {len(PAYLOAD)} B bodies "
-            "with envelope headers, no database",
+            "description": {
+                "a": f"raw broker client publish-with-ack vs the adapter's publish_batch over the "
+                f"same messages, {BATCH} per batch, {len(PAYLOAD)} B bodies with envelope "
+                "headers, no database",
+                "c": f"relay end to end: rows committed first ({E2E_KEYS} keys), then one relay "
+                "process (default settings, poll_interval 0.5) publishes them all; rate = "
+                "messages / (last published_at - start); ratio to (a) raw",
+                "d": "commit -> broker arrival, one message per transaction with outbox.publish, "
+                "4 producer threads at a steady total rate, a core NATS subscriber records "
+                "arrival; first seconds excluded",
+                "e": "1 vs 2 relay processes on one backlog; acked_by_broker counts every "
+                "acknowledged publish on the relays' side; the stream (100 ms dedup window) is "
+                "read back for duplicates and per-key order",
+            },
             "brokers": rows,
+            "nats": nats_parts,
         },
     )
     print(f"wrote {path}")

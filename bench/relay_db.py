@@ -17,9 +17,9 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_result
-
+# The repository root, not bench/: bench/relay.py would otherwise shadow the relay package.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import write_result
 from outbox import Message, publish_batch
 from outbox._migrate import upgrade
 from outbox.envelope import Envelope
@@ -127,7 +127,7 @@ def main() -> None:
         "relay_db",
         {
             "what": "(b) claim + mark, no-op publisher (no broker), batch 500, per-key run 100",
-            "note": "(c)-(e) need a real broker (brokers branch): to measure after merge",
+            "note": "(c)-(e) with real brokers: bench/relay.py, results/relay.json",
             "runs": runs,
             "ratio_2_relays_vs_1_many_keys": round(by[(1000, 2)] / by[(1000, 1)], 2),
             "ratio_2_relays_vs_1_one_hot_key": round(by[(1, 2)] / by[(1, 1)], 2),

@@ -1,0 +1,379 @@
+"""(c)-(e) of issue 3: the relay end to end against a live broker. Used by ``bench/relay.py``.
+
+Every relay runs in its own process (``multiprocessing``, spawn), as ``outbox relay`` would,
+through the broker adapter chosen by URL. The bench process only prepares the database, starts
+the clock and watches.
+
+* :func:`drain` (c, e): rows are committed to the outbox first; then the relays start at once
+  and the rate is messages / (last ``published_at`` - start). Every relay counts what its broker
+  acknowledged and how many marks were fenced, so "each message published once" is checked
+  from the relays' side, not only from the broker (whose dedup would hide a second publish).
+* :func:`latency` (d): producer threads in another process commit one message per transaction
+  with ``outbox.publish`` at a fixed total rate; a NATS subscriber records when each message
+  reaches the broker; latency = arrival - the producer's clock right after ``commit()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import random
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.synchronize import Event as MpEvent
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from outbox import Message, publish, publish_batch
+from outbox._migrate import upgrade
+from outbox.envelope import Envelope
+
+ADMIN = os.environ.get("OUTBOX_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+PAYLOAD = {"order": 123, "amount": "19.99", "note": "x" * 150}
+_CTX = mp.get_context("spawn")
+
+
+# ---- databases -------------------------------------------------------------------------------
+
+
+def create_db() -> tuple[str, str]:
+    """A fresh, migrated database: (name, url)."""
+    name = f"outbox_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = ADMIN.rsplit("/", 1)[0] + "/" + name
+    upgrade(url)
+    return name, url
+
+
+def drop_db(name: str) -> None:
+    with psycopg.connect(ADMIN, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def fill(url: str, topic: str, n: int, keys: int) -> None:
+    """Commit ``n`` messages over ``keys`` keys (round robin), 1000 per transaction."""
+    with psycopg.connect(url) as conn:
+        for start in range(0, n, 1000):
+            msgs = [
+                Message(topic, f"k{i % keys}", PAYLOAD, headers={"tenant": "acme"})
+                for i in range(start, min(n, start + 1000))
+            ]
+            publish_batch(conn, msgs, wakeup=False)
+            conn.commit()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE outbox_messages")  # autovacuum may be off: fresh stats
+
+
+# ---- one relay process -----------------------------------------------------------------------
+
+
+class _Counting:
+    """Wraps the adapter: counts acknowledged and failed messages; starts the adapter once."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.features = inner.features
+        self.acked = 0
+        self.failed = 0
+        self._started = False
+
+    async def start(self) -> None:
+        if not self._started:
+            await self.inner.start()
+            self._started = True
+
+    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:
+        results = await self.inner.publish_batch(envelopes)
+        ok = sum(r is None for r in results)
+        self.acked += ok
+        self.failed += len(results) - ok
+        return results
+
+    async def close(self) -> None:
+        await self.inner.close()
+        self._started = False
+
+
+async def _relay_main(
+    url: str, broker: str, settings: Mapping[str, Any], go: MpEvent, stop: MpEvent, out: Any
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from relay import Relay, RelayConfig
+    from relay._metrics import RelayMetrics
+    from relay.brokers import publisher_for_url
+
+    pub = _Counting(publisher_for_url(broker))
+    await pub.start()  # connecting is not part of the measured time
+    registry = CollectorRegistry()
+    relay = Relay(RelayConfig(database_url=url, **settings), pub, metrics=RelayMetrics(registry))
+    out.put(("ready", os.getpid()))
+    await asyncio.to_thread(go.wait)
+    task = asyncio.create_task(relay.run())
+    await asyncio.to_thread(stop.wait)
+    relay.stop()
+    await task
+    fenced = registry.get_sample_value("outbox_relay_fenced_total") or 0.0
+    out.put(("done", {"acked": pub.acked, "failed": pub.failed, "fenced": int(fenced)}))
+
+
+def _relay_process(
+    url: str, broker: str, settings: Mapping[str, Any], go: MpEvent, stop: MpEvent, out: Any
+) -> None:
+    asyncio.run(_relay_main(url, broker, settings, go, stop, out))
+
+
+@dataclass
+class Relays:
+    """``count`` relay processes, started, waiting for :meth:`go`."""
+
+    url: str
+    broker: str
+    count: int = 1
+    settings: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self._go = _CTX.Event()
+        self._stop = _CTX.Event()
+        self._out: Any = _CTX.Queue()
+        settings = {"poll_interval": 0.5, **(self.settings or {})}
+        self._procs = [
+            _CTX.Process(
+                target=_relay_process,
+                args=(self.url, self.broker, settings, self._go, self._stop, self._out),
+                daemon=True,
+            )
+            for _ in range(self.count)
+        ]
+        for p in self._procs:
+            p.start()
+        for _ in self._procs:
+            kind, _pid = self._out.get(timeout=60)
+            assert kind == "ready", kind
+
+    def go(self) -> float:
+        """Let every relay start; returns the wall-clock start."""
+        started = time.time()
+        self._go.set()
+        return started
+
+    def stop(self) -> list[dict[str, int]]:
+        """Stop every relay (SIGTERM-like: finish in-flight work); their counts."""
+        self._stop.set()
+        self._go.set()
+        reports = []
+        for _ in self._procs:
+            kind, report = self._out.get(timeout=60)
+            assert kind == "done", kind
+            reports.append(report)
+        for p in self._procs:
+            p.join(30)
+        return reports
+
+
+# ---- (c) and (e): drain a pre-written backlog ------------------------------------------------
+
+
+def _pending(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM outbox_messages WHERE status <> 'published'"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _last_published(conn: psycopg.Connection[Any]) -> float:
+    row = conn.execute("SELECT extract(epoch FROM max(published_at)) FROM outbox_messages")
+    value = row.fetchone()
+    assert value is not None
+    assert value[0] is not None
+    return float(value[0])
+
+
+def wait_drained(url: str, started: float, timeout: float) -> float:
+    """Seconds from ``started`` (wall clock) to the last ``published_at`` once nothing is left.
+
+    One connection, polled every 50 ms: the watcher shares the two cores with the relay.
+    """
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while _pending(conn):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the relay did not drain the outbox within {timeout}s")
+            time.sleep(0.05)
+        return _last_published(conn) - started
+
+
+def drain(
+    broker: str,
+    topic: str,
+    n: int,
+    *,
+    keys: int = 1000,
+    relays: int = 1,
+    settings: Mapping[str, Any] | None = None,
+    timeout: float = 300.0,
+) -> dict[str, Any]:
+    """Commit ``n`` rows, then let ``relays`` relay processes publish them all; the rate."""
+    name, url = create_db()
+    try:
+        fill(url, topic, n, keys)
+        group = Relays(url, broker, relays, settings)
+        try:
+            took = wait_drained(url, group.go(), timeout)
+        finally:
+            reports = group.stop()
+    finally:
+        drop_db(name)
+    acked = sum(r["acked"] for r in reports)
+    return {
+        "messages": n,
+        "keys": keys,
+        "relays": relays,
+        "seconds": round(took, 3),
+        "msg_per_s": round(n / took),
+        "acked_by_broker": acked,
+        "failed": sum(r["failed"] for r in reports),
+        "fenced_marks": sum(r["fenced"] for r in reports),
+        "per_relay_acked": [r["acked"] for r in reports],
+        "each_published_once": acked == n,
+    }
+
+
+async def stream_check(js: Any, stream: str, subject: str) -> dict[str, Any]:
+    """Read a JetStream stream back: message count, duplicates, per-key order."""
+    sub = await js.pull_subscribe(subject, durable=None, stream=stream)
+    seen: set[str] = set()
+    last: dict[str, int] = {}
+    dupes = order_breaks = total = 0
+    while True:
+        try:
+            msgs = await sub.fetch(1000, timeout=2)
+        except TimeoutError:
+            break
+        for msg in msgs:
+            await msg.ack()
+            env = Envelope.from_headers(msg.headers or {}, msg.data)
+            total += 1
+            if str(env.id) in seen:
+                dupes += 1
+            seen.add(str(env.id))
+            if env.seq != last.get(env.key, 0) + 1:
+                order_breaks += 1
+            last[env.key] = env.seq
+    await sub.unsubscribe()
+    return {
+        "stream_messages": total,
+        "distinct_ids": len(seen),
+        "duplicates_in_stream": dupes,
+        "per_key_order_breaks": order_breaks,
+    }
+
+
+# ---- (d) commit -> broker latency at a steady rate -------------------------------------------
+
+
+def _producer_thread(
+    url: str, topic: str, rate: float, seconds: float, start: float, out: list[tuple[str, float]]
+) -> None:
+    interval = 1.0 / rate
+    rng = random.Random()
+    with psycopg.connect(url) as conn:
+        i = 0
+        while True:
+            due = start + i * interval
+            if due - start >= seconds:
+                break
+            delay = due - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            msg_id = publish(conn, topic=topic, key=f"k{rng.randrange(100)}", payload=PAYLOAD)
+            conn.commit()
+            out.append((str(msg_id), time.time()))
+            i += 1
+
+
+def _producers(url: str, topic: str, rate: float, seconds: float, threads: int, q: Any) -> None:
+    start = time.time() + 0.5
+    results: list[list[tuple[str, float]]] = [[] for _ in range(threads)]
+    workers = [
+        threading.Thread(
+            target=_producer_thread,
+            args=(url, topic, rate / threads, seconds, start + k / rate, results[k]),
+        )
+        for k in range(threads)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    q.put([item for r in results for item in r])
+
+
+def _percentile(values: Sequence[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+async def latency(
+    nats_url: str,
+    subject_topic: str,
+    *,
+    rate: float = 1000.0,
+    seconds: float = 20.0,
+    warmup: float = 2.0,
+    threads: int = 4,
+    settings: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Commit -> NATS arrival latency at a steady ``rate`` msg/s (one message per commit)."""
+    import nats
+
+    name, url = create_db()
+    arrivals: dict[str, float] = {}
+    nc = await nats.connect(nats_url)
+
+    async def on_msg(msg: Any) -> None:
+        arrivals[(msg.headers or {}).get("Nats-Msg-Id", "")] = time.time()
+
+    try:
+        await nc.subscribe(subject_topic, cb=on_msg, pending_msgs_limit=1_000_000)
+        group = Relays(url, nats_url, 1, settings)
+        group.go()
+        q: Any = _CTX.Queue()
+        prod = _CTX.Process(target=_producers, args=(url, subject_topic, rate, seconds, threads, q))
+        prod.start()
+        commits: list[tuple[str, float]] = await asyncio.to_thread(q.get, True, seconds + 120)
+        await asyncio.to_thread(prod.join, 30)
+        deadline = time.monotonic() + 30
+        while len(arrivals) < len(commits) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        reports = group.stop()
+    finally:
+        await nc.close()
+        drop_db(name)
+    first = min(t for _, t in commits)
+    measured = [(i, t) for i, t in commits if t - first >= warmup]
+    lat_ms = [(arrivals[i] - t) * 1000 for i, t in measured if i in arrivals]
+    span = max(t for _, t in commits) - first
+    return {
+        "target_rate_msg_per_s": rate,
+        "achieved_commit_rate_msg_per_s": round(len(commits) / span),
+        "producer_threads": threads,
+        "seconds": seconds,
+        "warmup_seconds_excluded": warmup,
+        "messages_measured": len(measured),
+        "arrived": len(lat_ms),
+        "p50_ms": round(_percentile(lat_ms, 50), 2),
+        "p90_ms": round(_percentile(lat_ms, 90), 2),
+        "p99_ms": round(_percentile(lat_ms, 99), 2),
+        "max_ms": round(max(lat_ms), 2),
+        "mean_ms": round(statistics.fmean(lat_ms), 2),
+        "relay": reports[0],
+    }
