@@ -113,21 +113,43 @@ async def mark_batch(
     stmts: RelayStatements,
     token: uuid.UUID,
     outcomes: Sequence[Outcome],
+    *,
+    durable: bool = False,
 ) -> set[uuid.UUID]:
-    """Apply outcomes under the claim's fencing token; return the ids actually marked."""
+    """Apply outcomes under the claim's fencing token; return the ids actually marked.
+
+    The relay's sessions run with ``synchronous_commit = off`` (see ``relay_session``): losing
+    the last few hundred milliseconds of marks in a PostgreSQL crash only means publishing
+    those messages again, which at-least-once allows. ``durable`` marks (at-most-once: marked
+    *before* sending) must survive a crash, so they wait for the flush.
+    """
     if not outcomes:
         return set()
-    cur = await conn.execute(
-        stmts.mark,
-        {
-            "ids": [o.id for o in outcomes],
-            "actions": [o.action for o in outcomes],
-            "delays": [o.delay for o in outcomes],
-            "errors": [o.error for o in outcomes],
-            "token": token,
-        },
-    )
-    return {r[0] for r in await cur.fetchall()}
+    params = {
+        "ids": [o.id for o in outcomes],
+        "actions": [o.action for o in outcomes],
+        "delays": [o.delay for o in outcomes],
+        "errors": [o.error for o in outcomes],
+        "token": token,
+    }
+    if not durable:
+        cur = await conn.execute(stmts.mark, params)
+        return {r[0] for r in await cur.fetchall()}
+    async with conn.transaction():
+        await conn.execute("SET LOCAL synchronous_commit = on")
+        cur = await conn.execute(stmts.mark, params)
+        return {r[0] for r in await cur.fetchall()}
+
+
+async def relay_session(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Configure a relay pool connection: claims and at-least-once marks need no flush wait.
+
+    A claim or mark lost in a database crash is harmless: the lease was never recorded (any
+    relay claims the row again) or the row is still pending (it is published again, and the
+    broker's dedup and the consumer's inbox absorb the repeat). Per-key order holds: a lost
+    mark of message n means n is published again before n+1 can be re-claimed.
+    """
+    await conn.execute("SET synchronous_commit = off")
 
 
 def backoff_delay(attempts: int, config: RelayConfig, rng: random.Random | None = None) -> float:

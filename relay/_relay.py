@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from outbox._statements import WAKEUP_CHANNEL
 from outbox.envelope import Envelope
-from relay._claim import Claim, Outcome, claim_batch, decide, mark_batch
+from relay._claim import Claim, Outcome, claim_batch, decide, mark_batch, relay_session
 from relay._config import RelayConfig
 from relay._metrics import RelayMetrics
 from relay._queries import relay_statements
@@ -85,6 +85,7 @@ class Relay:
             min_size=1,
             max_size=self.config.max_in_flight + 2,
             kwargs={"autocommit": True},
+            configure=relay_session,
             open=False,
             name=f"relay-{self.config.relay_id}",
         )
@@ -200,7 +201,9 @@ class Relay:
         amo_ids = {e.id for e in claim.envelopes if self._amo(e.topic)}
         if amo_ids:
             # At-most-once: marked published *before* sending, never retried.
-            marked = await self._mark(pool, claim, [Outcome(i, "published") for i in amo_ids])
+            marked = await self._mark(
+                pool, claim, [Outcome(i, "published") for i in amo_ids], durable=True
+            )
             amo_ids &= marked
         to_send = [e for e in claim.envelopes if e.id in amo_ids or not self._amo(e.topic)]
         results, unreachable = await self._publish(to_send, claim)
@@ -281,14 +284,21 @@ class Relay:
         return list(results), False
 
     async def _mark(
-        self, pool: AsyncConnectionPool[Any], claim: Claim, outcomes: list[Outcome]
+        self,
+        pool: AsyncConnectionPool[Any],
+        claim: Claim,
+        outcomes: list[Outcome],
+        *,
+        durable: bool = False,
     ) -> set[Any]:
         """Mark under the fencing token; retry through a lost connection while the lease holds."""
         delay = _DB_BACKOFF[0]
         while True:
             try:
                 async with pool.connection(timeout=5) as conn:
-                    marked = await mark_batch(conn, self._stmts, claim.token, outcomes)
+                    marked = await mark_batch(
+                        conn, self._stmts, claim.token, outcomes, durable=durable
+                    )
                 break
             except psycopg.Error as exc:
                 if time.monotonic() + delay > claim.deadline + self.config.lease_seconds * 0.1:

@@ -214,3 +214,81 @@ def test_relay_stop_releases_leases_of_unfinished_batches(url: str) -> None:
             "WHERE status = 'pending' AND lease_token IS NULL"
         ).fetchone()
     assert row == (4, 0)
+
+
+def test_relay_marks_at_most_once_durably_and_the_rest_without_flush_wait(
+    url: str, monkeypatch: Any
+) -> None:
+    import relay._relay as relay_module
+    from relay._claim import mark_batch, relay_session
+
+    write(url, [("amo", "a"), ("alo", "b")])
+    calls: list[tuple[set[str], bool, str]] = []
+
+    async def spy(
+        conn: Any, stmts: Any, token: Any, outcomes: Any, *, durable: bool = False
+    ) -> Any:
+        cur = await conn.execute("SHOW synchronous_commit")
+        setting = (await cur.fetchone())[0]
+        calls.append(({o.action for o in outcomes}, durable, setting))
+        return await mark_batch(conn, stmts, token, outcomes, durable=durable)
+
+    monkeypatch.setattr(relay_module, "mark_batch", spy)
+    pub = FakePublisher()
+    relay = Relay(config(url, topics={"amo": TopicPolicy(semantics="at-most-once")}), pub)
+
+    async def go() -> None:
+        async with running(relay):
+            await await_for(lambda: _published(url) == 2, what="both published")
+
+    asyncio.run(go())
+    assert ({"published"}, True, "off") in calls  # the at-most-once mark, before sending
+    assert [durable for _, durable, _ in calls].count(True) == 1
+
+    async def session_setting() -> str:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await relay_session(conn)
+            cur = await conn.execute("SHOW synchronous_commit")
+            row = await cur.fetchone()
+            assert row is not None
+            return str(row[0])
+
+    assert asyncio.run(session_setting()) == "off"
+
+
+def test_durable_mark_runs_with_synchronous_commit_on(url: str) -> None:
+    from relay._claim import Outcome, claim_batch, mark_batch, relay_session
+    from relay._queries import relay_statements
+
+    write(url, [("t", "k")])
+
+    async def go() -> list[str]:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await relay_session(conn)
+            stmts = relay_statements(None)
+            claim = await claim_batch(conn, stmts, config(url), ("", ""))
+            assert claim is not None
+            seen: list[str] = []
+            execute = conn.execute
+
+            async def recording(query: Any, params: Any = None) -> Any:
+                cur = await execute("SHOW synchronous_commit")
+                row = await cur.fetchone()
+                assert row is not None
+                seen.append(str(row[0]))
+                return await execute(query, params)
+
+            conn.execute = recording  # type: ignore[method-assign]
+            ids = await mark_batch(
+                conn,
+                stmts,
+                claim.token,
+                [Outcome(claim.envelopes[0].id, "published")],
+                durable=True,
+            )
+            assert len(ids) == 1
+            return seen
+
+    seen = asyncio.run(go())
+    assert seen[-1] == "on"  # the mark itself ran with the flush wait
+    assert statuses(url) == {"published": 1}
