@@ -3,8 +3,9 @@
     python storm_worker.py '<json: broker spec, url, instance, fail_once>'
 
 Attaches a runner to the broker resources the test process created, prints ``ready`` once it is
-subscribed, consumes until SIGTERM (then stops gracefully: the message in hand is committed and
-acknowledged), and prints one JSON line with the outcomes it saw.
+subscribed and ``settled <outcome>`` after each delivery, consumes until SIGTERM (then stops
+gracefully: the message in hand is committed and acknowledged), and prints one JSON line with
+the outcomes it saw.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ async def main(args: dict[str, Any]) -> None:
 
     def seen(_env: Envelope, result: Result) -> None:
         outcomes[result.outcome.value] += 1
+        print("settled", result.outcome.value, flush=True)  # the test waits on these lines
 
     handler = FailOnce({uuid.UUID(i) for i in args["fail_once"]})
     async with AsyncConnectionPool(args["url"], min_size=1, max_size=4, open=False) as pool:
