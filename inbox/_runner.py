@@ -26,7 +26,12 @@ from inbox._receive import (
     run_steps_async,
 )
 from inbox._statements import InboxStatements, inbox_statements
-from inbox._transactions import AsyncTransactions, async_transactions, sync_transactions
+from inbox._transactions import (
+    AsyncTransactions,
+    Transactions,
+    async_transactions,
+    sync_transactions,
+)
 from inbox.exceptions import ConcurrentDeliveryError
 from outbox._connections import resolve_async, resolve_sync
 from outbox.exceptions import ConfigurationError
@@ -137,19 +142,16 @@ def _config(consumer: str, ordered: bool, max_attempts: int | None, schema: str 
     return _Config(consumer, ordered, limit, inbox_statements(schema))
 
 
-class HandlerRunner:
-    """Run ``handler`` once per message and consumer, each delivery in its own transaction.
+class _RunnerBase:
+    """What both twins share: validated configuration, the handler, the transaction factory."""
 
-    ``transactions``: a psycopg_pool.ConnectionPool, a SQLAlchemy Engine or sessionmaker, or a
-    callable returning a transaction context manager. After ``max_attempts`` failed deliveries
-    (handler exceptions; not concurrency conflicts) the message is recorded dead with its error
-    and reported DEAD, to be acknowledged; ``None`` retries forever.
-    """
+    #: turns the ``transactions`` argument into a factory of transaction context managers
+    _factory: Callable[[Any], Any]
 
     def __init__(
         self,
         transactions: Any,
-        handler: Handler,
+        handler: Any,
         *,
         consumer: str,
         ordered: bool = False,
@@ -157,12 +159,27 @@ class HandlerRunner:
         schema: str | None = None,
     ) -> None:
         self._cfg = _config(consumer, ordered, max_attempts, schema)
-        self._transactions = sync_transactions(transactions)
+        self._transactions = type(self)._factory(transactions)
         self._handler = handler
 
     @property
     def consumer(self) -> str:
         return self._cfg.consumer
+
+
+class HandlerRunner(_RunnerBase):
+    """Run ``handler`` once per message and consumer, each delivery in its own transaction.
+
+    ``transactions``: a psycopg_pool.ConnectionPool, a SQLAlchemy Engine or sessionmaker, or a
+    callable returning a transaction context manager. ``handler(target, message)`` applies the
+    effect (:data:`Handler`). After ``max_attempts`` failed deliveries (handler exceptions; not
+    concurrency conflicts) the message is recorded dead with its error and reported DEAD, to be
+    acknowledged; ``None`` retries forever.
+    """
+
+    _factory = staticmethod(sync_transactions)
+    _handler: Handler
+    _transactions: Transactions
 
     def handle(self, message: Any, *, also: Also | None = None) -> Result:
         """Process one delivery of ``message``; never raises for a handler failure."""
@@ -197,27 +214,13 @@ class HandlerRunner:
         return _failure_result(ref, exc, row)
 
 
-class AsyncHandlerRunner:
+class AsyncHandlerRunner(_RunnerBase):
     """Async twin of :class:`HandlerRunner` (AsyncConnectionPool, AsyncEngine,
     async_sessionmaker, or a callable returning an async transaction context manager)."""
 
-    def __init__(
-        self,
-        transactions: Any,
-        handler: AsyncHandler,
-        *,
-        consumer: str,
-        ordered: bool = False,
-        max_attempts: int | None = 5,
-        schema: str | None = None,
-    ) -> None:
-        self._cfg = _config(consumer, ordered, max_attempts, schema)
-        self._transactions = async_transactions(transactions)
-        self._handler = handler
-
-    @property
-    def consumer(self) -> str:
-        return self._cfg.consumer
+    _factory = staticmethod(async_transactions)
+    _handler: AsyncHandler
+    _transactions: AsyncTransactions
 
     @property
     def transactions(self) -> AsyncTransactions:

@@ -40,8 +40,24 @@ class Broker:
     name = ""
     port = 0
 
-    def __init__(self) -> None:
-        self.tag = uuid.uuid4().hex[:10]
+    def __init__(self, tag: str | None = None) -> None:
+        self.tag = tag or uuid.uuid4().hex[:10]
+        self.names()
+
+    def names(self) -> None:
+        """Derive every broker-side name from the tag (the same in every process)."""
+
+    def spec(self) -> dict[str, Any]:
+        """What another process needs to attach consumers to this broker's resources."""
+        return {"name": self.name, "tag": self.tag}
+
+    @classmethod
+    def attach(cls, spec: dict[str, Any]) -> Broker:
+        """The broker of ``spec``, for consumers only (another process did the setup)."""
+        kind = BROKERS[spec["name"]]
+        if kind is not cls:
+            return kind.attach(spec)
+        return cls(spec["tag"])
 
     async def setup(self) -> None: ...
 
@@ -58,12 +74,14 @@ class Broker:
 class Nats(Broker):
     name, port = "nats", 4222
 
+    def names(self) -> None:
+        self.subject = f"inbox.test.{self.tag}"
+        self.stream = f"INBOX_TEST_{self.tag}"
+
     async def setup(self) -> None:
         import nats
         from nats.js.api import ConsumerConfig, StreamConfig
 
-        self.subject = f"inbox.test.{self.tag}"
-        self.stream = f"INBOX_TEST_{self.tag}"
         self.nc = await nats.connect("nats://127.0.0.1:4222")
         self.js = self.nc.jetstream()
         await self.js.add_stream(StreamConfig(name=self.stream, subjects=[self.subject]))
@@ -104,10 +122,12 @@ class RabbitMQ(Broker):
     name, port = "rabbitmq", 5672
     url = "amqp://guest:guest@127.0.0.1:5672/"
 
+    def names(self) -> None:
+        self.queue = f"inbox-test-{self.tag}"
+
     async def setup(self) -> None:
         import aio_pika
 
-        self.queue = f"inbox-test-{self.tag}"
         self.conn = await aio_pika.connect(self.url)
         self.channel = await self.conn.channel()  # publisher confirms on
         await self.channel.declare_queue(self.queue, durable=True)
@@ -143,10 +163,12 @@ class RabbitMQ(Broker):
 class Redis(Broker):
     name, port = "redis", 6379
 
+    def names(self) -> None:
+        self.stream = f"inbox-test-{self.tag}"
+
     async def setup(self) -> None:
         import redis.asyncio as aioredis
 
-        self.stream = f"inbox-test-{self.tag}"
         self.client = aioredis.Redis.from_url("redis://127.0.0.1:6379/0")
 
     async def publish(self, envelopes: Sequence[Envelope]) -> None:
@@ -173,9 +195,13 @@ class Redis(Broker):
 class Mqtt(Broker):
     name, port = "mqtt", 1883
 
-    async def setup(self) -> None:
+    def names(self) -> None:
         self.topic = f"inbox/test/{self.tag}"
-        self.client_ids: set[str] = set()
+        # instances 0 and 1 may run in other processes: their sessions are forgotten too
+        self.client_ids: set[str] = {self._client_id(0), self._client_id(1)}
+
+    def _client_id(self, instance: int) -> str:
+        return f"inbox-test-{self.tag}-{instance}"
 
     async def publish(self, envelopes: Sequence[Envelope]) -> None:
         await asyncio.to_thread(self._publish_sync, list(envelopes))
@@ -200,7 +226,7 @@ class Mqtt(Broker):
             client.loop_stop()
 
     def consumer(self, runner: Any, on_result: ResultCallback, instance: int) -> BrokerConsumer:
-        client_id = f"inbox-test-{self.tag}-{instance}"
+        client_id = self._client_id(instance)
         self.client_ids.add(client_id)
         return MqttConsumer(
             runner,
@@ -239,11 +265,23 @@ class Kafka(Broker):
 
     name, port = "kafka", 0
     offsets_in_db = False
+    bootstrap = ""
+
+    def names(self) -> None:
+        self.topic = f"inbox-test-{self.tag}"
+
+    def spec(self) -> dict[str, Any]:
+        return {**super().spec(), "bootstrap": self.bootstrap}
+
+    @classmethod
+    def attach(cls, spec: dict[str, Any]) -> Broker:
+        broker = cls(spec["tag"])
+        broker.bootstrap = spec["bootstrap"]
+        return broker
 
     async def setup(self) -> None:
         from confluent_kafka import Producer
 
-        self.topic = f"inbox-test-{self.tag}"
         grabber = _BootstrapGrabber()
         logger = logging.getLogger(f"kafka-mock-{self.tag}")
         logger.addHandler(grabber)

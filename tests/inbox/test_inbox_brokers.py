@@ -1,8 +1,9 @@
 """Consumer runners against the live brokers of this machine (Kafka: librdkafka mock cluster).
 
-* duplicate storm: every message published 1-5 times, consumed concurrently by two runners
-  (own broker connection, own database pool), one message failing once: exactly one effect per
-  message, and the failed one redelivered and processed.
+* duplicate storm: every message published 1-5 times, consumed concurrently by two consumer OS
+  processes (tests/inbox/storm_worker.py: own broker connection, own database pool), one message
+  failing once in each: exactly one effect per message, and the failed one redelivered and
+  processed.
 * crash between commit and ack: the delivery is redelivered to a fresh runner and found a
   duplicate: still one effect.
 """
@@ -10,18 +11,25 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import signal
+import sys
 import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from broker_fixtures import BROKERS, Broker, Kafka, reachable
-from inbox_helpers import effects, make_envelope
+from inbox_helpers import effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool
 
 from inbox import AsyncHandlerRunner, Outcome
-from inbox.testing import ResultLog
+from inbox.testing import ResultLog, wait_until_processed
+from outbox.envelope import Envelope
 
 
 class Crash(Exception):
@@ -51,52 +59,113 @@ class FailOnce:
             raise RuntimeError("first attempt fails")
 
 
-async def _run_storm(broker: Broker, url: str) -> ResultLog:
+WORKER = Path(__file__).with_name("storm_worker.py")
+
+
+class _Workers:
+    """The consumer processes' output lines, gathered as they come, and waits on them."""
+
+    def __init__(self, procs: list[Any]) -> None:
+        self.procs = procs
+        self.lines: list[list[bytes]] = [[] for _ in procs]
+        self.changed = asyncio.Event()
+        self.pumps = [asyncio.create_task(self._pump(i)) for i in range(len(procs))]
+
+    async def _pump(self, i: int) -> None:
+        while line := await self.procs[i].stdout.readline():
+            self.lines[i].append(line.strip())
+            self.changed.set()
+
+    def count(self, line: bytes) -> int:
+        return sum(out.count(line) for out in self.lines)
+
+    def settled(self) -> int:
+        return sum(1 for out in self.lines for line in out if line.startswith(b"settled "))
+
+    async def wait_for(self, condition: Callable[[], bool], within: float, what: str) -> None:
+        async with asyncio.timeout(within):
+            while not condition():
+                if all(p.done() for p in self.pumps):
+                    raise AssertionError(f"workers exited before {what}: {self.lines}")
+                self.changed.clear()
+                await self.changed.wait()
+
+    async def stop(self) -> list[dict[str, Any]]:
+        """SIGTERM (graceful: the message in hand is finished), then each one's report."""
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            await asyncio.gather(*self.pumps)
+            codes = [await proc.wait() for proc in self.procs]
+        assert codes == [0, 0], self.lines
+        return [json.loads([ln for ln in out if ln.startswith(b"{")][-1]) for out in self.lines]
+
+
+async def _start_worker(broker: Broker, url: str, instance: int, fail_once: uuid.UUID) -> Any:
+    arg = {"broker": broker.spec(), "url": url, "instance": instance, "fail_once": [str(fail_once)]}
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(WORKER),
+        json.dumps(arg),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+
+
+async def _run_storm(broker: Broker, url: str) -> tuple[list[Envelope], list[dict[str, Any]]]:
+    """Two consumer OS processes of one consumer ('svc'), each with its own broker connection
+    and database pool, against every message published 1-5 times in shuffled order."""
     rng = random.Random(11)
     messages = [make_envelope(key=f"k{i}", seq=1, payload=b'{"i": %d}' % i) for i in range(12)]
     copies = [m for m in messages for _ in range(rng.randint(1, 5))]
     rng.shuffle(copies)
-    handler = FailOnce({messages[0].id})
-    log = ResultLog()
     await broker.setup()
-    pools = [AsyncConnectionPool(url, min_size=1, max_size=4, open=False) for _ in range(2)]
+    procs: list[Any] = []
     try:
-        for pool in pools:
-            await pool.open()
-        consumers = [
-            broker.consumer(AsyncHandlerRunner(pool, handler, consumer="svc"), log, i)
-            for i, pool in enumerate(pools)
-        ]
-        tasks = [asyncio.create_task(c.run()) for c in consumers]
-        async with asyncio.timeout(20):
-            await asyncio.gather(*(c.ready.wait() for c in consumers))
+        procs = [await _start_worker(broker, url, i, messages[0].id) for i in range(2)]
+        workers = _Workers(procs)
+        await workers.wait_for(lambda: workers.count(b"ready") == 2, 30, "subscribing")
         await broker.publish(copies)
-        # every copy handled, plus each failed attempt redelivered
-        await log.wait_for(
-            lambda lg: len(lg.results) >= len(copies) + len(lg.outcomes(Outcome.FAILED)), within=30
+        # every copy settled, plus each failed delivery redelivered and settled again
+        await workers.wait_for(
+            lambda: workers.settled() >= len(copies) + workers.count(b"settled failed"),
+            60,
+            "settling every delivery",
         )
-        await log.wait_processed([m.id for m in messages], within=10)
-        for c in consumers:
-            c.stop()
-        await asyncio.gather(*tasks)
+        ids = [m.id for m in messages]
+        await asyncio.to_thread(wait_until_processed, url, consumer="svc", ids=ids, timeout=30)
+        reports = await workers.stop()
     finally:
-        for pool in pools:
-            await pool.close()
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
         await broker.teardown()
-    assert sorted(log.outcomes(Outcome.PROCESSED)) == sorted(m.id for m in messages)
-    assert not handler.pending_failures  # the failure happened...
-    # ...and was redelivered (FAILED), unless a concurrent copy processed the message meanwhile
-    # (then the failed delivery is settled as a DUPLICATE)
-    assert log.outcomes(Outcome.FAILED) in ([], [messages[0].id])
-    return log
+    return copies, reports
 
 
 @pytest.mark.parametrize("name", list(BROKERS))
-def test_duplicate_storm_one_effect_per_message(effects_url: str, name: str) -> None:
+def test_duplicate_storm_across_two_processes_one_effect_per_message(
+    effects_url: str, name: str
+) -> None:
     broker = _broker(name)
-    asyncio.run(_run_storm(broker, effects_url))
+    copies, reports = asyncio.run(_run_storm(broker, effects_url))
     applied = [row[1] for row in effects(effects_url, "svc")]
     assert len(applied) == len(set(applied)) == 12
+    outcomes: Counter[str] = Counter()
+    for report in reports:
+        outcomes.update(report["outcomes"])
+    assert outcomes[Outcome.PROCESSED.value] == 12  # across both processes, once per message
+    assert sum(outcomes.values()) >= len(copies)  # every copy was delivered and settled
+    # the injected failure happened (once per process that received the message); each one was
+    # redelivered (FAILED) or, if the other process processed the message meanwhile, settled as
+    # a DUPLICATE
+    raised = sum(report["failures_raised"] for report in reports)
+    assert 1 <= raised <= 2
+    assert outcomes[Outcome.FAILED.value] <= raised
+    rows = inbox_rows(effects_url, "svc")
+    assert sorted(rows) == sorted({m.id for m in copies})
+    assert {r[0] for r in rows.values()} == {"processed"}
 
 
 async def _run_crash(broker: Broker, url: str) -> tuple[ResultLog, ResultLog]:
