@@ -15,6 +15,7 @@ librdkafka's mock cluster. An unreachable broker is reported as skipped.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import re
@@ -341,6 +342,7 @@ async def bench_nats_relays() -> dict[str, Any]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help only
     logging.basicConfig(level=logging.ERROR)
     rows = asyncio.run(bench_brokers())
     nats_parts = asyncio.run(bench_nats_relays())
