@@ -115,9 +115,15 @@ def reconcile(
     as_of = min([ob_h.now, *(h.safe_time for h in ib_hs)])
     end = min(config.window.end, ob_h.now)
     outbox, inbox = _read(spark, config, end, ib_hs)
-    subs = _transforms.subscriptions_frame(spark, config.subscriptions)
     rows = _transforms.reconcile_rows(
-        outbox, inbox, subs, as_of, config.sla, start=config.window.start, end=end, xmin=ob_h.xmin
+        outbox,
+        inbox,
+        config.subscriptions,
+        as_of,
+        config.sla,
+        start=config.window.start,
+        end=end,
+        xmin=ob_h.xmin,
     )
     # The one expensive pass: read every source once, join, classify, cache the compact rows
     # while aggregating the summary; everything after it reads the cache or the small details.

@@ -112,13 +112,17 @@ def _between(col: str, lo: dt.datetime | None, hi: dt.datetime | None) -> Column
     return cond
 
 
-def _expected(subscriptions: DataFrame) -> Column:
+def _expected(subscriptions: DataFrame | Mapping[str, Sequence[str]]) -> Column:
     """``topic`` -> the array of its expected consumers, as a literal map: the subscriptions are
     a handful of rows, and an expression costs no broadcast job (which, on two cores, waited
-    for the reads to free a slot)."""
+    for the reads to free a slot). Given as a mapping, no Spark job at all."""
     by_topic: dict[str, set[str]] = {}
-    for r in subscriptions.collect():  # a local relation: collected without a Spark job
-        by_topic.setdefault(r["topic"], set()).add(r["consumer"])
+    if isinstance(subscriptions, Mapping):
+        items = [(t, c) for t, consumers in subscriptions.items() for c in consumers]
+    else:
+        items = [(r["topic"], r["consumer"]) for r in subscriptions.collect()]
+    for topic, consumer in items:
+        by_topic.setdefault(topic, set()).add(consumer)
     if not by_topic:
         return F.lit(None).cast("array<string>")
     pairs = [
@@ -132,7 +136,7 @@ def _expected(subscriptions: DataFrame) -> Column:
 def reconcile_rows(
     outbox: DataFrame,
     inbox: DataFrame,
-    subscriptions: DataFrame,
+    subscriptions: DataFrame | Mapping[str, Sequence[str]],
     as_of: dt.datetime,
     sla: dt.timedelta,
     *,
