@@ -84,7 +84,10 @@ def _write_details(
 
     candidates = rows.where(F.col("row") == "candidate").select("id").distinct().collect()
     present = _confirm_phantoms(config, spark, sorted(r["id"] for r in candidates))
-    detail = _transforms.details(rows, present)
+    # The details are a union of four filters of the cache, each with every cache partition:
+    # written as is, that was 64 tasks and files for a few thousand rows (3 s of a 1M run).
+    files = max(1, spark.sparkContext.defaultParallelism)
+    detail = _transforms.details(rows, present).coalesce(files)
     detail.write.mode("overwrite").parquet(str(target))
     return spark.read.parquet(str(target))
 
