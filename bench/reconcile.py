@@ -10,8 +10,13 @@ each; then, side by side in one run:
                copies of the inbox tables (for reference; real inboxes live in other databases)
   (d) night  : the reconciliation of the last day only (1 day of 10)
 
-Usage: python bench/reconcile.py [--sizes 200000,1000000]
+Usage: python bench/reconcile.py [--sizes 1000000,10000000] [--reuse] [--drop]
+                                 [--event-log DIR] [--name reconcile]
 Sized for 2 cores / 24 GiB: local[2], 2 JDBC partitions per source.
+
+--reuse keeps the seeded databases (bench_rec_<n>, _b, _s) and seeds a size only once, so that
+iterations on the job do not pay the seed again; --drop drops them at the end. --event-log
+writes Spark's event log there (summarise it with bench/spark_events.py).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +107,18 @@ def _drop(name: str) -> None:
 def _seed(n: int, outbox: str, inboxes: dict[str, str]) -> float:
     start = time.perf_counter()
     params = {"n": n, "t0": T0}
-    with psycopg.connect(outbox) as conn:
-        conn.execute(_OUTBOX, params)
-        for skip, consumer in enumerate(inboxes, 1):  # co-located copies for (c)
-            conn.execute(_INBOX, params | {"consumer": consumer, "skip": skip})
+    # One statement per connection, two at a time (one backend per core).
+    jobs = [(outbox, _OUTBOX, params)]
     for skip, (consumer, url) in enumerate(inboxes.items(), 1):
-        with psycopg.connect(url) as conn:
-            conn.execute(_INBOX, params | {"consumer": consumer, "skip": skip})
+        inbox = params | {"consumer": consumer, "skip": skip}
+        jobs += [(url, _INBOX, inbox), (outbox, _INBOX, inbox)]  # + co-located copy for (c)
+
+    def run(job: tuple[str, str, dict[str, Any]]) -> None:
+        with psycopg.connect(job[0]) as conn:
+            conn.execute(job[1], job[2])
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(run, jobs))
     for url in (outbox, *inboxes.values()):
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
@@ -134,14 +145,35 @@ def _read_floor(spark: Any, config: JobConfig) -> int:
     return total
 
 
-def run_size(spark: Any, n: int, out: Path) -> dict[str, Any]:
-    tag = uuid.uuid4().hex[:6]
+def _exists(name: str) -> bool:
+    with psycopg.connect(ADMIN, autocommit=True) as conn:
+        row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+    return row is not None
+
+
+def _databases(n: int, reuse: bool) -> tuple[dict[str, str], dict[str, str], float | None]:
+    """Names, URLs and the seed time (None: reused) of the outbox and the two inbox databases."""
+    tag = f"n{n}" if reuse else uuid.uuid4().hex[:6]
     names = {"outbox": f"bench_rec_{tag}", "billing": f"bench_rec_{tag}_b",
              "shipping": f"bench_rec_{tag}_s"}  # fmt: skip
+    url = ADMIN.rsplit("/", 1)[0] + "/"
+    # The marker is the last database seeded: if it exists, the seed completed.
+    if reuse and all(_exists(v) for v in names.values()) and _exists(names["outbox"] + "_ok"):
+        return names, {k: url + v for k, v in names.items()}, None
+    for name in (*names.values(), names["outbox"] + "_ok"):
+        _drop(name)
+    urls = {k: _db(v) for k, v in names.items()}
+    seed_s = _seed(n, urls["outbox"], {"billing": urls["billing"], "shipping": urls["shipping"]})
+    if reuse:
+        with psycopg.connect(ADMIN, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{names["outbox"]}_ok"')
+    return names, urls, seed_s
+
+
+def run_size(spark: Any, n: int, out: Path, *, reuse: bool = False) -> dict[str, Any]:
+    names, urls, seed_s = _databases(n, reuse)
     try:
-        urls = {k: _db(v) for k, v in names.items()}
         inboxes = {"billing": urls["billing"], "shipping": urls["shipping"]}
-        seed_s = _seed(n, urls["outbox"], inboxes)
         full = JobConfig(
             outbox=Source("outbox", urls["outbox"]),
             inboxes=tuple(Source(k, v) for k, v in inboxes.items()),
@@ -161,7 +193,7 @@ def run_size(spark: Any, n: int, out: Path) -> dict[str, Any]:
         return {
             "messages": n,
             "rows_read": rows,
-            "seed_s": round(seed_s, 1),
+            "seed_s": None if seed_s is None else round(seed_s, 1),
             "a_read_floor_s": round(read_s, 2),
             "b_full_reconcile_s": round(full_s, 2),
             "c_sql_in_postgres_s": round(sql_s, 2),
@@ -186,41 +218,64 @@ def run_size(spark: Any, n: int, out: Path) -> dict[str, Any]:
             "sql_counts": {r[0]: [r[1], r[2]] for r in sql_rows},
         }
     finally:
-        for name in names.values():
-            _drop(name)
+        if not reuse:
+            for name in names.values():
+                _drop(name)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="200000,1000000")
-    args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    start = time.perf_counter()
-    spark = spark_session(master="local[2]", extra_conf={
-        "spark.driver.memory": "8g", "spark.sql.shuffle.partitions": "4"})  # fmt: skip
-    spark.sparkContext.setLogLevel("ERROR")
-    session_s = time.perf_counter() - start
-    results = []
-    with tempfile.TemporaryDirectory(prefix="bench-reconcile-") as out:
-        # Warm the JVM (JIT, JDBC classes) on a small size so the first size is not penalised.
-        run_size(spark, 20_000, Path(out))
-        for n in sizes:
-            results.append(run_size(spark, n, Path(out)))
-            print(results[-1], flush=True)
-    spark.stop()
+def _write(name: str, session_s: float, results: list[dict[str, Any]]) -> Path:
+    done = [r for r in results if "error" not in r]
     linear = None
-    if len(results) >= 2:
-        a, b = results[0], results[-1]
+    if len(done) >= 2:
+        a, b = done[0], done[-1]
         linear = round((b["b_full_reconcile_s"] / a["b_full_reconcile_s"])
                        / (b["messages"] / a["messages"]), 2)  # fmt: skip
-    path = write_result("reconcile", {
-        "setup": "local[2], 2 JDBC partitions per source, PostgreSQL on the same 2-core box; "
-                 "two consumers in two inbox databases; window = 10 days, night = last day",
+    return write_result(name, {
+        "setup": "local[2], driver 8g, spark.sql.shuffle.partitions 16 (AQE coalesces), 2 JDBC "
+                 "partitions per source, PostgreSQL on the same 2-core box; two consumers in two "
+                 "inbox databases; window = 10 days, night = last day",
         "spark_session_start_s": round(session_s, 1),
         "sizes": results,
         "linearity_full_cost_per_message_ratio_largest_over_smallest": linear,
     })  # fmt: skip
-    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000000,10000000")
+    parser.add_argument("--reuse", action="store_true", help="keep seeded databases")
+    parser.add_argument("--drop", action="store_true", help="drop kept databases at the end")
+    parser.add_argument("--event-log", help="directory for Spark's event log")
+    parser.add_argument("--name", default="reconcile", help="results file bench/results/NAME")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    start = time.perf_counter()
+    conf = {"spark.driver.memory": "8g", "spark.sql.shuffle.partitions": "16"}
+    if args.event_log:
+        Path(args.event_log).mkdir(parents=True, exist_ok=True)
+        conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": args.event_log,
+                 "spark.eventLog.compress": "false"}  # fmt: skip
+    spark = spark_session(master="local[2]", extra_conf=conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    session_s = time.perf_counter() - start
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-reconcile-") as out:
+        # Warm the JVM (JIT, JDBC classes) on 200k messages so the first size is not penalised
+        # (a cold first run at 1M took twice as long as the next ones).
+        run_size(spark, 200_000, Path(out))
+        for n in sizes:
+            try:
+                results.append(run_size(spark, n, Path(out), reuse=args.reuse))
+            except Exception as exc:  # a size that does not fit is a result too
+                results.append({"messages": n, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+            print(results[-1], flush=True)
+            _write(args.name, session_s, results)
+    spark.stop()
+    if args.drop:
+        for n in sizes:
+            for suffix in ("", "_b", "_s", "_ok"):
+                _drop(f"bench_rec_n{n}{suffix}")
+    print(f"wrote {_write(args.name, session_s, results)}")
 
 
 if __name__ == "__main__":

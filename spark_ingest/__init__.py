@@ -32,7 +32,7 @@ from spark_ingest._errors import JdbcDriverNotFoundError, ReconciliationError, S
 from spark_ingest._redrive import RedriveResult, read_id_file, redrive
 
 if TYPE_CHECKING:
-    from spark_ingest._ingest import Landed, ingest
+    from spark_ingest._ingest import Landed, ingest, read_lake
     from spark_ingest._job import RunResult, reconcile
     from spark_ingest._session import find_jdbc_jar, spark_session
 
@@ -53,6 +53,7 @@ __all__ = [
     "load_toml",
     "previous_day",
     "read_id_file",
+    "read_lake",
     "reconcile",
     "redrive",
     "spark_session",
@@ -62,6 +63,7 @@ __all__ = [
 _LAZY = {
     "Landed": "spark_ingest._ingest",
     "ingest": "spark_ingest._ingest",
+    "read_lake": "spark_ingest._ingest",
     "RunResult": "spark_ingest._job",
     "reconcile": "spark_ingest._job",
     "find_jdbc_jar": "spark_ingest._session",

@@ -1,23 +1,32 @@
 """Incremental ingest: land outbox and inbox rows in a Parquet lake, from a watermark per source.
 
-Layout: ``<lake>/<source>/<table>/date=YYYY-MM-DD/batch=<watermark>/part-*.parquet`` and the
+Layout: ``<lake>/<source>/<table>/date=YYYY-MM-DD/batch=x<watermark>/part-*.parquet`` and the
 watermarks in ``<lake>/_watermarks/<source>.<table>.json``.
 
-Why no row is missed or landed twice:
+What a run lands: every row whose current version was written by a transaction in
+``[previous watermark, xmin)``, where ``xmin`` is frozen in one statement at start (see
+_sources). A row's version is the 64-bit id of the transaction that last wrote it: its 32-bit
+``xmin`` system column, widened against the horizon (exact while the row is less than 2^31
+transactions old, which every row written since the last run is). So a run lands the rows
+inserted since the last run AND the rows changed since (pending -> published, -> dead, a
+re-drive, an inbox row processing -> processed, another delivery attempt), each as a new
+version with a ``version`` column; ``read_lake`` gives the current state (the latest version of
+each row), the lake itself the history of versions.
 
-* Outbox rows are taken by transaction id: ``previous <= tx_id < xmin`` where ``xmin`` is frozen
-  in one statement at start (see _sources). Every transaction below ``xmin`` has ended, so no row
-  can later appear below the new watermark: no gaps, whatever the commit order.
-* Inbox rows (no transaction id) are taken by ``previous <= received_at < safe_time``: a
-  transaction still open has ``received_at >= xact_start >= safe_time``, so it lands next time.
+Why no version is missed or landed twice:
+
+* Every transaction below ``xmin`` has ended, so no version below the new watermark can appear
+  later: no gaps, whatever the commit order. A row changed again by a transaction at or above
+  ``xmin`` is skipped now and landed, as that later version, by the next run.
 * The batch directory is named after the watermark the batch starts from, and is written with
   dynamic partition overwrite. The watermark file is replaced (atomic rename) only after the
   data is written. A run that died in between is re-run from the same watermark, reads a
-  superset of the same rows and overwrites the same batch directories: no duplicates. A run
-  after a successful one starts from the new watermark and lands only new rows.
+  superset of the same versions and overwrites the same batch directories: no duplicates. A
+  run after a successful one starts from the new watermark and lands only newer versions.
+* Any UPDATE makes a new version, including the relay's lease claims: a pending row claimed
+  after it was landed is landed again, unchanged but for the lease columns (not landed).
 
-Rows are landed as they were when read; a later status change (pending -> published) is not
-re-landed. The reconciliation reads the live tables, not the lake.
+The reconciliation reads the live tables, not the lake.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from spark_ingest._sources import _jdbc, _qualified, read_horizon, time_predicat
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Landed", "ingest", "read_watermark"]
+__all__ = ["Landed", "ingest", "read_lake", "read_watermark", "row_version"]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -88,7 +97,7 @@ def _land(df: DataFrame, target: Path, date_col: str, batch: str) -> int:
 
 def _open_predicates(column: str, lo: dt.datetime, hi: dt.datetime, n: int) -> list[str]:
     """Time ranges for parallelism only: the first and last are open-ended, so every row is in
-    exactly one of them whatever its time (correctness comes from the tx_id / time filter)."""
+    exactly one of them whatever its time (correctness comes from the version filter)."""
     preds = time_predicates(column, lo, hi, n)
     if len(preds) == 1:
         return ["TRUE"]
@@ -97,39 +106,71 @@ def _open_predicates(column: str, lo: dt.datetime, hi: dt.datetime, n: int) -> l
     return [first, *preds[1:-1], last]
 
 
+def row_version(horizon: int) -> str:
+    """SQL for a row's version: the 64-bit id of the transaction that last wrote it.
+
+    ``xmin`` is 32 bits; widened by its signed distance to ``horizon`` (a 64-bit xid8), it is
+    exact for any row written less than 2^31 transactions before or after the horizon.
+    """
+    h32 = horizon % 2**32
+    return (
+        f"({horizon} - ((({h32} - xmin::text::bigint + 2147483648) % 4294967296 + 4294967296)"
+        " % 4294967296 - 2147483648))"
+    )
+
+
+def _changed(lo: int, hi: int) -> str:
+    version = row_version(hi)
+    return f"{version} AS version FROM {{table}} WHERE {version} >= {lo} AND {version} < {hi}"
+
+
+def _previous(lake: Path, src: Source, table: str) -> tuple[int, dt.datetime]:
+    prev = read_watermark(lake, src.name, table) or {}
+    # A watermark from before versions (time only) restarts at 0: every row lands once more,
+    # as a version, and read_lake keeps the latest.
+    return int(prev.get("xid", 0)), dt.datetime.fromisoformat(prev.get("time", _EPOCH.isoformat()))
+
+
 def _ingest_outbox(spark: SparkSession, lake: Path, src: Source, parts: int) -> Landed:
     h = read_horizon(src, OUTBOX_MESSAGES)
-    prev = read_watermark(lake, src.name, OUTBOX_MESSAGES) or {"xid": 0, "time": _EPOCH.isoformat()}
+    xid, lo = _previous(lake, src, OUTBOX_MESSAGES)
     table = _qualified(src, OUTBOX_MESSAGES).as_string(None)
     query = (
         "SELECT id::text AS id, topic, key, seq, headers::text AS headers, payload, content_type,"
         " traceparent, created_at, available_at, status, attempts, last_error, published_at,"
-        f" tx_id::text::bigint AS tx_id FROM {table}"
-        f" WHERE tx_id >= '{int(prev['xid'])}'::xid8 AND tx_id < '{h.xmin}'::xid8"
+        " tx_id::text::bigint AS tx_id, " + _changed(xid, h.xmin).format(table=table)
     )
-    lo = dt.datetime.fromisoformat(prev["time"])
     df = _jdbc(spark, src, query, _open_predicates("created_at", lo, h.now, parts))
-    rows = _land(df, lake / src.name / OUTBOX_MESSAGES, "created_at", f"x{prev['xid']}")
-    new = {"xid": h.xmin, "time": h.now.isoformat()}
-    _write_watermark(lake, src.name, OUTBOX_MESSAGES, new)
-    return Landed(src.name, OUTBOX_MESSAGES, rows, str(prev["xid"]), str(h.xmin))
+    rows = _land(df, lake / src.name / OUTBOX_MESSAGES, "created_at", f"x{xid}")
+    _write_watermark(lake, src.name, OUTBOX_MESSAGES, {"xid": h.xmin, "time": h.now.isoformat()})
+    return Landed(src.name, OUTBOX_MESSAGES, rows, str(xid), str(h.xmin))
 
 
 def _ingest_inbox(spark: SparkSession, lake: Path, src: Source, parts: int) -> Landed:
     h = read_horizon(src, INBOX_MESSAGES)
-    prev = read_watermark(lake, src.name, INBOX_MESSAGES) or {"time": _EPOCH.isoformat()}
-    lo = dt.datetime.fromisoformat(prev["time"])
+    xid, lo = _previous(lake, src, INBOX_MESSAGES)
     table = _qualified(src, INBOX_MESSAGES).as_string(None)
     query = (
         "SELECT consumer, message_id::text AS message_id, topic, key, seq, received_at,"
-        f" processed_at, attempts, status, last_error FROM {table}"
+        " processed_at, attempts, status, last_error, " + _changed(xid, h.xmin).format(table=table)
     )
-    preds = time_predicates("received_at", lo, h.safe_time, parts)
-    df = _jdbc(spark, src, query, preds)
-    batch = "t" + lo.strftime("%Y%m%dT%H%M%S%f")
-    rows = _land(df, lake / src.name / INBOX_MESSAGES, "received_at", batch)
-    _write_watermark(lake, src.name, INBOX_MESSAGES, {"time": h.safe_time.isoformat()})
-    return Landed(src.name, INBOX_MESSAGES, rows, prev["time"], h.safe_time.isoformat())
+    df = _jdbc(spark, src, query, _open_predicates("received_at", lo, h.now, parts))
+    rows = _land(df, lake / src.name / INBOX_MESSAGES, "received_at", f"x{xid}")
+    _write_watermark(lake, src.name, INBOX_MESSAGES, {"xid": h.xmin, "time": h.now.isoformat()})
+    return Landed(src.name, INBOX_MESSAGES, rows, str(xid), str(h.xmin))
+
+
+def read_lake(spark: SparkSession, lake: str | Path, source: str, table: str) -> DataFrame:
+    """The current state of a landed table: the latest landed version of each row (rows landed
+    before versions existed count as the oldest)."""
+    from pyspark.sql import Window
+
+    df = spark.read.parquet(str(Path(lake) / source / table))
+    key = ["id"] if table == OUTBOX_MESSAGES else ["consumer", "message_id"]
+    if "version" not in df.columns:
+        df = df.withColumn("version", F.lit(None).cast("bigint"))
+    latest = Window.partitionBy(*key).orderBy(F.col("version").desc_nulls_last())
+    return df.withColumn("_n", F.row_number().over(latest)).where("_n = 1").drop("_n")
 
 
 def ingest(

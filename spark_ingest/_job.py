@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
 from spark_ingest import _outputs, _transforms
-from spark_ingest._config import DISCREPANCY_CLASSES, JobConfig
+from spark_ingest._config import CLASSES, DISCREPANCY_CLASSES, JobConfig
 from spark_ingest._sources import Horizon, connect, read_horizon, read_inbox, read_outbox
 
 if TYPE_CHECKING:
@@ -34,13 +36,13 @@ class RunResult:
     details: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _confirm_phantoms(config: JobConfig, candidates: DataFrame) -> DataFrame:
-    """Drop candidates whose message exists in the outbox after all (older than the read)."""
+def _confirm_phantoms(config: JobConfig, spark: SparkSession, ids: list[str]) -> DataFrame | None:
+    """The candidate ids that exist in the outbox after all (older than the read, or a consumer
+    not expected for the topic), as a one-column DataFrame; None when there are none."""
     from psycopg import sql
 
-    ids = sorted({r["message_id"] for r in candidates.select("message_id").collect()})
     if not ids:
-        return candidates
+        return None
     src = config.outbox
     table = (
         sql.Identifier(src.schema, OUTBOX_MESSAGES)
@@ -53,15 +55,14 @@ def _confirm_phantoms(config: JobConfig, candidates: DataFrame) -> DataFrame:
         for i in range(0, len(ids), 10_000):
             present.update(r[0] for r in conn.execute(query, (ids[i : i + 10_000],)))
     if not present:
-        return candidates
-    from pyspark.sql import functions as F
-
-    return candidates.where(~F.col("message_id").isin(sorted(present)))
+        return None
+    return spark.createDataFrame([(i,) for i in sorted(present)], "id string")
 
 
 def _read(
     spark: SparkSession, config: JobConfig, end: dt.datetime, horizons: list[Horizon]
 ) -> tuple[DataFrame, DataFrame]:
+    """The JDBC reads, not cached: the plan built on them reads each source exactly once."""
     parts = config.partitions or spark.sparkContext.defaultParallelism
     outbox = read_outbox(spark, config.outbox, config.window.start, end, parts)
     inbox_frames = [
@@ -71,7 +72,24 @@ def _read(
     inbox = inbox_frames[0]
     for frame in inbox_frames[1:]:
         inbox = inbox.unionByName(frame)
-    return outbox.persist(), inbox.persist()
+    return outbox, inbox
+
+
+def _write_details(
+    config: JobConfig, spark: SparkSession, rows: DataFrame, target: Path
+) -> DataFrame:
+    """Confirm the phantom candidates (point lookups), write the details to ``target`` (Parquet)
+    and return them read back (a small dataset, unlike ``rows``)."""
+    from pyspark.sql import functions as F
+
+    candidates = rows.where(F.col("row") == "candidate").select("id").distinct().collect()
+    present = _confirm_phantoms(config, spark, sorted(r["id"] for r in candidates))
+    # The details are a union of four filters of the cache, each with every cache partition:
+    # written as is, that was 64 tasks and files for a few thousand rows (3 s of a 1M run).
+    files = max(1, spark.sparkContext.defaultParallelism)
+    detail = _transforms.details(rows, present).coalesce(files)
+    detail.write.mode("overwrite").parquet(str(target))
+    return spark.read.parquet(str(target))
 
 
 def reconcile(
@@ -82,7 +100,16 @@ def reconcile(
     record: bool = True,
     now: dt.datetime | None = None,
 ) -> RunResult:
-    """Run one reconciliation of ``config.window``; write outputs under ``output_dir/<run>``."""
+    """Run one reconciliation of ``config.window``; write outputs under ``output_dir/<run>``.
+
+    One Spark job does the work: it reads every source once, joins, classifies, caches the
+    compact result and aggregates every summary figure from it; the details (a few percent of
+    the rows) are written from the cache, and the rest reads that small Parquet dataset (see
+    docs/reconciliation.md, "Where the time goes").
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
     run_id = uuid.uuid4()
     started = now or dt.datetime.now(dt.UTC)
     ob_h = read_horizon(config.outbox, OUTBOX_MESSAGES)
@@ -91,14 +118,30 @@ def reconcile(
     as_of = min([ob_h.now, *(h.safe_time for h in ib_hs)])
     end = min(config.window.end, ob_h.now)
     outbox, inbox = _read(spark, config, end, ib_hs)
+    rows = _transforms.reconcile_rows(
+        outbox,
+        inbox,
+        config.subscriptions,
+        as_of,
+        config.sla,
+        start=config.window.start,
+        end=end,
+        xmin=ob_h.xmin,
+    )
+    # The one expensive pass: read every source once, join, classify, cache the compact rows
+    # while aggregating the summary; everything after it reads the cache or the small details.
+    rows = _transforms.compact(rows).persist(StorageLevel.MEMORY_AND_DISK)
+    target = None if output_dir is None else Path(output_dir) / str(run_id)
+    scratch = Path(tempfile.mkdtemp(prefix="reconcile-")) if target is None else target
+    scratch.mkdir(parents=True, exist_ok=True)
     try:
-        subs = _transforms.subscriptions_frame(spark, config.subscriptions)
-        judged = _transforms.judged_outbox(outbox, config.window.start, end, ob_h.xmin)
-        pairs = _transforms.classify(judged, inbox, subs, as_of, config.sla).persist()
-        candidates = _transforms.phantom_candidates(inbox, outbox, config.window.start, end)
-        phantoms = _confirm_phantoms(config, candidates)
-        detail = _transforms.details(pairs, phantoms).persist()
-        counts = _transforms.counts(pairs, detail)
+        groups = _transforms.summary_frame(rows, CLASSES, LATENCY_BUCKETS).collect()
+        detail = _write_details(config, spark, rows, scratch / "details")
+        rows.unpersist()
+        figures = _transforms.summarise([g.asDict() for g in groups], CLASSES, LATENCY_BUCKETS)
+        daily = _transforms.daily_counts(detail)
+        counts = figures["counts"] | {"phantom": 0}
+        counts["phantom"] = sum(d["count"] for d in daily if d["kind"] == "phantom")
         summary: dict[str, Any] = {
             "run_id": str(run_id),
             "started_at": started.isoformat(),
@@ -106,35 +149,39 @@ def reconcile(
             "as_of": as_of.isoformat(),
             "sla_seconds": config.sla.total_seconds(),
             "horizon": {"outbox_xmin": ob_h.xmin, "outbox_now": ob_h.now.isoformat()},
-            "messages": judged.count(),
-            "deferred_in_flight": outbox.where(
-                (outbox["created_at"] >= config.window.start) & (outbox["tx_id"] >= ob_h.xmin)
-            ).count(),
+            "messages": figures["messages"],
+            "deferred_in_flight": figures["deferred"],
             "subscriptions": {t: list(c) for t, c in sorted(config.subscriptions.items())},
             "counts": {k: counts.get(k, 0) for k in ("pairs", *_CLASS_KEYS)},
-            "latency": _transforms.latency(pairs),
-            "daily": _transforms.daily_counts(detail),
+            "latency": figures["latency"],
+            "daily": daily,
             "latency_histogram": {
                 "buckets_ms": list(LATENCY_BUCKETS),
-                "rows": _transforms.latency_histogram(pairs, LATENCY_BUCKETS),
+                "rows": figures["latency_histogram"],
             },
         }
         verdict = _outputs.judge(summary["counts"], config.thresholds)
         summary.update(verdict)
-        lost_ids = sorted(
-            r["id"] for r in detail.where("kind = 'lost'").select("id").distinct().collect()
-        )
-        target = _outputs.write_outputs(output_dir, run_id, summary, detail, lost_ids)
+        lost = detail.where(F.col("kind") == "lost").select("id").distinct().collect()
+        lost_ids = sorted(r["id"] for r in lost)
+        first = detail.orderBy("kind", "id", "consumer").limit(1000).collect()
+        if target is not None:
+            _outputs.write_outputs(target, summary, lost_ids)
         summary["finished_at"] = dt.datetime.now(dt.UTC).isoformat()
         if record:
             _outputs.record_run(config.outbox, summary, ob_h.xmin)
-        rows = [r.asDict() for r in detail.orderBy("kind", "id", "consumer").limit(1000).collect()]
         return RunResult(
-            run_id, summary, lost_ids, target, 1 if verdict["outcome"] == "failed" else 0, rows
+            run_id,
+            summary,
+            lost_ids,
+            target,
+            1 if verdict["outcome"] == "failed" else 0,
+            [r.asDict() for r in first],
         )
     finally:
-        outbox.unpersist()
-        inbox.unpersist()
+        rows.unpersist()
+        if target is None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 _CLASS_KEYS = ("delivered", "in_flight", "lagging", *DISCREPANCY_CLASSES)

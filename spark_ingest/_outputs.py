@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -15,9 +14,6 @@ from psycopg.types.json import Jsonb
 from outbox.schema import RECONCILIATION_RUNS
 from spark_ingest._config import DISCREPANCY_CLASSES, Source
 from spark_ingest._sources import connect
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
 
 __all__ = ["format_summary", "judge", "record_run", "write_outputs"]
 
@@ -41,21 +37,11 @@ def judge(counts: Mapping[str, int], thresholds: Mapping[str, int]) -> dict[str,
     }
 
 
-def write_outputs(
-    output_dir: str | Path | None,
-    run_id: uuid.UUID,
-    summary: dict[str, Any],
-    detail: DataFrame,
-    lost_ids: list[str],
-) -> Path | None:
-    """``<dir>/<run_id>/``: summary.json, details/ (Parquet), redrive.txt, report.html."""
-    if output_dir is None:
-        return None
+def write_outputs(target: Path, summary: dict[str, Any], lost_ids: list[str]) -> None:
+    """Next to ``target/details`` (Parquet, written by the Spark pass): summary.json,
+    redrive.txt and report.html."""
     from spark_ingest._report import render_html
 
-    target = Path(output_dir) / str(run_id)
-    target.mkdir(parents=True, exist_ok=True)
-    detail.coalesce(1).write.mode("overwrite").parquet(str(target / "details"))
     (target / "redrive.txt").write_text("".join(f"{i}\n" for i in lost_ids))
     summary["files"] = {
         "details": str(target / "details"),
@@ -65,7 +51,6 @@ def write_outputs(
     }
     (target / "report.html").write_text(render_html(summary))
     (target / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    return target
 
 
 _INSERT = """

@@ -19,24 +19,29 @@ from sqlalchemy.pool import NullPool
 from outbox._migrate import sqlalchemy_url
 from outbox.cli import main
 from outbox.schema import RECONCILIATION_RUNS, make_metadata
-from spark_ingest import Source, ingest
+from spark_ingest import Source, ingest, read_lake
 
 H = dt.timedelta(hours=1)
 
 
 def _wait_below_horizon(url: str, deadline_s: float = 60) -> None:
-    """Wait until every outbox row's transaction is below the cluster's snapshot xmin."""
+    """Wait until every row's last writer (xmin; the outbox's tx_id too) is below the cluster's
+    snapshot xmin: another session's open transaction holds the horizon back."""
     end = time.monotonic() + deadline_s
+    query = """
+        SELECT coalesce(max(v), 0) < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+          FROM (SELECT xmin::text::bigint AS v FROM inbox_messages
+                UNION ALL SELECT xmin::text::bigint FROM outbox_messages
+                UNION ALL SELECT tx_id::text::bigint FROM outbox_messages
+                 WHERE tx_id <> '3'::xid8) AS t
+    """  # an epoch-0 test cluster: xid8 and 32-bit xmin agree
     with psycopg.connect(url, autocommit=True) as conn:
         while time.monotonic() < end:
-            row = conn.execute(
-                "SELECT coalesce(max(tx_id::text::bigint), 0) "
-                "< pg_snapshot_xmin(pg_current_snapshot())::text::bigint FROM outbox_messages"
-            ).fetchone()
+            row = conn.execute(query).fetchone()
             if row and row[0]:
                 return
             time.sleep(0.2)
-    raise AssertionError("outbox rows stayed above the horizon (a transaction left open?)")
+    raise AssertionError("rows stayed above the horizon (a transaction left open?)")
 
 
 def _lake_ids(spark: Any, path: Path) -> list[str]:
@@ -55,6 +60,8 @@ def test_ingest_lands_new_rows_once_even_when_a_night_is_rerun(
         insert_inbox(inbox_urls[0], "billing", m.id, m.topic, m.key, 1, now - 20 * H)
     outbox, billing = Source("outbox", database_url), Source("billing", inbox_urls[0])
     lake = tmp_path / "lake"
+    _wait_below_horizon(database_url)
+    _wait_below_horizon(inbox_urls[0])
 
     first = ingest(spark, lake, outbox, (billing,))
     assert [x.rows for x in first] == [4, 4]
@@ -67,6 +74,7 @@ def test_ingest_lands_new_rows_once_even_when_a_night_is_rerun(
     insert_outbox(database_url, *new, tx_id=None)  # real transaction ids
     insert_inbox(inbox_urls[0], "billing", new[0].id, "orders", "n0", 1, dt.datetime.now(dt.UTC))
     _wait_below_horizon(database_url)
+    _wait_below_horizon(inbox_urls[0])
     marks = lake / "_watermarks"
     saved = tmp_path / "marks"
     shutil.copytree(marks, saved)
@@ -80,6 +88,53 @@ def test_ingest_lands_new_rows_once_even_when_a_night_is_rerun(
     assert sorted(ids) == sorted(m.id for m in old + new)
     inbox_rows = spark.read.parquet(str(lake / "billing" / "inbox_messages")).count()
     assert inbox_rows == 5
+
+
+def test_ingest_lands_a_status_change_as_the_rows_new_version(
+    spark: Any, database_url: str, inbox_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    now = dt.datetime.now(dt.UTC)
+    msgs = [Msg(new_id(), "orders", f"s{i}", 1, "pending", now - 2 * H, None) for i in range(3)]
+    insert_outbox(database_url, *msgs)
+    insert_inbox(inbox_urls[0], "billing", msgs[0].id, "orders", "s0", 1, now - H,
+                 status="processing")  # fmt: skip
+    outbox, billing = Source("outbox", database_url), Source("billing", inbox_urls[0])
+    lake = tmp_path / "lake"
+    _wait_below_horizon(database_url)
+    _wait_below_horizon(inbox_urls[0])
+    assert [x.rows for x in ingest(spark, lake, outbox, (billing,))] == [3, 1]
+
+    # After landing: the relay publishes one message and dead-letters another (no timestamp
+    # tells), the consumer finishes processing.
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "UPDATE outbox_messages SET status = 'published', published_at = now() WHERE id = %s",
+            (msgs[0].id,),
+        )
+        conn.execute("UPDATE outbox_messages SET status = 'dead' WHERE id = %s", (msgs[1].id,))
+    with psycopg.connect(inbox_urls[0]) as conn:
+        conn.execute("UPDATE inbox_messages SET status = 'processed', attempts = 2")
+    _wait_below_horizon(database_url)
+    _wait_below_horizon(inbox_urls[0])
+    marks = lake / "_watermarks"
+    saved = tmp_path / "marks"
+    shutil.copytree(marks, saved)
+    assert [x.rows for x in ingest(spark, lake, outbox, (billing,))] == [2, 1]
+    shutil.rmtree(marks)  # the night again, as if its watermark had never been stored
+    shutil.copytree(saved, marks)
+    assert [x.rows for x in ingest(spark, lake, outbox, (billing,))] == [2, 1]
+    assert [x.rows for x in ingest(spark, lake, outbox, (billing,))] == [0, 0]
+
+    history = spark.read.parquet(str(lake / "outbox" / "outbox_messages"))
+    assert history.count() == 5  # three first versions, two second ones: no duplicates
+    current = read_lake(spark, lake, "outbox", "outbox_messages")
+    assert {r["id"]: r["status"] for r in current.collect()} == {
+        msgs[0].id: "published",
+        msgs[1].id: "dead",
+        msgs[2].id: "pending",
+    }
+    inbox_now = read_lake(spark, lake, "billing", "inbox_messages").collect()
+    assert [(r["status"], r["attempts"]) for r in inbox_now] == [("processed", 2)]
 
 
 def test_redrive_requeues_lost_ids_and_keeps_their_history(
