@@ -10,55 +10,18 @@ import asyncio
 import os
 import sys
 import time
-import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
 
 # The repository root, not bench/: bench/relay.py would otherwise shadow the relay package.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import write_result
+from bench.relay_e2e import NoopPublisher, create_db, drop_db
 from outbox import Message, publish_batch
-from outbox._migrate import upgrade
-from outbox.envelope import Envelope
 from relay import Relay, RelayConfig
-from relay.brokers.base import BrokerFeatures
 
-ADMIN = os.environ.get("OUTBOX_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 N = int(os.environ.get("BENCH_MESSAGES", "20000"))
-
-
-class NoopPublisher:
-    features = BrokerFeatures("noop", 0.0, True, True, 0)
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    async def start(self) -> None:
-        pass
-
-    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:
-        self.count += len(envelopes)
-        return [None] * len(envelopes)
-
-    async def close(self) -> None:
-        pass
-
-
-def _db() -> tuple[str, str]:
-    name = f"outbox_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = ADMIN.rsplit("/", 1)[0] + "/" + name
-    upgrade(url)
-    return name, url
-
-
-def _drop(name: str) -> None:
-    with psycopg.connect(ADMIN, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def _fill(url: str, keys: int) -> None:
@@ -103,12 +66,12 @@ async def _drain(url: str, relays: int) -> float:
 
 
 def scenario(keys: int, relays: int) -> dict[str, float | int]:
-    name, url = _db()
+    name, url = create_db()
     try:
         _fill(url, keys)
         took = asyncio.run(_drain(url, relays))
     finally:
-        _drop(name)
+        drop_db(name)
     return {
         "messages": N,
         "keys": keys,

@@ -34,6 +34,7 @@ from psycopg import sql
 from outbox import Message, publish, publish_batch
 from outbox._migrate import upgrade
 from outbox.envelope import Envelope
+from relay.brokers.base import BrokerFeatures
 
 ADMIN = os.environ.get("OUTBOX_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 PAYLOAD = {"order": 123, "amount": "19.99", "note": "x" * 150}
@@ -56,6 +57,25 @@ def create_db() -> tuple[str, str]:
 def drop_db(name: str) -> None:
     with psycopg.connect(ADMIN, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+class NoopPublisher:
+    """A publisher that acknowledges everything at once: the relay's database side alone."""
+
+    features = BrokerFeatures("noop", 0.0, True, True, 0)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:
+        self.count += len(envelopes)
+        return [None] * len(envelopes)
+
+    async def close(self) -> None:
+        pass
 
 
 def fill(url: str, topic: str, n: int, keys: int) -> None:

@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,35 +32,16 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import write_result
-from bench.relay_e2e import PAYLOAD, create_db, drop_db
+from bench.relay_e2e import PAYLOAD, NoopPublisher, create_db, drop_db
 from outbox import Message, publish, publish_batch
-from outbox.envelope import Envelope
 from relay import Relay, RelayConfig
 from relay._queries import relay_statements
-from relay.brokers.base import BrokerFeatures
 
 N = int(os.environ.get("BENCH_RETENTION_MESSAGES", "1000000"))
 ROUND = 200_000
 KEYS = 1000
 BACKLOG = 20_000
 OUTBOX = Path(sys.executable).with_name("outbox")
-
-
-class NoopPublisher:
-    features = BrokerFeatures("noop", 0.0, True, True, 0)
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    async def start(self) -> None:
-        pass
-
-    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:
-        self.count += len(envelopes)
-        return [None] * len(envelopes)
-
-    async def close(self) -> None:
-        pass
 
 
 def fill(url: str, n: int, topic: str = "orders") -> None:
