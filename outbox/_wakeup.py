@@ -107,6 +107,13 @@ class Doorbell:
             self._cond.notify()
         self._thread.join(timeout)
 
+    def connect(self) -> psycopg.Connection[Any]:
+        """The doorbell's own session: autocommit, and commits that wait for no WAL flush."""
+        conn = psycopg.connect(self.conninfo, autocommit=True)
+        # The NOTIFY commit record needs no flush: see the module docstring.
+        conn.execute("SET synchronous_commit = off")
+        return conn
+
     def _run(self) -> None:
         conn: psycopg.Connection[Any] | None = None
         last = 0.0
@@ -123,9 +130,7 @@ class Doorbell:
                 watched = list(self._pending)
             try:
                 if conn is None or conn.closed:
-                    conn = psycopg.connect(self.conninfo, autocommit=True)
-                    # The NOTIFY commit record needs no flush: see the module docstring.
-                    conn.execute("SET synchronous_commit = off")
+                    conn = self.connect()
                 finished = self._settle(conn, watched)
             except psycopg.Error as exc:
                 log.warning("outbox doorbell cannot reach the database: %s", exc)

@@ -119,7 +119,6 @@ def test_doorbell_is_looked_up_once_per_connection_and_never_reused_closed(
     assert [n.channel for n in got] == [WAKEUP_CHANNEL]
 
 
-
 def test_a_long_open_writer_does_not_slow_the_next_wake_up(database_url: str) -> None:
     with (
         psycopg.connect(database_url, autocommit=True) as listener,
@@ -143,3 +142,12 @@ def test_a_long_open_writer_does_not_slow_the_next_wake_up(database_url: str) ->
             bell.wait_idle(0.01)
         assert bell.pending() == 1  # only the long writer is still watched
         long_writer.rollback()
+
+
+def test_doorbell_session_commits_without_waiting_for_a_flush(database_url: str) -> None:
+    with psycopg.connect(database_url) as producer:
+        bell = doorbell_for(producer)
+        with bell.connect() as conn:
+            row = conn.execute("SHOW synchronous_commit").fetchone()
+            assert conn.autocommit
+    assert row == ("off",)
