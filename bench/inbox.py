@@ -11,6 +11,9 @@ drift and the neighbours' load affect all alike; medians reported:
 * ``without_inbox``: BEGIN, UPDATE, COMMIT;
 * ``extra_round_trip``: the same plus ``SELECT 1``: what any one extra statement costs, the
   ceiling for an inbox that records with one statement;
+* ``bare_insert``: the same plus a plain INSERT of (consumer, message id) into a two-column
+  table with only its primary key: the floor for any inbox that keeps one durable row per
+  message (no conflict handling, no status, nothing for retention or reconciliation);
 * ``with_inbox``: the same plus ``receive(conn, consumer=..., message=envelope)``.
 
 (b) N messages are committed to the outbox first; then the relay (this process) and one
@@ -59,7 +62,7 @@ write_result = _common.write_result
 
 ROWS_PER_CONSUMER = 100
 MAX_CONSUMERS = 8
-VARIANTS = ("without_inbox", "extra_round_trip", "with_inbox")
+VARIANTS = ("without_inbox", "extra_round_trip", "bare_insert", "with_inbox")
 NATS = "nats://127.0.0.1:4222"
 
 
@@ -81,6 +84,11 @@ def _consumer(url: str, worker: int, commands: Any, go: Any, stop: Any, counts: 
                         raise AssertionError("a fresh id was taken for a duplicate")
                 elif variant == "extra_round_trip":
                     conn.execute("SELECT 1").fetchone()
+                elif variant == "bare_insert":
+                    conn.execute(
+                        "INSERT INTO bare_inbox (consumer, message_id) VALUES (%s, %s)",
+                        ("bench", msg.id),
+                    )
                 conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = %s", (row,))
                 conn.commit()
                 done += 1
@@ -257,6 +265,10 @@ def _database(admin_url: str) -> tuple[str, str]:
     upgrade(url)
     with psycopg.connect(url) as conn:
         conn.execute("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL)")
+        conn.execute(
+            "CREATE TABLE bare_inbox (consumer text, message_id uuid, "
+            "PRIMARY KEY (consumer, message_id))"
+        )
         conn.execute(
             "INSERT INTO accounts SELECT g, 0 FROM generate_series(0, %s) g",
             (MAX_CONSUMERS * ROWS_PER_CONSUMER,),
