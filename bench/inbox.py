@@ -18,8 +18,9 @@ drift and the neighbours' load affect all alike; medians reported:
 
 (b) N messages are committed to the outbox first; then the relay (this process) and one
 consumer process (NatsConsumer + runner, batch 50) start together; msgs/s = N / time until the
-consumer has settled all N. ``without_inbox`` runs the same NatsConsumer with a runner that
-opens the transaction, applies the effect and commits, without recording.
+consumer has settled all N (after one short run that is not counted). ``without_inbox`` runs
+the same NatsConsumer with a runner that opens the transaction, applies the effect and
+commits, without recording.
 
 Run: python bench/inbox.py [--url postgresql://postgres@127.0.0.1:5432/postgres]
      [--seconds 3] [--rounds 5] [--messages 4000] [--pipeline-rounds 3]
@@ -246,6 +247,9 @@ async def _pipeline_run(ctx: Any, url: str, with_inbox: bool, count: int) -> flo
 
 def _pipeline(ctx: Any, url: str, rounds: int, count: int) -> dict[str, Any]:
     runs: dict[str, list[float]] = {"without_inbox": [], "with_inbox": []}
+    # One short run first, not counted: the first run in a process pays for imports, the first
+    # connections and the broker's first stream (it measured 3-4x slower than the rest).
+    asyncio.run(_pipeline_run(ctx, url, False, min(count, 500)))
     for _ in range(rounds):
         for variant in runs:
             rate = asyncio.run(_pipeline_run(ctx, url, variant == "with_inbox", count))
