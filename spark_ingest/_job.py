@@ -18,7 +18,7 @@ from spark_ingest._sources import Horizon, connect, read_horizon, read_inbox, re
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["RunResult", "reconcile"]
+__all__ = ["Reads", "RunResult", "read_sources", "reconcile"]
 
 #: Upper bounds (ms) of the end-to-end latency histogram buckets in the report.
 LATENCY_BUCKETS = (10.0, 50.0, 100.0, 500.0, 1_000.0, 5_000.0, 30_000.0, 300_000.0, 3_600_000.0)
@@ -59,20 +59,39 @@ def _confirm_phantoms(config: JobConfig, spark: SparkSession, ids: list[str]) ->
     return spark.createDataFrame([(i,) for i in sorted(present)], "id string")
 
 
-def _read(
-    spark: SparkSession, config: JobConfig, end: dt.datetime, horizons: list[Horizon]
-) -> tuple[DataFrame, DataFrame]:
-    """The JDBC reads, not cached: the plan built on them reads each source exactly once."""
+@dataclass(frozen=True)
+class Reads:
+    """The horizons frozen at start and the JDBC reads of one run (lazy, not cached)."""
+
+    outbox_horizon: Horizon
+    inbox_horizons: list[Horizon]
+    end: dt.datetime  #: window end, capped at the outbox clock
+    as_of: dt.datetime  #: the earliest clock below which every source is complete
+    outbox: DataFrame
+    inbox: DataFrame
+
+
+def read_sources(spark: SparkSession, config: JobConfig) -> Reads:
+    """Freeze every source's horizon, then build its JDBC read: the outbox rows of the window,
+    the inbox rows from the window start up to each inbox's safe time. The plan built on them
+    reads each source exactly once; ``bench/reconcile.py`` times these same reads as its floor.
+    """
+    ob_h = read_horizon(config.outbox, OUTBOX_MESSAGES)
+    ib_hs = [read_horizon(src, INBOX_MESSAGES) for src in config.inboxes]
+    # SLA judgements use the earliest clock below which every source is complete.
+    as_of = min([ob_h.now, *(h.safe_time for h in ib_hs)])
+    end = min(config.window.end, ob_h.now)
     parts = config.partitions or spark.sparkContext.defaultParallelism
-    outbox = read_outbox(spark, config.outbox, config.window.start, end, parts)
+    start = config.window.start
+    outbox = read_outbox(spark, config.outbox, start, end, parts)
     inbox_frames = [
-        read_inbox(spark, src, config.window.start, h.safe_time, parts)
-        for src, h in zip(config.inboxes, horizons, strict=True)
+        read_inbox(spark, src, start, end, parts, until=h.safe_time)
+        for src, h in zip(config.inboxes, ib_hs, strict=True)
     ]
     inbox = inbox_frames[0]
     for frame in inbox_frames[1:]:
         inbox = inbox.unionByName(frame)
-    return outbox, inbox
+    return Reads(ob_h, ib_hs, end, as_of, outbox, inbox)
 
 
 def _write_details(
@@ -112,15 +131,11 @@ def reconcile(
 
     run_id = uuid.uuid4()
     started = now or dt.datetime.now(dt.UTC)
-    ob_h = read_horizon(config.outbox, OUTBOX_MESSAGES)
-    ib_hs = [read_horizon(src, INBOX_MESSAGES) for src in config.inboxes]
-    # SLA judgements use the earliest clock below which every source is complete.
-    as_of = min([ob_h.now, *(h.safe_time for h in ib_hs)])
-    end = min(config.window.end, ob_h.now)
-    outbox, inbox = _read(spark, config, end, ib_hs)
+    reads = read_sources(spark, config)
+    ob_h, as_of, end = reads.outbox_horizon, reads.as_of, reads.end
     rows = _transforms.reconcile_rows(
-        outbox,
-        inbox,
+        reads.outbox,
+        reads.inbox,
         config.subscriptions,
         as_of,
         config.sla,

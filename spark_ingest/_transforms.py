@@ -2,7 +2,7 @@
 
 Inputs (column names as the readers produce them):
 
-* outbox: ``id, topic, key, seq, status, attempts, created_at, published_at, tx_id``
+* outbox: ``id, topic, key, seq, status, created_at, published_at, tx_id``
 * inbox: ``consumer, message_id, topic, key, seq, received_at, processed_at, attempts, status``
   (``source`` optional)
 * subscriptions: ``topic, consumer`` (the consumers expected to process each topic)
