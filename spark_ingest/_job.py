@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
-from spark_ingest import _outputs, _transforms
+from spark_ingest import _outcomes, _outputs, _transforms
 from spark_ingest._config import CLASSES, DISCREPANCY_CLASSES, JobConfig
 from spark_ingest._sources import Horizon, connect, read_horizon, read_inbox, read_outbox
 
@@ -95,18 +95,17 @@ def read_sources(spark: SparkSession, config: JobConfig) -> Reads:
 
 
 def _write_details(
-    config: JobConfig, spark: SparkSession, rows: DataFrame, target: Path
+    config: JobConfig, spark: SparkSession, groups: DataFrame, target: Path
 ) -> DataFrame:
     """Confirm the phantom candidates (point lookups), write the details to ``target`` (Parquet)
-    and return them read back (a small dataset, unlike ``rows``)."""
+    and return them read back."""
     from pyspark.sql import functions as F
 
-    candidates = rows.where(F.col("row") == "candidate").select("id").distinct().collect()
+    candidates = groups.where(F.col("row") == "candidate").select("id").distinct().collect()
     present = _confirm_phantoms(config, spark, sorted(r["id"] for r in candidates))
-    # The details are a union of four filters of the cache, each with every cache partition:
-    # written as is, that was 64 tasks and files for a few thousand rows (3 s of a 1M run).
+    # A few files, not one per shuffle partition of the groups (tiny files, a task each).
     files = max(1, spark.sparkContext.defaultParallelism)
-    detail = _transforms.details(rows, present).coalesce(files)
+    detail = _outcomes.details(groups, present).coalesce(files)
     detail.write.mode("overwrite").parquet(str(target))
     return spark.read.parquet(str(target))
 
@@ -121,10 +120,10 @@ def reconcile(
 ) -> RunResult:
     """Run one reconciliation of ``config.window``; write outputs under ``output_dir/<run>``.
 
-    One Spark job does the work: it reads every source once, joins, classifies, caches the
-    compact result and aggregates every summary figure from it; the details (a few percent of
-    the rows) are written from the cache, and the rest reads that small Parquet dataset (see
-    docs/reconciliation.md, "Where the time goes").
+    One Spark job does the work: it reads every source once, joins, classifies and counts the
+    rows in one aggregation whose small result (the figures, and the few rows that are
+    details) is cached; the summary and the details come from that result, and the rest reads
+    the small details dataset (see docs/reconciliation.md, "Where the time goes").
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -143,17 +142,17 @@ def reconcile(
         end=end,
         xmin=ob_h.xmin,
     )
-    # The one expensive pass: read every source once, join, classify, cache the compact rows
-    # while aggregating the summary; everything after it reads the cache or the small details.
-    rows = _transforms.compact(rows).persist(StorageLevel.MEMORY_AND_DISK)
+    # The one expensive pass: read every source once, join, classify, count. Its result is a
+    # few rows plus one per detail row: cached, it is all the rest reads.
+    groups = _outcomes.outcome_groups(rows, LATENCY_BUCKETS).persist(StorageLevel.MEMORY_AND_DISK)
     target = None if output_dir is None else Path(output_dir) / str(run_id)
     scratch = Path(tempfile.mkdtemp(prefix="reconcile-")) if target is None else target
     scratch.mkdir(parents=True, exist_ok=True)
     try:
-        groups = _transforms.summary_frame(rows, CLASSES, LATENCY_BUCKETS).collect()
-        detail = _write_details(config, spark, rows, scratch / "details")
-        rows.unpersist()
-        figures = _transforms.summarise([g.asDict() for g in groups], CLASSES, LATENCY_BUCKETS)
+        figure_rows = _outcomes.figure_groups(groups).collect()
+        detail = _write_details(config, spark, groups, scratch / "details")
+        groups.unpersist()
+        figures = _outcomes.summarise([g.asDict() for g in figure_rows], CLASSES, LATENCY_BUCKETS)
         daily = _transforms.daily_counts(detail)
         counts = figures["counts"] | {"phantom": 0}
         counts["phantom"] = sum(d["count"] for d in daily if d["kind"] == "phantom")
@@ -194,7 +193,7 @@ def reconcile(
             [r.asDict() for r in first],
         )
     finally:
-        rows.unpersist()
+        groups.unpersist()
         if target is None:
             shutil.rmtree(scratch, ignore_errors=True)
 
