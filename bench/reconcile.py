@@ -4,7 +4,8 @@ Seeds (INSERT ... SELECT generate_series) an outbox of N messages over 10 days a
 databases (billing, shipping) with ~1% missing, ~0.5% duplicate deliveries and ~0.5% phantoms
 each; then, side by side in one run:
 
-  (a) read   : the same rows over JDBC into Spark, every column fetched (the I/O floor)
+  (a) read   : the job's own JDBC reads (same rows, columns, partitions), every column fetched
+               and hashed, in one Spark job (the I/O floor)
   (b) full   : the whole reconciliation of the 10 days (reads, classify, outputs, run row)
   (c) sql    : the same left/anti-join classification in SQL inside Postgres, on co-located
                copies of the inbox tables (for reference; real inboxes live in other databases)
@@ -39,7 +40,7 @@ from common import write_result
 
 from outbox._migrate import upgrade
 from spark_ingest import JobConfig, Source, Window, reconcile, spark_session
-from spark_ingest._sources import read_inbox, read_outbox
+from spark_ingest._job import read_sources
 
 ADMIN = os.environ.get("OUTBOX_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -132,17 +133,14 @@ def _timed(fn: Any) -> tuple[float, Any]:
 
 
 def _read_floor(spark: Any, config: JobConfig) -> int:
-    """Every column of the same rows, over the same JDBC reads, aggregated so all are fetched."""
+    """The job's own reads (``read_sources``: the same rows, columns and JDBC partitions), in one
+    Spark job as the main pass reads them, every column fetched and hashed."""
     from pyspark.sql import functions as F
 
-    lo, hi = config.window.start, config.window.end
-    total = 0
-    frames = [read_outbox(spark, config.outbox, lo, hi, 2)]
-    frames += [read_inbox(spark, s, lo, hi + dt.timedelta(days=1), 2) for s in config.inboxes]
-    for df in frames:
-        row = df.select(F.count(F.lit(1)), F.sum(F.hash(*df.columns))).collect()[0]
-        total += int(row[0])
-    return total
+    reads = read_sources(spark, config)
+    hashed = [df.select(F.hash(*df.columns).alias("h")) for df in (reads.outbox, reads.inbox)]
+    row = hashed[0].unionByName(hashed[1]).select(F.count(F.lit(1)), F.sum("h")).collect()[0]
+    return int(row[0])
 
 
 def _exists(name: str) -> bool:

@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
-from spark_ingest import _outputs, _transforms
+from spark_ingest import _outcomes, _outputs, _transforms
 from spark_ingest._config import CLASSES, DISCREPANCY_CLASSES, JobConfig
 from spark_ingest._sources import Horizon, connect, read_horizon, read_inbox, read_outbox
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["RunResult", "reconcile"]
+__all__ = ["Reads", "RunResult", "read_sources", "reconcile"]
 
 #: Upper bounds (ms) of the end-to-end latency histogram buckets in the report.
 LATENCY_BUCKETS = (10.0, 50.0, 100.0, 500.0, 1_000.0, 5_000.0, 30_000.0, 300_000.0, 3_600_000.0)
@@ -59,35 +59,53 @@ def _confirm_phantoms(config: JobConfig, spark: SparkSession, ids: list[str]) ->
     return spark.createDataFrame([(i,) for i in sorted(present)], "id string")
 
 
-def _read(
-    spark: SparkSession, config: JobConfig, end: dt.datetime, horizons: list[Horizon]
-) -> tuple[DataFrame, DataFrame]:
-    """The JDBC reads, not cached: the plan built on them reads each source exactly once."""
+@dataclass(frozen=True)
+class Reads:
+    """The horizons frozen at start and the JDBC reads of one run (lazy, not cached)."""
+
+    outbox_horizon: Horizon
+    inbox_horizons: list[Horizon]
+    end: dt.datetime  #: window end, capped at the outbox clock
+    as_of: dt.datetime  #: the earliest clock below which every source is complete
+    outbox: DataFrame
+    inbox: DataFrame
+
+
+def read_sources(spark: SparkSession, config: JobConfig) -> Reads:
+    """Freeze every source's horizon, then build its JDBC read: the outbox rows of the window,
+    the inbox rows from the window start up to each inbox's safe time. The plan built on them
+    reads each source exactly once; ``bench/reconcile.py`` times these same reads as its floor.
+    """
+    ob_h = read_horizon(config.outbox, OUTBOX_MESSAGES)
+    ib_hs = [read_horizon(src, INBOX_MESSAGES) for src in config.inboxes]
+    # SLA judgements use the earliest clock below which every source is complete.
+    as_of = min([ob_h.now, *(h.safe_time for h in ib_hs)])
+    end = min(config.window.end, ob_h.now)
     parts = config.partitions or spark.sparkContext.defaultParallelism
-    outbox = read_outbox(spark, config.outbox, config.window.start, end, parts)
+    start = config.window.start
+    outbox = read_outbox(spark, config.outbox, start, end, parts)
     inbox_frames = [
-        read_inbox(spark, src, config.window.start, h.safe_time, parts)
-        for src, h in zip(config.inboxes, horizons, strict=True)
+        read_inbox(spark, src, start, end, parts, until=h.safe_time)
+        for src, h in zip(config.inboxes, ib_hs, strict=True)
     ]
     inbox = inbox_frames[0]
     for frame in inbox_frames[1:]:
         inbox = inbox.unionByName(frame)
-    return outbox, inbox
+    return Reads(ob_h, ib_hs, end, as_of, outbox, inbox)
 
 
 def _write_details(
-    config: JobConfig, spark: SparkSession, rows: DataFrame, target: Path
+    config: JobConfig, spark: SparkSession, groups: DataFrame, target: Path
 ) -> DataFrame:
     """Confirm the phantom candidates (point lookups), write the details to ``target`` (Parquet)
-    and return them read back (a small dataset, unlike ``rows``)."""
+    and return them read back."""
     from pyspark.sql import functions as F
 
-    candidates = rows.where(F.col("row") == "candidate").select("id").distinct().collect()
+    candidates = groups.where(F.col("row") == "candidate").select("id").distinct().collect()
     present = _confirm_phantoms(config, spark, sorted(r["id"] for r in candidates))
-    # The details are a union of four filters of the cache, each with every cache partition:
-    # written as is, that was 64 tasks and files for a few thousand rows (3 s of a 1M run).
+    # A few files, not one per shuffle partition of the groups (tiny files, a task each).
     files = max(1, spark.sparkContext.defaultParallelism)
-    detail = _transforms.details(rows, present).coalesce(files)
+    detail = _outcomes.details(groups, present).coalesce(files)
     detail.write.mode("overwrite").parquet(str(target))
     return spark.read.parquet(str(target))
 
@@ -102,25 +120,21 @@ def reconcile(
 ) -> RunResult:
     """Run one reconciliation of ``config.window``; write outputs under ``output_dir/<run>``.
 
-    One Spark job does the work: it reads every source once, joins, classifies, caches the
-    compact result and aggregates every summary figure from it; the details (a few percent of
-    the rows) are written from the cache, and the rest reads that small Parquet dataset (see
-    docs/reconciliation.md, "Where the time goes").
+    One Spark job does the work: it reads every source once, joins, classifies and counts the
+    rows in one aggregation whose small result (the figures, and the few rows that are
+    details) is cached; the summary and the details come from that result, and the rest reads
+    the small details dataset (see docs/reconciliation.md, "Where the time goes").
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     run_id = uuid.uuid4()
     started = now or dt.datetime.now(dt.UTC)
-    ob_h = read_horizon(config.outbox, OUTBOX_MESSAGES)
-    ib_hs = [read_horizon(src, INBOX_MESSAGES) for src in config.inboxes]
-    # SLA judgements use the earliest clock below which every source is complete.
-    as_of = min([ob_h.now, *(h.safe_time for h in ib_hs)])
-    end = min(config.window.end, ob_h.now)
-    outbox, inbox = _read(spark, config, end, ib_hs)
+    reads = read_sources(spark, config)
+    ob_h, as_of, end = reads.outbox_horizon, reads.as_of, reads.end
     rows = _transforms.reconcile_rows(
-        outbox,
-        inbox,
+        reads.outbox,
+        reads.inbox,
         config.subscriptions,
         as_of,
         config.sla,
@@ -128,17 +142,17 @@ def reconcile(
         end=end,
         xmin=ob_h.xmin,
     )
-    # The one expensive pass: read every source once, join, classify, cache the compact rows
-    # while aggregating the summary; everything after it reads the cache or the small details.
-    rows = _transforms.compact(rows).persist(StorageLevel.MEMORY_AND_DISK)
+    # The one expensive pass: read every source once, join, classify, count. Its result is a
+    # few rows plus one per detail row: cached, it is all the rest reads.
+    groups = _outcomes.outcome_groups(rows, LATENCY_BUCKETS).persist(StorageLevel.MEMORY_AND_DISK)
     target = None if output_dir is None else Path(output_dir) / str(run_id)
     scratch = Path(tempfile.mkdtemp(prefix="reconcile-")) if target is None else target
     scratch.mkdir(parents=True, exist_ok=True)
     try:
-        groups = _transforms.summary_frame(rows, CLASSES, LATENCY_BUCKETS).collect()
-        detail = _write_details(config, spark, rows, scratch / "details")
-        rows.unpersist()
-        figures = _transforms.summarise([g.asDict() for g in groups], CLASSES, LATENCY_BUCKETS)
+        figure_rows = _outcomes.figure_groups(groups).collect()
+        detail = _write_details(config, spark, groups, scratch / "details")
+        groups.unpersist()
+        figures = _outcomes.summarise([g.asDict() for g in figure_rows], CLASSES, LATENCY_BUCKETS)
         daily = _transforms.daily_counts(detail)
         counts = figures["counts"] | {"phantom": 0}
         counts["phantom"] = sum(d["count"] for d in daily if d["kind"] == "phantom")
@@ -179,7 +193,7 @@ def reconcile(
             [r.asDict() for r in first],
         )
     finally:
-        rows.unpersist()
+        groups.unpersist()
         if target is None:
             shutil.rmtree(scratch, ignore_errors=True)
 

@@ -118,18 +118,26 @@ def _range_sql(column: str, a: dt.datetime, b: dt.datetime) -> str:
     )
 
 
-def time_predicates(column: str, lo: dt.datetime, hi: dt.datetime, n: int) -> list[str]:
-    """Split ``[lo, hi)`` on ``column`` into ``n`` contiguous ranges, one per Spark partition.
+def time_predicates(
+    column: str, lo: dt.datetime, hi: dt.datetime, n: int, *, until: dt.datetime | None = None
+) -> list[str]:
+    """Split ``[lo, hi)`` on ``column`` into ``n`` contiguous ranges, one per Spark partition;
+    with ``until``, the last range runs on to ``until`` (the rows are ``[lo, until)``, split as
+    if they ended at ``hi``).
 
     UUIDs cannot be a Spark partition column, so reads split on time (the bounds are our own
     ISO timestamps, never user text).
     """
-    return [_range_sql(column, a, b) for a, b in _ranges(lo, hi, n)]
+    stop = hi if until is None else until
+    ranges = _ranges(lo, min(hi, stop), n)
+    ranges[-1] = (ranges[-1][0], stop)
+    return [_range_sql(column, a, b) for a, b in ranges]
 
 
+# Exactly the columns the reconciliation uses (and the read floor of bench/reconcile.py fetches).
 _OUTBOX_COLUMNS = (
-    "id::text AS id, topic, key, seq, status, attempts, created_at, available_at, "
-    "published_at, tx_id::text::bigint AS tx_id"
+    "id::text AS id, topic, key, seq, status, created_at, published_at, "
+    "tx_id::text::bigint AS tx_id"
 )
 _INBOX_COLUMNS = (
     "consumer, message_id::text AS message_id, topic, key, seq, received_at, processed_at, "
@@ -189,11 +197,20 @@ def read_inbox(
     lo: dt.datetime,
     hi: dt.datetime,
     partitions: int,
+    *,
+    until: dt.datetime | None = None,
 ) -> DataFrame:
-    """Inbox rows with ``lo <= received_at < hi``, tagged with the source name."""
+    """Inbox rows with ``lo <= received_at < until`` (default ``hi``), tagged with the source.
+
+    ``[lo, hi)`` is split into ``partitions`` ranges and the last one runs on to ``until``: the
+    job reads the rows of a window (``hi`` its end) plus the few deliveries after it up to the
+    inbox's safe time, so the split follows the window. Split up to ``until`` (often days
+    later), every row would land in the first range: one partition doing all the work.
+    """
     from pyspark.sql import functions as F
 
     table = _qualified(source, INBOX_MESSAGES).as_string(None)
     query = f"SELECT {_INBOX_COLUMNS} FROM {table}"
-    df = _jdbc(spark, source, query, time_predicates("received_at", lo, hi, partitions))
+    preds = time_predicates("received_at", lo, hi, partitions, until=until)
+    df = _jdbc(spark, source, query, preds)
     return df.withColumn("source", F.lit(source.name))

@@ -2,15 +2,15 @@
 
 Inputs (column names as the readers produce them):
 
-* outbox: ``id, topic, key, seq, status, attempts, created_at, published_at, tx_id``
+* outbox: ``id, topic, key, seq, status, created_at, published_at, tx_id``
 * inbox: ``consumer, message_id, topic, key, seq, received_at, processed_at, attempts, status``
   (``source`` optional)
 * subscriptions: ``topic, consumer`` (the consumers expected to process each topic)
 
 The job evaluates everything in ONE pass over the sources: ``reconcile_rows`` joins the outbox
 rows read (one row per expected consumer) with the inbox rows in a single full outer join, so the
-same shuffle yields the classified pairs and the phantom candidates; ``summary_frame`` then
-aggregates that materialised result in one job, and the details are a small filter of it.
+same shuffle yields the classified pairs and the phantom candidates; ``_outcomes`` then counts
+them in one aggregation that also keeps the detail rows.
 """
 
 from __future__ import annotations
@@ -26,32 +26,12 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
-    "DETAIL_COLUMNS",
     "classify",
-    "compact",
     "daily_counts",
-    "details",
     "judged_outbox",
     "reconcile_rows",
     "subscriptions_frame",
-    "summarise",
-    "summary_frame",
 ]
-
-DETAIL_COLUMNS = (
-    "kind",
-    "id",
-    "topic",
-    "key",
-    "seq",
-    "consumer",
-    "outbox_status",
-    "inbox_status",
-    "created_at",
-    "published_at",
-    "processed_at",
-    "inbox_attempts",
-)
 
 
 def subscriptions_frame(
@@ -226,160 +206,6 @@ def classify(
     ``out_of_order``: the pairs of ``reconcile_rows`` when every message given is judged."""
     rows = reconcile_rows(judged, inbox, subscriptions, as_of, sla)
     return rows.where((F.col("row") == "pair") & F.col("consumer").isNotNull())
-
-
-def details(rows: DataFrame, present: DataFrame | None = None) -> DataFrame:
-    """The discrepancy rows (plus lagging), one per (kind, message, consumer).
-
-    ``present``: ids (column ``id``) of candidates found in the outbox after all; every other
-    candidate is a phantom.
-    """
-    cols = [c for c in DETAIL_COLUMNS if c != "kind"]
-    pairs = rows.where(F.col("class").isNotNull())
-    by_class = pairs.where(~F.col("class").isin("delivered", "in_flight")).select(
-        F.col("class").alias("kind"), *cols
-    )
-    dupes = pairs.where("duplicate").select(F.lit("duplicate").alias("kind"), *cols)
-    disorder = pairs.where("out_of_order").select(F.lit("out_of_order").alias("kind"), *cols)
-    ghosts = rows.where(F.col("row") == "candidate")
-    if present is not None:
-        ghosts = ghosts.join(F.broadcast(present), "id", "left_anti")
-    ghosts = ghosts.select(
-        F.lit("phantom").alias("kind"),
-        *cols[:5],
-        F.lit(None).cast("string").alias("outbox_status"),
-        "inbox_status",
-        F.lit(None).cast("timestamp").alias("created_at"),
-        F.lit(None).cast("timestamp").alias("published_at"),
-        "processed_at",
-        "inbox_attempts",
-    )
-    return by_class.unionByName(dupes).unionByName(disorder).unionByName(ghosts)
-
-
-#: Columns only a detail row needs: ``compact`` keeps them on those rows alone.
-_DETAIL_ONLY = (
-    "id",
-    "key",
-    "seq",
-    "outbox_status",
-    "inbox_status",
-    "created_at",
-    "published_at",
-    "processed_at",
-    "inbox_attempts",
-)
-
-
-def compact(rows: DataFrame) -> DataFrame:
-    """``rows`` reduced to what the outputs need, cheap to cache.
-
-    Every row keeps the few columns the summary aggregates (``row, topic, consumer, judged,
-    first, class, duplicate, out_of_order`` and the three latencies of delivered pairs, in ms);
-    the per-message columns survive only on rows that can become a detail row (candidates and
-    every judged pair that is not a clean delivery), a few percent of them. Caching the full
-    rows cost more than the join itself.
-    """
-    delivered = F.col("class") == "delivered"
-    clean = delivered & ~F.col("duplicate") & ~F.col("out_of_order")
-    keep = (F.col("row") == "candidate") | (F.col("class").isNotNull() & ~clean)
-    legs = [F.when(delivered, _millis(a, b)).alias(f"{leg}_ms") for leg, (a, b) in _LEGS.items()]
-    return rows.select(
-        "row",
-        "topic",
-        "consumer",
-        "judged",
-        "first",
-        "class",
-        "duplicate",
-        "out_of_order",
-        *legs,
-        *(F.when(keep, F.col(c)).alias(c) for c in _DETAIL_ONLY),
-    )
-
-
-def _millis(a: str, b: str) -> Column:
-    return (F.unix_micros(F.col(b)) - F.unix_micros(F.col(a))) / 1000.0
-
-
-_PCTS = [0.5, 0.9, 0.99]
-
-
-_LEGS = {
-    "publish": ("created_at", "published_at"),
-    "process": ("published_at", "processed_at"),
-    "end_to_end": ("created_at", "processed_at"),
-}
-
-
-def summary_frame(rows: DataFrame, classes: Sequence[str], buckets: Sequence[float]) -> DataFrame:
-    """Every figure of the summary in one aggregation of ``compact`` rows, one row per (topic,
-    consumer): message
-    and deferred counts, pairs per class, flags, candidates, and for delivered pairs the latency
-    percentiles, maxima and end-to-end histogram (bucket i counts latencies <= ``buckets[i]``,
-    the last bucket everything above)."""
-    judged_pair = F.col("class").isNotNull()
-    delivered = F.col("class") == "delivered"
-    pair = F.col("row") == "pair"
-    aggs = [
-        F.count_if(pair & F.col("first") & F.col("judged")).alias("messages"),
-        F.count_if(pair & F.col("first") & ~F.col("judged")).alias("deferred"),
-        F.count_if(judged_pair).alias("pairs"),
-        F.count_if(F.col("row") == "candidate").alias("candidates"),
-        F.count_if(F.col("duplicate")).alias("duplicate"),
-        F.count_if(F.col("out_of_order")).alias("out_of_order"),
-    ]
-    aggs += [F.count_if(F.col("class") == c).alias(f"class_{c}") for c in classes]
-    for leg in _LEGS:
-        ms = F.col(f"{leg}_ms")
-        aggs.append(F.percentile_approx(ms, _PCTS, 1000).alias(f"{leg}_pct"))
-        aggs.append(F.max(ms).alias(f"{leg}_max"))
-    e2e = F.col("end_to_end_ms")
-    lower: Column = F.lit(True)
-    for i, edge in enumerate([*buckets, None]):
-        upper = F.lit(True) if edge is None else e2e <= edge
-        aggs.append(F.count_if(delivered & lower & upper).alias(f"bucket_{i}"))
-        lower = ~upper if edge is not None else lower
-    return rows.groupBy("topic", "consumer").agg(*aggs)
-
-
-def summarise(
-    groups: Sequence[Mapping[str, Any]], classes: Sequence[str], buckets: Sequence[float]
-) -> dict[str, Any]:
-    """The ``summary_frame`` groups (as mappings; absent means null) as plain figures:
-    ``messages``, ``deferred``,
-    ``candidates``, ``counts`` (pairs, classes, duplicate, out_of_order), ``latency`` (per topic
-    and consumer with delivered pairs) and ``latency_histogram`` (non-empty buckets)."""
-    out: dict[str, Any] = {"messages": 0, "deferred": 0, "candidates": 0}
-    counts = dict.fromkeys(("pairs", *classes, "duplicate", "out_of_order"), 0)
-    latency, histogram = [], []
-    for g in sorted(groups, key=lambda r: (r.get("topic") or "", r.get("consumer") or "")):
-        for name in ("messages", "deferred", "candidates"):
-            out[name] += int(g[name])
-        for name in ("pairs", "duplicate", "out_of_order"):
-            counts[name] += int(g[name])
-        for c in classes:
-            counts[c] += int(g[f"class_{c}"])
-        n = int(g["class_delivered"]) if "delivered" in classes else 0
-        if not n or g.get("consumer") is None:
-            continue
-        item: dict[str, Any] = {"topic": g.get("topic"), "consumer": g["consumer"], "n": n}
-        for leg in _LEGS:
-            pct = g.get(f"{leg}_pct") or [None, None, None]
-            item[leg] = {
-                "p50_ms": pct[0],
-                "p90_ms": pct[1],
-                "p99_ms": pct[2],
-                "max_ms": g.get(f"{leg}_max"),
-            }
-        latency.append(item)
-        where = {"topic": g.get("topic"), "consumer": g["consumer"]}
-        histogram += [
-            where | {"bucket": i, "n": int(g[f"bucket_{i}"])}
-            for i in range(len(buckets) + 1)
-            if g[f"bucket_{i}"]
-        ]
-    return out | {"counts": counts, "latency": latency, "latency_histogram": histogram}
 
 
 def daily_counts(detail: DataFrame) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ import pytest
 
 from spark_ingest._outputs import judge
 from spark_ingest._report import bar_chart
+from spark_ingest._sources import time_predicates
 from spark_ingest._transforms import classify, judged_outbox, subscriptions_frame
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -70,3 +71,19 @@ def test_bar_chart_is_inline_svg_with_one_bar_per_value() -> None:
     assert svg.count("<rect") == 2
     assert "b&lt;" in svg
     assert "x &amp; y" in svg
+
+
+def test_time_predicates_split_the_window_and_run_the_last_range_on_to_until() -> None:
+    # The inbox is read up to its safe time (days after the window): split over that whole span,
+    # the first partition would hold every row and the others none.
+    end, until = T0 + dt.timedelta(days=10), T0 + dt.timedelta(days=300)
+    mid = (T0 + dt.timedelta(days=5)).isoformat()
+    preds = time_predicates("received_at", T0, end, 2, until=until)
+    assert preds == [
+        f"received_at >= '{T0.isoformat()}'::timestamptz AND received_at < '{mid}'::timestamptz",
+        f"received_at >= '{mid}'::timestamptz AND received_at < '{until.isoformat()}'::timestamptz",
+    ]
+    assert time_predicates("received_at", T0, end, 2) == [
+        preds[0],
+        preds[1].replace(until.isoformat(), end.isoformat()),
+    ]
