@@ -259,3 +259,47 @@ def test_claim_plan_holds_when_statistics_say_nothing_is_pending(url: str) -> No
     assert not [n for n in nodes if n.get("Index Name") == "outbox_messages_available_at_idx"]
     # one probe per key visited at most: never a loop over every pending row per head
     assert max(n["Actual Loops"] for n in nodes) <= 400
+
+
+def _never_analyzed_backlog(url: str, published: int, pending: int, keys: int) -> None:
+    """A published history and a backlog over ``keys`` keys, in a table never analyzed."""
+    with psycopg.connect(url) as conn:
+        old = [Message("t", f"k{i % keys}", {"i": i}) for i in range(published)]
+        publish_batch(conn, old, wakeup=False)
+        conn.execute("UPDATE outbox_messages SET status = 'published', published_at = now()")
+        conn.commit()
+        fresh = [Message("t", f"k{i % keys}", {"i": i}) for i in range(pending)]
+        publish_batch(conn, fresh, wakeup=False)
+        conn.commit()
+        row = conn.execute(
+            "SELECT last_analyze, last_autoanalyze FROM pg_stat_user_tables"
+            " WHERE relname = 'outbox_messages'"
+        ).fetchone()
+    assert row == (None, None), "the table must have no statistics for this test"
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+def test_claim_plan_probes_heads_by_key_without_statistics(url: str, plan_cache_mode: str) -> None:
+    """Never analyzed (autovacuum off), prepared as the relay's driver prepares it: no scan of
+    the table. As a join, the head rows were a sequential scan, and in the generic plan that
+    scan drove the key probes (pending rows x keys loops: 22 s per claim in bench (d))."""
+    _never_analyzed_backlog(url, published=5000, pending=300, keys=100)
+    with psycopg.connect(url) as conn:
+        conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
+        params = _claim_params(url, limit=500, per_key=100)
+        explain = b"EXPLAIN (ANALYZE, FORMAT JSON) " + S.claim
+        row = conn.cursor().execute(explain, params, prepare=True).fetchone()
+        conn.rollback()
+    assert row is not None
+    nodes = _plan_nodes(row[0][0]["Plan"])
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], "the claim scans the table"
+    heads = [
+        n
+        for n in nodes
+        if n.get("Relation Name") == "outbox_messages"
+        and n.get("Index Name") == "outbox_messages_pkey"
+    ]
+    assert heads, "the head rows are not primary-key probes"
+    # one probe per key (100) and per row behind a head (200) at most
+    assert max(n["Actual Loops"] for n in nodes) <= 300
+    assert row[0][0]["Plan"]["Actual Rows"] == 300
