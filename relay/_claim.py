@@ -22,7 +22,15 @@ from relay._config import RelayConfig
 from relay._queries import RelayStatements
 from relay.exceptions import PermanentPublishError
 
-__all__ = ["Claim", "Outcome", "backoff_delay", "claim_batch", "decide", "mark_batch"]
+__all__ = [
+    "Claim",
+    "Outcome",
+    "backoff_delay",
+    "claim_batch",
+    "decide",
+    "mark_batch",
+    "resume_point",
+]
 
 Action = Literal["published", "retry", "dead", "release"]
 
@@ -77,6 +85,21 @@ async def claim_batch(
     if claim is None and after != ("", ""):
         claim = await _claim_from(conn, stmts, config, ("", ""))
     return claim
+
+
+def resume_point(claim: Claim | None, config: RelayConfig) -> tuple[str, str]:
+    """Where the next claim starts its walk over keys.
+
+    After the last key of a full batch: the keys behind it may not have had their turn. After
+    a batch that was not full, from the first key: that claim walked every key from its start
+    to the last one, and the keys before its start come next. Starting after the last key
+    there found nothing most of the time at a steady trickle, so every claim cost two
+    statements (the second one wrapping around, see :func:`claim_batch`).
+    """
+    if claim is None or len(claim.envelopes) < config.batch_size:
+        return ("", "")
+    last = claim.envelopes[-1]
+    return (last.topic, last.key)
 
 
 async def _claim_from(

@@ -50,10 +50,12 @@ _HOLDS = """(CASE WHEN {t}.topic = ANY(%(skip_topics)s::text[]) THEN false
 # Concurrency:
 # * `heads` is MATERIALIZED: only a WITH query is guaranteed to run once, so LIMIT bounds the
 #   rows it locks (an IN (sub-select) can be re-executed and lock more, PostgreSQL bug #15715).
-# * `FOR UPDATE OF m SKIP LOCKED`: a head another relay is claiming or marking right now is
-#   skipped, never waited for. When the lock is granted on a row that changed after our
-#   snapshot, PostgreSQL re-checks the row's own conditions (status, lease, available_at) on the
-#   newest version, so a head that was meanwhile leased, published or postponed is dropped.
+# * `FOR UPDATE SKIP LOCKED` on the head row (`h`): a head another relay is claiming or marking
+#   right now is skipped, never waited for. When the lock is granted on a row that changed after
+#   our snapshot, PostgreSQL re-checks the row's own conditions (status, lease, available_at) on
+#   the newest version, so a head that was meanwhile leased, published or postponed is dropped.
+#   The lock sits in `h`'s sub-select, run once per key as LIMIT pulls rows: `limit` heads at
+#   most are locked (tested with hash and merge joins disabled).
 # * `first` is read from the statement's snapshot. It can only err towards "not a head": if the
 #   row it found was published after the snapshot, the lock's re-check drops it (the next claim
 #   takes the key's new head). It can never take a row as a head while an earlier row is
@@ -81,11 +83,11 @@ WITH RECURSIVE keys AS (
     ) AS n
 ),
 heads AS MATERIALIZED (
-    SELECT m.id, m.topic, m.key, m.seq
+    SELECT h.id, h.topic, h.key, h.seq
     FROM keys AS k
     CROSS JOIN LATERAL (
         -- The key's first row that is pending, or dead under 'hold'. It is the head only if
-        -- it is pending (m.status below): then no earlier row of the key is pending or held.
+        -- it is pending (h below): then no earlier row of the key is pending or held.
         -- One ordered index probe per key: never an anti join, which for a hot key made the
         -- planner hash or scan the whole table (it cannot know there are only `limit` heads).
         SELECT f.id FROM {messages} AS f
@@ -93,17 +95,28 @@ heads AS MATERIALIZED (
           AND (f.status = 'pending' OR {holds_f})
         ORDER BY f.topic, f.key, f.seq LIMIT 1
     ) AS first
-    JOIN {messages} AS m ON m.id = first.id
-    -- `m.status || '' = 'pending'` is `m.status = 'pending'` in a form that matches no partial
-    -- index. With statistics that say almost nothing is pending (a long published history,
-    -- or a table never analyzed), the planner otherwise read every pending row through a
-    -- partial index once per head, or drove the join from them: 3.8 s and 20 s per claim over
-    -- 10,000 pending rows (tested). Here and in the UPDATE below, m stays a primary-key probe.
-    WHERE m.status || '' = 'pending'
-      AND m.available_at <= clock_timestamp()
-      AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
+    CROSS JOIN LATERAL (
+        -- The head row itself, locked: a primary-key probe per key, in a sub-select that the
+        -- planner cannot flatten (it has a locking clause) and must run per `first` row (it
+        -- refers to first.id). As a plain join, a table without statistics (autovacuum off,
+        -- or not yet analyzed) made the planner scan the whole table for the head rows, and
+        -- in a generic plan drive the join from that scan with the key probes inside it:
+        -- pending rows x keys probes, 0.4 s to 22 s per claim under a steady 1,000 msg/s,
+        -- so the backlog, and the next claim, kept growing (bench (d), tested).
+        -- `m.status || '' = 'pending'` is `m.status = 'pending'` in a form that matches no
+        -- partial index. With statistics that say almost nothing is pending (a long published
+        -- history), the planner otherwise read every pending row through a partial index once
+        -- per head: 3.8 s and 20 s per claim over 10,000 pending rows (tested).
+        SELECT m.id, m.topic, m.key, m.seq FROM {messages} AS m
+        WHERE m.id = first.id
+          AND m.status || '' = 'pending'
+          AND m.available_at <= clock_timestamp()
+          AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
+        FOR UPDATE SKIP LOCKED
+    ) AS h
+    -- The nested loop is pulled row by row, so the sub-select above runs (and locks) only
+    -- until LIMIT has its rows.
     LIMIT %(limit)s
-    FOR UPDATE OF m SKIP LOCKED
 ),
 candidates AS (
     SELECT h.id AS head_id, x.id, x.status, x.seq,
@@ -146,8 +159,9 @@ SET lease_owner = %(owner)s,
     lease_token = %(token)s,
     lease_until = clock_timestamp() + %(lease_seconds)s * interval '1 second',
     attempts = m.attempts + 1
-FROM limited
-WHERE m.id = limited.id
+-- An array, not a join with `limited`: primary-key probes whatever the statistics say. As a
+-- join, a table without statistics was read whole (a hash join) on every claim.
+WHERE m.id = ANY(ARRAY(SELECT id FROM limited))
   AND m.status || '' = 'pending'  -- = 'pending', kept a primary-key probe (see `heads`)
   AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
 RETURNING m.id, m.topic, m.key, m.seq, m.payload, m.content_type, m.headers, m.traceparent,

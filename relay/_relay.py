@@ -18,7 +18,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from outbox._statements import WAKEUP_CHANNEL
 from outbox.envelope import Envelope
-from relay._claim import Claim, Outcome, claim_batch, decide, mark_batch, relay_session
+from relay._claim import (
+    Claim,
+    Outcome,
+    claim_batch,
+    decide,
+    mark_batch,
+    relay_session,
+    resume_point,
+)
 from relay._config import RelayConfig
 from relay._metrics import RelayMetrics
 from relay._queries import relay_statements
@@ -180,9 +188,7 @@ class Relay:
             async with pool.connection(timeout=self.config.poll_interval * 5) as conn:
                 started = time.perf_counter()
                 claim = await claim_batch(conn, self._stmts, self.config, self._after)
-                if claim is not None:
-                    last = claim.envelopes[-1]
-                    self._after = (last.topic, last.key)
+                self._after = resume_point(claim, self.config)
                 self.metrics.claim_seconds.observe(time.perf_counter() - started)
         except (psycopg.Error, Exception) as exc:
             if isinstance(exc, asyncio.CancelledError):  # pragma: no cover

@@ -8,10 +8,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import config, write
+from conftest import FakePublisher, config, write
+from psycopg_pool import AsyncConnectionPool
 
+import relay._claim as _claim_module
 from outbox import Message, publish_batch
-from relay._claim import Claim, Outcome, claim_batch, mark_batch
+from relay import Relay
+from relay._claim import Claim, Outcome, claim_batch, mark_batch, resume_point
 from relay._queries import relay_statements
 
 S = relay_statements(None)
@@ -259,3 +262,97 @@ def test_claim_plan_holds_when_statistics_say_nothing_is_pending(url: str) -> No
     assert not [n for n in nodes if n.get("Index Name") == "outbox_messages_available_at_idx"]
     # one probe per key visited at most: never a loop over every pending row per head
     assert max(n["Actual Loops"] for n in nodes) <= 400
+
+
+def _never_analyzed_backlog(url: str, published: int, pending: int, keys: int) -> None:
+    """A published history and a backlog over ``keys`` keys, in a table never analyzed."""
+    with psycopg.connect(url) as conn:
+        old = [Message("t", f"k{i % keys}", {"i": i}) for i in range(published)]
+        publish_batch(conn, old, wakeup=False)
+        conn.execute("UPDATE outbox_messages SET status = 'published', published_at = now()")
+        conn.commit()
+        fresh = [Message("t", f"k{i % keys}", {"i": i}) for i in range(pending)]
+        publish_batch(conn, fresh, wakeup=False)
+        conn.commit()
+        row = conn.execute(
+            "SELECT last_analyze, last_autoanalyze FROM pg_stat_user_tables"
+            " WHERE relname = 'outbox_messages'"
+        ).fetchone()
+    assert row == (None, None), "the table must have no statistics for this test"
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+def test_claim_plan_probes_heads_by_key_without_statistics(url: str, plan_cache_mode: str) -> None:
+    """Never analyzed (autovacuum off), prepared as the relay's driver prepares it: no scan of
+    the table. As a join, the head rows were a sequential scan, and in the generic plan that
+    scan drove the key probes (pending rows x keys loops: 22 s per claim in bench (d))."""
+    _never_analyzed_backlog(url, published=5000, pending=300, keys=100)
+    with psycopg.connect(url) as conn:
+        conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
+        params = _claim_params(url, limit=500, per_key=100)
+        explain = b"EXPLAIN (ANALYZE, FORMAT JSON) " + S.claim
+        row = conn.cursor().execute(explain, params, prepare=True).fetchone()
+        conn.rollback()
+    assert row is not None
+    nodes = _plan_nodes(row[0][0]["Plan"])
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], "the claim scans the table"
+    heads = [
+        n
+        for n in nodes
+        if n.get("Relation Name") == "outbox_messages"
+        and n.get("Index Name") == "outbox_messages_pkey"
+    ]
+    assert heads, "the head rows are not primary-key probes"
+    # one probe per key (100) and per row behind a head (200) at most
+    assert max(n["Actual Loops"] for n in nodes) <= 300
+    assert row[0][0]["Plan"]["Actual Rows"] == 300
+
+
+def test_claim_resumes_after_a_full_batch_else_from_the_first_key(url: str) -> None:
+    write(url, [("t", f"k{i}") for i in range(6)])
+
+    async def go() -> None:
+        cfg = config(url, batch_size=4)
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            full = await claim_batch(conn, S, cfg)
+            assert _seqs(full) == [(f"k{i}", 1) for i in range(4)]
+            assert resume_point(full, cfg) == ("t", "k3")  # k4, k5 have not had their turn
+            rest = await claim_batch(conn, S, cfg, resume_point(full, cfg))
+            assert _seqs(rest) == [("k4", 1), ("k5", 1)]
+            assert resume_point(rest, cfg) == ("", "")  # every key visited: start over
+            assert resume_point(None, cfg) == ("", "")
+
+    asyncio.run(go())
+
+
+def test_relay_claim_after_a_batch_that_was_not_full_is_one_statement(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a steady trickle every batch is small: the next claim must not start after its last
+    key, find nothing there and wrap around (two statements per claim, bench (d))."""
+    write(url, [("t", f"k{i}") for i in range(6)])
+    starts: list[tuple[str, str]] = []
+    real = _claim_module._claim_from
+
+    async def counting(conn: Any, stmts: Any, cfg: Any, after: tuple[str, str]) -> Any:
+        starts.append(after)
+        return await real(conn, stmts, cfg, after)
+
+    monkeypatch.setattr(_claim_module, "_claim_from", counting)
+
+    async def go() -> None:
+        relay = Relay(config(url, batch_size=4), FakePublisher())
+        async with AsyncConnectionPool(url, kwargs={"autocommit": True}, open=False) as pool:
+            first = await relay._claim(pool)
+            second = await relay._claim(pool)
+            assert first is not None
+            assert second is not None
+            assert len(second.envelopes) == 2
+            write(url, [("t", "k0")])  # k0's next message, behind k0's leased head
+            await _mark(url, first)
+            starts.clear()
+            third = await relay._claim(pool)
+        assert _seqs(third) == [("k0", 2)]
+        assert starts == [("", "")]
+
+    asyncio.run(go())
