@@ -66,3 +66,20 @@ def inbox_rows(url: str, consumer: str) -> dict[uuid.UUID, tuple[Any, ...]]:
             (consumer,),
         ).fetchall()
     return {r[0]: r[1:] for r in rows}
+
+
+class FailOnce:
+    """An effect handler: one row in ``effects`` per call; the first delivery of each id in
+    ``fail_once`` fails after writing it (so its effect is rolled back)."""
+
+    def __init__(self, fail_once: set[uuid.UUID] | frozenset[uuid.UUID] = frozenset()) -> None:
+        self.pending_failures = set(fail_once)
+
+    async def __call__(self, conn: psycopg.AsyncConnection[Any], env: Any) -> None:
+        await conn.execute(
+            "INSERT INTO effects (consumer, message_id, key, seq) VALUES ('svc', %s, %s, %s)",
+            (env.id, env.key, env.seq),
+        )
+        if env.id in self.pending_failures:
+            self.pending_failures.discard(env.id)
+            raise RuntimeError("first attempt fails")

@@ -18,29 +18,12 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import psycopg
 from broker_fixtures import Broker
+from inbox_helpers import FailOnce
 from psycopg_pool import AsyncConnectionPool
 
 from inbox import AsyncHandlerRunner, Result
 from outbox.envelope import Envelope
-
-
-class FailOnce:
-    """The effect: one row in ``effects``; the first delivery of ``fail_once`` in this process
-    fails after writing it (so the effect is rolled back)."""
-
-    def __init__(self, fail_once: set[uuid.UUID]) -> None:
-        self.pending_failures = fail_once
-
-    async def __call__(self, conn: psycopg.AsyncConnection[Any], env: Envelope) -> None:
-        await conn.execute(
-            "INSERT INTO effects (consumer, message_id, key, seq) VALUES ('svc', %s, %s, %s)",
-            (env.id, env.key, env.seq),
-        )
-        if env.id in self.pending_failures:
-            self.pending_failures.discard(env.id)
-            raise RuntimeError("first attempt fails")
 
 
 async def main(args: dict[str, Any]) -> None:

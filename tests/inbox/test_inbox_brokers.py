@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 from broker_fixtures import BROKERS, Broker, Kafka, reachable
-from inbox_helpers import effects, inbox_rows, make_envelope
+from inbox_helpers import FailOnce, effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool
 
 from inbox import AsyncHandlerRunner, Outcome
@@ -41,22 +41,6 @@ def _broker(name: str) -> Broker:
     if broker.port and not reachable(broker.port):
         pytest.skip(f"{name} is not reachable on 127.0.0.1:{broker.port}")
     return broker
-
-
-class FailOnce:
-    """The effect handler; it fails the first delivery of the ids in ``fail_once``."""
-
-    def __init__(self, fail_once: set[uuid.UUID] = frozenset()) -> None:  # type: ignore[assignment]
-        self.pending_failures = set(fail_once)
-
-    async def __call__(self, conn: psycopg.AsyncConnection[Any], env: Any) -> None:
-        await conn.execute(
-            "INSERT INTO effects (consumer, message_id, key, seq) VALUES ('svc', %s, %s, %s)",
-            (env.id, env.key, env.seq),
-        )
-        if env.id in self.pending_failures:
-            self.pending_failures.discard(env.id)
-            raise RuntimeError("first attempt fails")
 
 
 WORKER = Path(__file__).with_name("storm_worker.py")

@@ -48,6 +48,20 @@ def _lake_ids(spark: Any, path: Path) -> list[str]:
     return [r[0] for r in spark.read.parquet(str(path)).select("id").collect()]
 
 
+def _night_twice(
+    spark: Any, lake: Path, tmp_path: Path, outbox: Any, billing: Any, *, expected: list[int]
+) -> None:
+    """Ingest a night, then the same night again as if its watermark had never been stored
+    (a crash after the data landed): both land ``expected`` rows per source."""
+    marks = lake / "_watermarks"
+    saved = tmp_path / "marks"
+    shutil.copytree(marks, saved)
+    assert [x.rows for x in ingest(spark, lake, outbox, (billing,))] == expected
+    shutil.rmtree(marks)
+    shutil.copytree(saved, marks)
+    assert [x.rows for x in ingest(spark, lake, outbox, (billing,))] == expected
+
+
 def test_ingest_lands_new_rows_once_even_when_a_night_is_rerun(
     spark: Any, database_url: str, inbox_urls: tuple[str, str], tmp_path: Path
 ) -> None:
@@ -75,14 +89,7 @@ def test_ingest_lands_new_rows_once_even_when_a_night_is_rerun(
     insert_inbox(inbox_urls[0], "billing", new[0].id, "orders", "n0", 1, dt.datetime.now(dt.UTC))
     _wait_below_horizon(database_url)
     _wait_below_horizon(inbox_urls[0])
-    marks = lake / "_watermarks"
-    saved = tmp_path / "marks"
-    shutil.copytree(marks, saved)
-    assert [x.rows for x in ingest(spark, lake, outbox, (billing,))] == [2, 1]
-    # The night is re-run as if its watermark had never been stored (a crash after the data).
-    shutil.rmtree(marks)
-    shutil.copytree(saved, marks)
-    assert [x.rows for x in ingest(spark, lake, outbox, (billing,))] == [2, 1]
+    _night_twice(spark, lake, tmp_path, outbox, billing, expected=[2, 1])
 
     ids = _lake_ids(spark, lake / "outbox" / "outbox_messages")
     assert sorted(ids) == sorted(m.id for m in old + new)
@@ -116,13 +123,7 @@ def test_ingest_lands_a_status_change_as_the_rows_new_version(
         conn.execute("UPDATE inbox_messages SET status = 'processed', attempts = 2")
     _wait_below_horizon(database_url)
     _wait_below_horizon(inbox_urls[0])
-    marks = lake / "_watermarks"
-    saved = tmp_path / "marks"
-    shutil.copytree(marks, saved)
-    assert [x.rows for x in ingest(spark, lake, outbox, (billing,))] == [2, 1]
-    shutil.rmtree(marks)  # the night again, as if its watermark had never been stored
-    shutil.copytree(saved, marks)
-    assert [x.rows for x in ingest(spark, lake, outbox, (billing,))] == [2, 1]
+    _night_twice(spark, lake, tmp_path, outbox, billing, expected=[2, 1])
     assert [x.rows for x in ingest(spark, lake, outbox, (billing,))] == [0, 0]
 
     history = spark.read.parquet(str(lake / "outbox" / "outbox_messages"))
