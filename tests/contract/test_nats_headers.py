@@ -1,0 +1,60 @@
+"""NATS-only checks the contract cannot express: what the NATS protocol cannot carry in a header,
+and the server's max_payload counting headers too. Either would make the server close the
+connection (failing every message in flight), so the adapter refuses the one message instead."""
+
+from __future__ import annotations
+
+import pytest
+from contract_harness import NatsHarness, reachable
+from test_contract import make_envelope, publish, run
+
+from relay.exceptions import PermanentPublishError
+
+pytestmark = pytest.mark.skipif(not reachable(4222), reason="NATS is not reachable on 4222")
+
+
+@pytest.mark.parametrize(
+    ("headers", "key", "culprit"),
+    [
+        ({"note": "two\nlines"}, "k", "note"),
+        ({"bad name": "v"}, "k", "bad name"),
+        ({"a:b": "v"}, "k", "a:b"),
+        ({}, "key\r\nwith a break", "outbox-key"),
+    ],
+)
+def test_nats_refuses_a_header_it_cannot_carry(
+    headers: dict[str, str], key: str, culprit: str
+) -> None:
+    harness = NatsHarness()
+    bad = make_envelope(key=key, headers=headers)
+    good = make_envelope(key="good", headers={"tenant": "acme"})
+
+    async def body() -> None:
+        results = await publish(harness.publisher(), [bad, good])
+        assert isinstance(results[0], PermanentPublishError), results[0]
+        assert repr(culprit) in str(results[0])
+        assert str(bad.id) in str(results[0])
+        assert results[1] is None
+        assert await harness.read(1) == [good]
+
+    run(harness, body)
+
+
+def test_nats_payload_limit_counts_the_headers() -> None:
+    """A body under max_payload whose headers push the message over it is refused, by size."""
+    harness = NatsHarness()
+
+    async def body() -> None:
+        pub = harness.publisher()
+        await pub.start()
+        limit = pub.features.max_payload_bytes
+        await pub.close()
+        fits = make_envelope(key="fits", payload=b"x" * (limit - 4096))
+        over = make_envelope(key="over", payload=b"x" * (limit - 100), headers={"pad": "y" * 200})
+        results = await publish(harness.publisher(), [over, fits])
+        assert isinstance(results[0], PermanentPublishError), results[0]
+        assert "max_payload minus headers" in str(results[0])
+        assert results[1] is None
+        assert await harness.read(1) == [fits]
+
+    run(harness, body)
