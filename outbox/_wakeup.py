@@ -10,9 +10,30 @@ connection) sends one ``NOTIFY`` from its own tiny transaction once the caller h
 
 * for a SQLAlchemy ``Session`` / ``AsyncSession`` an ``after_commit`` hook rings it;
 * for connections without such a hook (psycopg, SQLAlchemy ``Connection``) ``publish`` hands it
-  the writing transaction's id (``tx_id``, an xid8) and the doorbell checks, every few
-  milliseconds and for all watched transactions in one statement, whether they have ended
-  (``pg_xact_status``), notifying if any committed.
+  the writing transaction's id (``tx_id``, an xid8) and the doorbell checks, for all watched
+  transactions in one statement, whether they have ended (``pg_xact_status``), notifying if
+  any committed.
+
+When it checks. ``publish`` runs inside the caller's open transaction, so the commit comes only
+after it returns: checking at once would almost always find the transaction in progress. The
+doorbell keeps, per watched transaction, when it was first rung, and first checks it MIN (2 ms)
+later. While it stays open it is due again at ages of 4, 8, 16, 32 and 64 ms (its age doubles
+from check to check), then every MAX (50 ms). A ring from a commit hook (the commit already
+happened) is due at once. The next check is the earliest one due, and never within MIN of the
+previous one: rings coalesce, one check per MIN at most however many arrive. Each check covers
+every watched transaction, due or not; one checked early that way keeps its own schedule. The
+backoff belongs to each transaction, so a new writer never waits for the backoff of an old one
+that stays open; and a ring wakes the thread only if it brings the next check forward, so a
+busy producer does not wake it on every publish.
+
+What that guarantees. After a check that finds a transaction open at age ``a`` (time since the
+ring of its first ``publish``), the next check starts within ``max(MIN, min(a, MAX))``; the first
+starts within MIN of the ring. Let the transaction commit at age ``c``: the last check that
+found it open had ``a <= c``, so the check that sees the commit, and sends the NOTIFY, starts
+at most ``max(MIN, min(c, MAX))`` after the commit (plus thread scheduling, and a previous
+check still running). That is at most MIN for a transaction that commits within MIN of
+``publish``, at most about as long again as it stayed open after ``publish`` for a longer one,
+and never more than MAX.
 
 NOTIFY gives its transaction an xid, so even the doorbell's tiny transaction writes a commit
 record; the doorbell's session runs with ``synchronous_commit = off`` so that commit never
@@ -28,6 +49,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import threading
 import time
@@ -44,9 +66,11 @@ __all__ = ["Doorbell", "doorbell_for", "ring_after_commit"]
 
 log = logging.getLogger("outbox.wakeup")
 
-_MIN_POLL = 0.002  # cadence of the xid check: bounds the added wake-up latency
-_MAX_POLL = 0.05  # backoff while the watched transactions stay open
+_MIN_POLL = 0.002  # first check after a ring, and the least time between two checks
+_MAX_POLL = 0.05  # the most time between two checks of a transaction that stays open
 _COMMITTED = "committed"  # marker for rings that come after a known commit
+_BUSY = -math.inf  # planned check while the thread checks: it re-plans before it sleeps
+_IDLE = math.inf  # planned check while nothing is watched
 
 
 class Doorbell:
@@ -56,8 +80,11 @@ class Doorbell:
         self.conninfo = conninfo
         self.channel = channel
         self.notifications_sent = 0
-        self._pending: set[str] = set()
-        self._poll = _MIN_POLL  # current cadence; guarded by _cond
+        self.checks = 0  # statements run to settle watched transactions
+        # Guarded by _cond: watched xid -> (monotonic time first rung, next check due).
+        self._watch: dict[str, tuple[float, float]] = {}
+        self._last = -math.inf  # start of the last check
+        self._planned = _IDLE  # when the sleeping thread means to check next
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="outbox-doorbell", daemon=True)
@@ -65,16 +92,24 @@ class Doorbell:
 
     def ring(self, tx_ids: Iterable[str]) -> None:
         """Note transactions to watch. Thread-safe, never blocks on I/O, never raises."""
+        now = time.monotonic()
         with self._cond:
-            idle = not self._pending
-            fresh = not self._pending.issuperset(tx_ids)
-            self._pending.update(tx_ids)
-            if fresh and self._poll > _MIN_POLL:
-                # Backed off because some old transaction stays open: a new writer must not
-                # wait for that backoff. Back to the short cadence, and cut the sleep short.
-                self._poll = _MIN_POLL
-                self._cond.notify_all()
-            elif idle:  # an idle doorbell needs waking; a busy one sees the set next check
+            due = math.inf
+            for tx in tx_ids:
+                if tx == _COMMITTED:
+                    # Already committed: due at once. Re-rung during a check, it is kept for
+                    # the next one (that commit may come after the check's NOTIFY).
+                    self._watch[tx] = (now, now)
+                    due = now
+                elif tx not in self._watch:
+                    # The caller commits after publish returns: checking now would be wasted.
+                    self._watch[tx] = (now, now + _MIN_POLL)
+                    due = min(due, now + _MIN_POLL)
+            # Coalesce: never two checks within _MIN_POLL. Wake the thread only if this ring
+            # brings its next check forward, so a busy producer does not wake it per publish.
+            due = max(due, self._last + _MIN_POLL)
+            if due < self._planned:
+                self._planned = due
                 self._cond.notify_all()
 
     def ring_committed(self) -> None:
@@ -84,12 +119,12 @@ class Doorbell:
     def pending(self) -> int:
         """How many rung transactions are still being watched."""
         with self._cond:
-            return len(self._pending)
+            return len(self._watch)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no rung transaction is being watched; True if idle."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._pending, timeout)
+            return self._cond.wait_for(lambda: not self._watch, timeout)
 
     @property
     def closed(self) -> bool:
@@ -97,14 +132,18 @@ class Doorbell:
 
     @property
     def cadence(self) -> float:
-        """Seconds between checks right now: short, or backed off while writers stay open."""
+        """Seconds until the next planned check.
+
+        At most ``_MIN_POLL`` right after a new transaction is rung, up to ``_MAX_POLL`` while
+        only long-open ones are watched; 0 while a check runs, ``inf`` while none is watched.
+        """
         with self._cond:
-            return self._poll
+            return max(self._planned - time.monotonic(), 0.0)
 
     def close(self, timeout: float = 2.0) -> None:
         with self._cond:
             self._closed = True
-            self._cond.notify()
+            self._cond.notify_all()  # notify() might wake a wait_idle() caller instead
         self._thread.join(timeout)
 
     def connect(self) -> psycopg.Connection[Any]:
@@ -116,18 +155,8 @@ class Doorbell:
 
     def _run(self) -> None:
         conn: psycopg.Connection[Any] | None = None
-        last = 0.0
-        while True:
-            with self._cond:
-                while not self._pending and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    break
-            # Coalesce: at most one check per cadence, however many rings arrive meanwhile.
-            self._sleep_cadence(last)
-            last = time.monotonic()
-            with self._cond:
-                watched = list(self._pending)
+        while (due := self._await_due()) is not None:
+            watched, started = due
             try:
                 if conn is None or conn.closed:
                     conn = self.connect()
@@ -137,15 +166,44 @@ class Doorbell:
                 conn = None
                 finished = watched  # best effort: the relay's fallback poll covers it
                 self._sleep_until(time.monotonic() + _MAX_POLL * 20)
-            with self._cond:
-                self._pending.difference_update(finished)
-                self._cond.notify_all()
-                # Progress (or nothing left): keep the short cadence. Only transactions that
-                # stay open with nothing else settling make it back off (see ring()).
-                progress = bool(finished) or not self._pending
-                self._poll = _MIN_POLL if progress else min(self._poll * 2, _MAX_POLL)
+            self._finish(watched, finished, started)
         if conn is not None:
             conn.close()
+
+    def _await_due(self) -> tuple[list[str], float] | None:
+        """Sleep until a check is due; what to check and when it started, or None if closed."""
+        with self._cond:
+            while not self._closed:
+                planned = self._plan()
+                now = time.monotonic()
+                if planned <= now:
+                    self._planned = _BUSY  # rings need not wake us: we re-plan after the check
+                    self._last = now
+                    self.checks += 1
+                    return list(self._watch), now  # one statement checks all, due or not
+                self._planned = planned
+                self._cond.wait(None if planned == _IDLE else planned - now)
+            return None
+
+    def _plan(self) -> float:
+        """The earliest due check, at least _MIN_POLL after the last one; _IDLE if none."""
+        if not self._watch:
+            return _IDLE
+        return max(min(due for _, due in self._watch.values()), self._last + _MIN_POLL)
+
+    def _finish(self, watched: list[str], finished: list[str], started: float) -> None:
+        """Forget what ended; schedule what is still open by how long it has been watched."""
+        done = set(finished)
+        with self._cond:
+            for tx in watched:
+                rung, due = self._watch[tx]
+                if tx not in done:
+                    self._watch[tx] = (rung, _next_due(rung, due, started))
+                elif tx != _COMMITTED or rung <= started:
+                    # (A commit hook that rang again during the check may have committed after
+                    # its NOTIFY: that ring stays for the next check.)
+                    del self._watch[tx]
+            self._cond.notify_all()  # wait_idle()
 
     def _settle(self, conn: psycopg.Connection[Any], watched: list[str]) -> list[str]:
         committed = _COMMITTED in watched
@@ -159,15 +217,6 @@ class Doorbell:
             self.notifications_sent += 1
         return [*done, _COMMITTED] if committed else list(done)
 
-    def _sleep_cadence(self, last: float) -> None:
-        """Sleep until one cadence after ``last``; a ring that resets the cadence cuts it."""
-        with self._cond:
-            while not self._closed:
-                remaining = last + self._poll - time.monotonic()
-                if remaining <= 0:
-                    return
-                self._cond.wait(remaining)
-
     def _sleep_until(self, deadline: float) -> None:
         """Sleep until ``deadline``; only close() cuts it short (rings do not)."""
         with self._cond:
@@ -176,6 +225,22 @@ class Doorbell:
                 if remaining <= 0:
                     return
                 self._cond.wait(remaining)
+
+
+def _next_due(rung: float, due: float, started: float) -> float:
+    """When to check again a transaction rung at ``rung`` and due at ``due`` that the check
+    started at ``started`` found open."""
+    if started < due:  # checked early, along with others: its own check is still to come
+        return due
+    # Its age doubles from check to check (2, 4, 8 ... ms), but never more than MAX passes;
+    # counted from when it was due, so a check that starts a little late delays no other.
+    nxt = due + _gap(due - rung)
+    # A check so late that the next is missed too (a stalled thread): go on from its age.
+    return nxt if nxt > started else started + _gap(started - rung)
+
+
+def _gap(age: float) -> float:
+    return min(max(age, _MIN_POLL), _MAX_POLL)
 
 
 # outbox_doorbell_settle: statuses of the watched xids; pg_notify runs only if one committed.
