@@ -5,7 +5,8 @@
 Per broker: (a) the raw client's publish-with-ack rate (no database) and the adapter's
 ``publish_batch`` rate over the same messages; (c) the relay end to end: rows committed to the
 outbox first, then one relay process publishes them all through the adapter, and the ratio
-(c)/(a raw). Then, on NATS JetStream: (d) commit -> broker latency at a steady 1,000 msg/s and
+(c)/(a raw); for NATS also (c') the same backlog through a naive relay, for reference. Then, on
+NATS JetStream: (d) commit -> broker latency at a steady 1,000 msg/s and
 (e) 1 vs 2 relay processes on one backlog, with a read-back of the stream (once, in key order).
 (b), the database side alone, is ``bench/relay_db.py``.
 
@@ -254,8 +255,20 @@ async def bench_brokers() -> list[dict[str, Any]]:
         envs = envelopes(SIZES["nats"], f"{ns}.a")
         envs2 = envelopes(SIZES["nats"], f"{ns}.b")
         try:
-            rows.append(await measure("nats", lambda: raw_nats(envs, ns), NatsPublisher(), envs2,
-                                      "nats://127.0.0.1:4222", f"{ns}.e2e"))  # fmt: skip
+            row = await measure("nats", lambda: raw_nats(envs, ns), NatsPublisher(), envs2,
+                                "nats://127.0.0.1:4222", f"{ns}.e2e")  # fmt: skip
+            # (c') the same backlog through a naive relay, for reference
+            naive = await asyncio.to_thread(relay_e2e.naive_drain, "nats://127.0.0.1:4222",
+                                            f"{ns}.naive", E2E["nats"], keys=E2E_KEYS)  # fmt: skip
+            row["naive_relay_e2e"] = naive
+            row["ratio_naive_relay_e2e_to_raw"] = round(
+                naive["msg_per_s"] / row["raw_msg_per_s"], 3
+            )
+            row["ratio_relay_e2e_to_naive_relay"] = round(
+                row["relay_e2e"]["msg_per_s"] / naive["msg_per_s"], 3
+            )
+            print({"naive_relay_e2e": naive}, flush=True)
+            rows.append(row)
         finally:
             await js.delete_stream(ns)
             await nc.close()
@@ -356,6 +369,10 @@ def main() -> None:
                 "c": f"relay end to end: rows committed first ({E2E_KEYS} keys), then one relay "
                 "process (default settings, poll_interval 0.5) publishes them all; rate = "
                 "messages / (last published_at - start); ratio to (a) raw",
+                "c_naive": "NATS only: the same backlog through a naive relay process (oldest "
+                "pending rows by id, FOR UPDATE SKIP LOCKED in a transaction held open while "
+                "1,000 are published and acked, then marked published; no per-key claim, "
+                "leases, retries or dead letters), for reference",
                 "d": "commit -> broker arrival, one message per transaction with outbox.publish, "
                 "4 producer threads at a steady total rate, a core NATS subscriber records "
                 "arrival; first seconds excluded",

@@ -297,6 +297,89 @@ async def stream_check(js: Any, stream: str, subject: str) -> dict[str, Any]:
     }
 
 
+# ---- a naive NATS relay, for reference (c') -------------------------------------------------
+
+# What a relay written in an afternoon does: the oldest pending rows by id, locked in a
+# transaction held open while they are published, marked published, committed. No per-key
+# claim (a second instance or a late commit breaks key order), no leases, no retries, no dead
+# letters; default durability. The same envelope headers as the adapter sends.
+_NAIVE_CLAIM = """
+SELECT id, topic, key, seq, payload, content_type, headers, traceparent, created_at
+FROM outbox_messages WHERE status = 'pending' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
+"""
+_NAIVE_MARK = """
+UPDATE outbox_messages SET status = 'published', published_at = clock_timestamp()
+WHERE id = ANY(%s)
+"""
+
+
+async def _naive_main(url: str, nats_url: str, batch: int, go: MpEvent, out: Any) -> None:
+    import nats
+
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    conn = await psycopg.AsyncConnection.connect(url)
+    out.put(("ready", os.getpid()))
+    await asyncio.to_thread(go.wait)
+    acked = 0
+    try:
+        while True:
+            async with conn.transaction():
+                rows = await (await conn.execute(_NAIVE_CLAIM, [batch])).fetchall()
+                if not rows:
+                    break
+                acks = []
+                for id_, topic, key, seq, payload, ctype, headers, tparent, created in rows:
+                    env = Envelope(id_, topic, key, seq, bytes(payload), ctype, headers or {},
+                                   tparent, created)  # fmt: skip
+                    wire = env.to_headers()
+                    wire["Nats-Msg-Id"] = wire["outbox-id"]
+                    acks.append(await js.publish_async(topic, env.payload, headers=wire))
+                await asyncio.gather(*acks)
+                acked += len(acks)
+                await conn.execute(_NAIVE_MARK, [[r[0] for r in rows]])
+    finally:
+        await conn.close()
+        await nc.close()
+    out.put(("done", {"acked": acked, "failed": 0, "fenced": 0}))
+
+
+def _naive_process(url: str, nats_url: str, batch: int, go: MpEvent, out: Any) -> None:
+    asyncio.run(_naive_main(url, nats_url, batch, go, out))
+
+
+def naive_drain(nats_url: str, topic: str, n: int, *, keys: int = 1000, batch: int = 1000,
+                timeout: float = 300.0) -> dict[str, Any]:  # fmt: skip
+    """Commit ``n`` rows, then let one naive relay process publish them all; the rate."""
+    name, url = create_db()
+    try:
+        fill(url, topic, n, keys)
+        go, out = _CTX.Event(), _CTX.Queue()
+        proc = _CTX.Process(target=_naive_process, args=(url, nats_url, batch, go, out))
+        proc.start()
+        try:
+            kind, _pid = out.get(timeout=60)
+            assert kind == "ready", kind
+            started = time.time()
+            go.set()
+            took = wait_drained(url, started, timeout)
+            kind, report = out.get(timeout=60)
+            assert kind == "done", kind
+        finally:
+            go.set()
+            proc.join(30)
+    finally:
+        drop_db(name)
+    return {
+        "messages": n,
+        "keys": keys,
+        "batch": batch,
+        "seconds": round(took, 3),
+        "msg_per_s": round(n / took),
+        "acked_by_broker": report["acked"],
+    }
+
+
 # ---- (d) commit -> broker latency at a steady rate -------------------------------------------
 
 
