@@ -17,7 +17,7 @@ import psycopg
 # The repository root, not bench/: bench/relay.py would otherwise shadow the relay package.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import write_result
-from bench.relay_e2e import NoopPublisher, create_db, drop_db
+from bench.relay_e2e import NoopPublisher, create_db, drop_db, rate_row
 from outbox import Message, publish_batch
 from relay import Relay, RelayConfig
 
@@ -72,13 +72,7 @@ def scenario(keys: int, relays: int) -> dict[str, float | int]:
         took = asyncio.run(_drain(url, relays))
     finally:
         drop_db(name)
-    return {
-        "messages": N,
-        "keys": keys,
-        "relays": relays,
-        "seconds": round(took, 3),
-        "msg_per_s": round(N / took),
-    }
+    return rate_row(N, keys, took, relays=relays)
 
 
 def main() -> None:

@@ -217,6 +217,12 @@ def _last_published(conn: psycopg.Connection[Any]) -> float:
     return float(value[0])
 
 
+def rate_row(n: int, keys: int, took: float, **extra: Any) -> dict[str, Any]:
+    """The common fields of a drain result: size, time and rate, then ``extra``."""
+    return {"messages": n, "keys": keys, **extra, "seconds": round(took, 3),
+            "msg_per_s": round(n / took)}  # fmt: skip
+
+
 def wait_drained(url: str, started: float, timeout: float) -> float:
     """Seconds from ``started`` (wall clock) to the last ``published_at`` once nothing is left.
 
@@ -254,11 +260,7 @@ def drain(
         drop_db(name)
     acked = sum(r["acked"] for r in reports)
     return {
-        "messages": n,
-        "keys": keys,
-        "relays": relays,
-        "seconds": round(took, 3),
-        "msg_per_s": round(n / took),
+        **rate_row(n, keys, took, relays=relays),
         "acked_by_broker": acked,
         "failed": sum(r["failed"] for r in reports),
         "fenced_marks": sum(r["fenced"] for r in reports),
@@ -370,14 +372,7 @@ def naive_drain(nats_url: str, topic: str, n: int, *, keys: int = 1000, batch: i
             proc.join(30)
     finally:
         drop_db(name)
-    return {
-        "messages": n,
-        "keys": keys,
-        "batch": batch,
-        "seconds": round(took, 3),
-        "msg_per_s": round(n / took),
-        "acked_by_broker": report["acked"],
-    }
+    return rate_row(n, keys, took, batch=batch) | {"acked_by_broker": report["acked"]}
 
 
 # ---- (d) commit -> broker latency at a steady rate -------------------------------------------
