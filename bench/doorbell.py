@@ -9,7 +9,8 @@ the producer's clock right after ``commit()`` returns. Between transactions the 
 * ``async_commit``: the producer's session has ``synchronous_commit = off``;
 * ``open_5ms``: 5 ms of other work between ``publish`` and the commit.
 
-Run: python bench/doorbell.py [--url URL] [--transactions N]   (writes results/doorbell.json)
+Run: python bench/doorbell.py [--transactions N]   (writes bench/results/doorbell.json; the
+server is $OUTBOX_TEST_DATABASE_URL, default postgresql://postgres@127.0.0.1:5432/postgres)
 """
 
 from __future__ import annotations
@@ -18,18 +19,17 @@ import argparse
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import write_result
-
+# The repository root, not bench/: bench/relay.py would otherwise shadow the relay package.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import write_result
+from bench.relay_e2e import create_db, drop_db
 from outbox import publish
-from outbox._migrate import upgrade
 from outbox._statements import WAKEUP_CHANNEL
 
 VARIANTS = {
@@ -75,22 +75,16 @@ def measure(url: str, transactions: int, *, async_commit: bool, open_s: float) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--transactions", type=int, default=300)
     args = parser.parse_args()
-    name = f"outbox_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = args.url.rsplit("/", 1)[0] + "/" + name
+    name, url = create_db()
     try:
-        upgrade(url)
         results = {
             variant: measure(url, args.transactions, async_commit=v["async"], open_s=v["open_s"])
             for variant, v in VARIANTS.items()
         }
     finally:
-        with psycopg.connect(args.url, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+        drop_db(name)
     for variant, row in results.items():
         print(variant, row)
     path = write_result(
