@@ -18,7 +18,7 @@ from spark_ingest._sources import Horizon, connect, read_horizon, read_inbox, re
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Reads", "RunResult", "read_sources", "reconcile"]
+__all__ = ["Reads", "RunResult", "classified_rows", "read_sources", "reconcile"]
 
 #: Upper bounds (ms) of the end-to-end latency histogram buckets in the report.
 LATENCY_BUCKETS = (10.0, 50.0, 100.0, 500.0, 1_000.0, 5_000.0, 30_000.0, 300_000.0, 3_600_000.0)
@@ -94,6 +94,21 @@ def read_sources(spark: SparkSession, config: JobConfig) -> Reads:
     return Reads(ob_h, ib_hs, end, as_of, outbox, inbox)
 
 
+def classified_rows(config: JobConfig, reads: Reads) -> DataFrame:
+    """The rows of ``reconcile_rows`` on ``reads``: every pair and phantom candidate of the
+    window, classified. ``bench/reconcile.py`` counts these alone as its core reference."""
+    return _transforms.reconcile_rows(
+        reads.outbox,
+        reads.inbox,
+        config.subscriptions,
+        reads.as_of,
+        config.sla,
+        start=config.window.start,
+        end=reads.end,
+        xmin=reads.outbox_horizon.xmin,
+    )
+
+
 def _write_details(
     config: JobConfig, spark: SparkSession, groups: DataFrame, target: Path
 ) -> DataFrame:
@@ -132,16 +147,7 @@ def reconcile(
     started = now or dt.datetime.now(dt.UTC)
     reads = read_sources(spark, config)
     ob_h, as_of, end = reads.outbox_horizon, reads.as_of, reads.end
-    rows = _transforms.reconcile_rows(
-        reads.outbox,
-        reads.inbox,
-        config.subscriptions,
-        as_of,
-        config.sla,
-        start=config.window.start,
-        end=end,
-        xmin=ob_h.xmin,
-    )
+    rows = classified_rows(config, reads)
     # The one expensive pass: read every source once, join, classify, count. Its result is a
     # few rows plus one per detail row: cached, it is all the rest reads.
     groups = _outcomes.outcome_groups(rows, LATENCY_BUCKETS).persist(StorageLevel.MEMORY_AND_DISK)
