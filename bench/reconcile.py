@@ -10,6 +10,10 @@ each; then, side by side in one run:
   (c) sql    : the same left/anti-join classification in SQL inside Postgres, on co-located
                copies of the inbox tables (for reference; real inboxes live in other databases)
   (d) night  : the reconciliation of the last day only (1 day of 10)
+  (e) core   : only what every reconciliation of these semantics must do, with the job's own
+               reads and transforms: the out-of-order window over the inbox rows and the full
+               outer join with the expected pairs, counted per class (no latency histograms,
+               details, phantom confirmation or outputs): a reference for what (b) adds
 
 Usage: python bench/reconcile.py [--sizes 1000000,10000000] [--reuse] [--drop]
                                  [--event-log DIR] [--name reconcile]
@@ -40,7 +44,7 @@ from common import write_result
 
 from outbox._migrate import upgrade
 from spark_ingest import JobConfig, Source, Window, reconcile, spark_session
-from spark_ingest._job import read_sources
+from spark_ingest._job import classified_rows, read_sources
 
 ADMIN = os.environ.get("OUTBOX_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -51,16 +55,18 @@ INSERT INTO outbox_messages (id, topic, key, seq, payload, created_at, available
                              published_at, attempts, tx_id)
 SELECT md5('m' || g)::uuid, 'orders', 'k' || (g %% 10000), g / 10000 + 1, '\\x7b226e223a317d',
        ts, ts, CASE WHEN g %% 1000 = 7 THEN 'dead' ELSE 'published' END,
-       ts + interval '40 milliseconds', 1, '3'::xid8
+       ts + (20 + g %% 61) * interval '1 millisecond', 1, '3'::xid8
   FROM generate_series(1, %(n)s) AS g,
        LATERAL (SELECT %(t0)s::timestamptz + (g::float8 / %(n)s) * interval '10 days') AS t(ts)
 """
-# ~1% missing (g % 100 = c), ~0.5% duplicate deliveries (attempts 2), ~0.5% phantoms.
+# ~1% missing (g % 100 = c), ~0.5% duplicate deliveries (attempts 2), ~0.5% phantoms. Latencies
+# vary (publish 20-80 ms, process to 400 ms) so the histograms have thousands of buckets to fill.
 _INBOX = """
 INSERT INTO inbox_messages (consumer, message_id, topic, key, seq, received_at, processed_at,
                             attempts, status)
 SELECT %(consumer)s, md5('m' || g)::uuid, 'orders', 'k' || (g %% 10000), g / 10000 + 1,
-       ts + interval '90 milliseconds', ts + interval '120 milliseconds',
+       ts + (100 + g %% 43 * 7) * interval '1 millisecond',
+       ts + (100 + g %% 43 * 7 + g %% 11) * interval '1 millisecond',
        CASE WHEN g %% 200 = 3 THEN 2 ELSE 1 END, 'processed'
   FROM generate_series(1, %(n)s) AS g,
        LATERAL (SELECT %(t0)s::timestamptz + (g::float8 / %(n)s) * interval '10 days') AS t(ts)
@@ -143,6 +149,13 @@ def _read_floor(spark: Any, config: JobConfig) -> int:
     return int(row[0])
 
 
+def _core(spark: Any, config: JobConfig) -> int:
+    """(e): the job's classified rows on its own reads, counted per row kind, class and flags."""
+    rows = classified_rows(config, read_sources(spark, config))
+    counts = rows.groupBy("row", "class", "duplicate", "out_of_order").count().collect()
+    return sum(int(r["count"]) for r in counts)
+
+
 def _exists(name: str) -> bool:
     with psycopg.connect(ADMIN, autocommit=True) as conn:
         row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
@@ -151,7 +164,7 @@ def _exists(name: str) -> bool:
 
 def _databases(n: int, reuse: bool) -> tuple[dict[str, str], dict[str, str], float | None]:
     """Names, URLs and the seed time (None: reused) of the outbox and the two inbox databases."""
-    tag = f"n{n}" if reuse else uuid.uuid4().hex[:6]
+    tag = f"v2n{n}" if reuse else uuid.uuid4().hex[:6]
     names = {"outbox": f"bench_rec_{tag}", "billing": f"bench_rec_{tag}_b",
              "shipping": f"bench_rec_{tag}_s"}  # fmt: skip
     url = ADMIN.rsplit("/", 1)[0] + "/"
@@ -183,6 +196,7 @@ def run_size(spark: Any, n: int, out: Path, *, reuse: bool = False) -> dict[str,
             T0 + dt.timedelta(days=DAYS - 1), T0 + dt.timedelta(days=DAYS))})  # fmt: skip
         read_s, rows = _timed(lambda: _read_floor(spark, full))
         full_s, result = _timed(lambda: reconcile(spark, full, out))
+        core_s, _ = _timed(lambda: _core(spark, full))
         night_s, night_result = _timed(lambda: reconcile(spark, night, out))
         with psycopg.connect(urls["outbox"]) as conn:
             sql_s, sql_rows = _timed(lambda: conn.execute(_SQL_CLASSIFY, {
@@ -196,9 +210,11 @@ def run_size(spark: Any, n: int, out: Path, *, reuse: bool = False) -> dict[str,
             "b_full_reconcile_s": round(full_s, 2),
             "c_sql_in_postgres_s": round(sql_s, 2),
             "d_night_1_of_10_s": round(night_s, 2),
+            "e_core_window_join_count_s": round(core_s, 2),
             "ratio_full_over_read": round(full_s / read_s, 2),
             "ratio_night_over_full": round(night_s / full_s, 3),
             "ratio_full_over_sql": round(full_s / sql_s, 2),
+            "ratio_core_over_read": round(core_s / read_s, 2),
             "rows_per_s_full": round(rows / full_s),
             "counts": {
                 k: counts[k]
@@ -231,7 +247,8 @@ def _write(name: str, session_s: float, results: list[dict[str, Any]]) -> Path:
     return write_result(name, {
         "setup": "local[2], driver 8g, spark.sql.shuffle.partitions 16 (AQE coalesces), 2 JDBC "
                  "partitions per source, PostgreSQL on the same 2-core box; two consumers in two "
-                 "inbox databases; window = 10 days, night = last day",
+                 "inbox databases; window = 10 days, night = last day; latencies vary "
+                 "(publish 20-80 ms, process up to 400 ms)",
         "spark_session_start_s": round(session_s, 1),
         "sizes": results,
         "linearity_full_cost_per_message_ratio_largest_over_smallest": linear,
@@ -272,7 +289,7 @@ def main() -> None:
     if args.drop:
         for n in sizes:
             for suffix in ("", "_b", "_s", "_ok"):
-                _drop(f"bench_rec_n{n}{suffix}")
+                _drop(f"bench_rec_v2n{n}{suffix}")
     print(f"wrote {_write(args.name, session_s, results)}")
 
 
