@@ -85,16 +85,31 @@ class Result:
     error: BaseException | None = None
 
 
+# Server states that mean the session is gone (class 08 too): the next delivery may succeed.
+_CONNECTION_LOST = ("57P01", "57P02", "57P03")  # admin shutdown, crash, cannot connect now
+
+
 def _is_transient(exc: BaseException) -> bool:
-    """Concurrency conflicts and lost connections: retry without counting an attempt."""
+    """Concurrency conflicts and lost connections: retry without counting an attempt.
+
+    Any other database error counts, even an ``OperationalError`` such as a statement timeout
+    (57014) or a program limit (54xxx): it would fail the same way on every delivery, and an
+    uncounted failure would never reach ``max_attempts`` (an ordered key would be stuck).
+    """
     cause = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps the driver error
-    transient = (
+    if isinstance(exc, ConcurrentDeliveryError):
+        return True
+    conflicts = (
         pg_errors.SerializationFailure,
         pg_errors.DeadlockDetected,
         pg_errors.LockNotAvailable,
-        psycopg.OperationalError,
     )
-    return isinstance(exc, ConcurrentDeliveryError) or isinstance(cause, transient)
+    if isinstance(cause, conflicts):
+        return True
+    if isinstance(cause, psycopg.OperationalError):
+        state = cause.sqlstate  # None: raised by the client, the connection broke
+        return state is None or state.startswith("08") or state in _CONNECTION_LOST
+    return False
 
 
 def _describe(exc: BaseException) -> str:

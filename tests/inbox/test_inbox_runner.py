@@ -99,6 +99,36 @@ def test_runner_concurrency_conflict_is_not_counted(pool: ConnectionPool, effect
     assert inbox_rows(effects_url, "c") == {}  # not dead: a conflict is not the message's fault
 
 
+def test_runner_counts_a_database_error_that_repeats_on_every_delivery(
+    pool: ConnectionPool, effects_url: str
+) -> None:
+    # A statement timeout is an OperationalError, but not a lost connection: it fails the same
+    # way every time, so it counts towards max_attempts and the ordered key moves on.
+    def handler(conn: Any, msg: Any) -> None:
+        if msg.seq == 1:  # a query too slow for the consumer's timeout, on every delivery
+            conn.execute("SET LOCAL statement_timeout = '20ms'")
+            conn.execute("SELECT pg_sleep(1)")
+        apply_effect(conn, "c", msg)
+
+    runner = HandlerRunner(pool, handler, consumer="c", ordered=True, max_attempts=2)
+    msg = make_envelope(seq=1)
+    results = [runner.handle(msg) for _ in range(2)]
+    assert [r.outcome for r in results] == [Outcome.FAILED, Outcome.DEAD]
+    assert isinstance(results[1].error, psycopg.errors.QueryCanceled)
+    assert runner.handle(make_envelope(seq=2)).outcome is Outcome.PROCESSED
+    assert [row[3] for row in effects(effects_url, "c")] == [2]
+
+
+def test_runner_lost_connection_is_not_counted(pool: ConnectionPool, effects_url: str) -> None:
+    def handler(conn: Any, msg: Any) -> None:
+        raise psycopg.errors.AdminShutdown("terminating connection due to administrator command")
+
+    runner = HandlerRunner(pool, handler, consumer="c", max_attempts=1)
+    result = runner.handle(make_envelope())
+    assert (result.outcome, result.attempts) == (Outcome.FAILED, None)
+    assert inbox_rows(effects_url, "c") == {}
+
+
 def test_runner_with_sqlalchemy_sessionmaker_and_also(effects_url: str) -> None:
     engine = create_engine(sqlalchemy_url(effects_url), poolclass=NullPool)
     seen: list[str] = []
