@@ -18,6 +18,7 @@ from psycopg import errors as pg_errors
 from inbox._statements import InboxStatements, inbox_statements
 from inbox.exceptions import ConcurrentDeliveryError, OutOfOrderError
 from outbox._connections import resolve_async, resolve_sync
+from outbox._message import MAX_KEY_BYTES, MAX_TOPIC_BYTES, check_text
 from outbox.exceptions import InvalidMessageError, SchemaNotInstalledError
 
 __all__ = [
@@ -74,8 +75,7 @@ class MessageRef:
 
 def as_ref(consumer: str, message: Any, *, ordered: bool = False) -> MessageRef:
     """Validate ``message`` (an Envelope or any object with id/topic/key/seq) for ``consumer``."""
-    if not isinstance(consumer, str) or not consumer:
-        raise InvalidMessageError(f"consumer must be a non-empty string, not {consumer!r}")
+    check_text(consumer, "consumer", MAX_TOPIC_BYTES)
     missing = [a for a in ("id", "topic", "key") if not hasattr(message, a)]
     if missing:
         raise InvalidMessageError(
@@ -87,17 +87,19 @@ def as_ref(consumer: str, message: Any, *, ordered: bool = False) -> MessageRef:
     except ValueError as exc:
         raise InvalidMessageError(f"message id {message.id!r} is not a UUID") from exc
     seq = getattr(message, "seq", None)
-    if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 1):
-        raise InvalidMessageError(f"message seq must be a positive int, not {seq!r}")
+    if seq is not None and (
+        isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq < 2**63
+    ):
+        raise InvalidMessageError(
+            f"message seq must be a positive int below 2**63 (a PostgreSQL bigint), not {seq!r}"
+        )
     if ordered and seq is None:
         raise InvalidMessageError(
             f"message {msg_id} has no seq: the order guard (ordered=True) needs the per-key "
             "sequence number the outbox assigns"
         )
-    for name in ("topic", "key"):
-        value = getattr(message, name)
-        if not isinstance(value, str) or not value:
-            raise InvalidMessageError(f"message {name} must be a non-empty string, not {value!r}")
+    check_text(message.topic, "message topic", MAX_TOPIC_BYTES)
+    check_text(message.key, "message key", MAX_KEY_BYTES)
     return MessageRef(consumer, msg_id, message.topic, message.key, seq)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,11 +16,29 @@ from outbox._trace import current_traceparent
 from outbox.envelope import is_reserved_header
 from outbox.exceptions import InvalidMessageError, PayloadTooLargeError, SerializationError
 
-__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Message", "PreparedMessage", "prepare"]
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "MAX_KEY_BYTES",
+    "MAX_TOPIC_BYTES",
+    "Message",
+    "PreparedMessage",
+    "check_text",
+    "prepare",
+]
 
 #: NATS's default max_payload and Kafka's default message.max.bytes are both about 1 MB: a
 #: larger message would be accepted here and then rejected by the broker, so refuse it now.
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+#: Longest topic and key, in UTF-8 bytes. Both go into btree indexes (the outbox's and the
+#: inbox's), whose entries PostgreSQL caps at about 2.7 kB: a longer one would fail inside the
+#: caller's transaction and abort it. Brokers cap names too (a Kafka topic: 249 characters).
+MAX_TOPIC_BYTES = 255
+MAX_KEY_BYTES = 1024
+# Header names travel as MIME-style names (NATS, and the inbox's own header mapping): no
+# whitespace, colon or control character. Values must not break a header line.
+_BAD_HEADER_NAME = re.compile(r"[\x00-\x20:\x7f]")
+_BAD_HEADER_VALUE = re.compile(r"[\x00\r\n]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +77,8 @@ class PreparedMessage:
     idempotent: bool = field(default=False)
 
 
-def _text(value: object, name: str) -> str:
+def check_text(value: object, name: str, max_bytes: int | None = None) -> str:
+    """``value`` if it is non-blank UTF-8 text without NUL of at most ``max_bytes`` bytes."""
     if not isinstance(value, str):
         raise InvalidMessageError(
             f"{name} must be a str, got {type(value).__name__} {value!r}; "
@@ -69,7 +89,26 @@ def _text(value: object, name: str) -> str:
         raise InvalidMessageError(f"{name} must not be empty or blank", field=name)
     if "\x00" in value:
         raise InvalidMessageError(f"{name} must not contain NUL characters", field=name)
+    size = len(_utf8(value, name, InvalidMessageError))
+    if max_bytes is not None and size > max_bytes:
+        raise InvalidMessageError(
+            f"{name} is {size} bytes in UTF-8, above the maximum of {max_bytes}; use a shorter "
+            f"identifier (for example a hash of the long one)",
+            field=name,
+        )
     return value
+
+
+def _utf8(value: str, name: str, error: type[InvalidMessageError]) -> bytes:
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise error(
+            f"{name} is not valid Unicode text: it has a lone surrogate {value[exc.start]!r} at "
+            f"index {exc.start} (text decoded with errors='surrogateescape' or a broken "
+            "UTF-16 pair?); decode the bytes properly, or send them as a bytes payload",
+            field=name,
+        ) from exc
 
 
 def _headers(headers: Mapping[str, str] | None) -> str:
@@ -97,8 +136,23 @@ def _headers(headers: Mapping[str, str] | None) -> str:
                 where=f"headers[{k!r}]",
                 type_name="str",
             )
-        if "\x00" in k or "\x00" in v:
-            raise SerializationError(f"headers[{k!r}] contains a NUL character", where=k)
+        if not k or _BAD_HEADER_NAME.search(k):
+            raise SerializationError(
+                f"header name {k!r} must be non-empty, without whitespace, ':' or control "
+                "characters (brokers carry names like HTTP header names); for example "
+                "'x-tenant-id'",
+                where=f"headers[{k!r}]",
+                type_name="str",
+            )
+        if _BAD_HEADER_VALUE.search(v):
+            raise SerializationError(
+                f"headers[{k!r}] contains a NUL, CR or LF character, which would break the "
+                "broker's header line; encode the value (for example as JSON or base64)",
+                where=f"headers[{k!r}]",
+                type_name="str",
+            )
+        for text in (k, v):
+            _utf8(text, f"headers[{k!r}]", SerializationError)
     return json.dumps(dict(headers), ensure_ascii=False, separators=(",", ":"))
 
 
@@ -116,7 +170,13 @@ def _available_at(message: Message) -> dt.datetime | None:
                 f"{message.deliver_after!r}",
                 field="deliver_after",
             )
-        return dt.datetime.now(dt.UTC) + message.deliver_after
+        try:
+            return dt.datetime.now(dt.UTC) + message.deliver_after
+        except OverflowError as exc:
+            raise InvalidMessageError(
+                f"deliver_after {message.deliver_after!r} is beyond the year 9999",
+                field="deliver_after",
+            ) from exc
     if message.available_at is not None:
         at = message.available_at
         if not isinstance(at, dt.datetime) or at.tzinfo is None:
@@ -133,29 +193,34 @@ def prepare(
     message: Message, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 ) -> PreparedMessage:
     """Validate and serialize ``message``; raise a clear error naming what is wrong."""
-    topic = _text(message.topic, "topic")
-    key = _text(message.key, "key")
+    topic = check_text(message.topic, "topic", MAX_TOPIC_BYTES)
+    key = check_text(message.key, "key", MAX_KEY_BYTES)
     payload, content_type = encode_payload(message.payload, message.content_type)
-    if len(payload) > max_payload_bytes:
+    headers = _headers(message.headers)
+    # Brokers count headers against their limit too (NATS's max_payload does).
+    size = len(payload) + (len(headers.encode("utf-8")) if headers != "{}" else 0)
+    if size > max_payload_bytes:
         raise PayloadTooLargeError(
-            f"payload of topic {topic!r} is {len(payload)} bytes serialized, above the maximum "
-            f"of {max_payload_bytes}; store large data elsewhere and publish a reference to "
-            "it, or raise max_payload_bytes if every broker you use accepts it",
-            size=len(payload),
+            f"payload of topic {topic!r} is {size} bytes serialized (with its headers), above "
+            f"the maximum of {max_payload_bytes}; store large data elsewhere and publish a "
+            "reference to it, or raise max_payload_bytes if every broker you use accepts it",
+            size=size,
             limit=max_payload_bytes,
         )
     if message.content_type is not None:
-        _text(message.content_type, "content_type")
+        check_text(message.content_type, "content_type", MAX_TOPIC_BYTES)
     idempotent = message.idempotency_key is not None
     if idempotent:
-        msg_id = id_from_idempotency_key(topic, _text(message.idempotency_key, "idempotency_key"))
+        msg_id = id_from_idempotency_key(
+            topic, check_text(message.idempotency_key, "idempotency_key")
+        )
     else:
         msg_id = new_message_id()
     return PreparedMessage(
         id=msg_id,
         topic=topic,
         key=key,
-        headers=_headers(message.headers),
+        headers=headers,
         payload=payload,
         content_type=content_type,
         traceparent=current_traceparent(),

@@ -70,4 +70,14 @@ def encode_payload(payload: Any, content_type: str | None) -> tuple[bytes, str]:
         return bytes(payload), content_type or BYTES_CONTENT_TYPE
     data = to_json_value(payload, "payload")
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return text.encode("utf-8"), content_type or JSON_CONTENT_TYPE
+    try:
+        return text.encode("utf-8"), content_type or JSON_CONTENT_TYPE
+    except UnicodeEncodeError as exc:
+        context = text[max(exc.start - 20, 0) : exc.start]
+        raise SerializationError(
+            f"payload has a string with a lone surrogate {text[exc.start]!r} (after "
+            f"{context!r}), which is not valid Unicode text; decode the bytes it came from "
+            "properly, or publish them as a bytes payload",
+            where="payload",
+            type_name="str",
+        ) from exc

@@ -125,6 +125,16 @@ def test_receive_accepts_minimal_object_and_refuses_bad_input(pg_conn: Any) -> N
         receive(pg_conn, consumer="c", message=minimal, ordered=True)
     with pytest.raises(InvalidMessageError, match="consumer"):
         receive(pg_conn, consumer="", message=minimal)
+    with pytest.raises(InvalidMessageError, match="consumer must not be empty or blank"):
+        receive(pg_conn, consumer="   ", message=minimal)
+    with pytest.raises(InvalidMessageError, match="message key must not contain NUL"):
+        receive(pg_conn, consumer="c", message=make_envelope(key="a\x00b"))
+    with pytest.raises(InvalidMessageError, match="message key is 1500 bytes"):
+        receive(pg_conn, consumer="c", message=make_envelope(key="k" * 1500), ordered=True)
+    with pytest.raises(InvalidMessageError, match="below 2\\*\\*63"):
+        receive(pg_conn, consumer="c", message=make_envelope(seq=2**63), ordered=True)
+    # Refused before any statement: the caller's transaction is still usable.
+    assert pg_conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
 
 
 def test_receive_refuses_autocommit(database_url: str) -> None:

@@ -54,7 +54,7 @@ BAD = [
     (
         dict(topic="t", key="k", payload="x" * 2000, max_payload_bytes=1000),
         PayloadTooLargeError,
-        "2002 bytes serialized, above the maximum of 1000",
+        "2002 bytes serialized (with its headers), above the maximum of 1000",
     ),
     (
         dict(topic="t", key="k", payload={}, deliver_after=dt.timedelta(seconds=-1)),
@@ -81,6 +81,45 @@ BAD = [
         dict(topic="t", key="k", payload={}, idempotency_key=""),
         InvalidMessageError,
         "idempotency_key must not be empty",
+    ),
+    (dict(topic="t", key="k" * 1025, payload={}), InvalidMessageError, "key is 1025 bytes"),
+    (dict(topic="t" * 256, key="k", payload={}), InvalidMessageError, "topic is 256 bytes"),
+    (dict(topic="t", key="k\ud800", payload={}), InvalidMessageError, "key is not valid Unicode"),
+    (
+        dict(topic="t", key="k", payload={"note": "a\udcff"}),
+        SerializationError,
+        "payload has a string with a lone surrogate",
+    ),
+    (
+        dict(topic="t", key="k", payload={}, headers={"x-note": "\ud800"}),
+        SerializationError,
+        "headers['x-note'] is not valid Unicode",
+    ),
+    (
+        dict(topic="t", key="k", payload={}, headers={"a b:c": "1"}),
+        SerializationError,
+        "header name 'a b:c' must be non-empty, without whitespace",
+    ),
+    (
+        dict(topic="t", key="k", payload={}, headers={"x-v": "a\r\nInjected: 1"}),
+        SerializationError,
+        "contains a NUL, CR or LF",
+    ),
+    (
+        dict(
+            topic="t",
+            key="k",
+            payload="x" * 900,
+            headers={"x-big": "y" * 200},
+            max_payload_bytes=1000,
+        ),
+        PayloadTooLargeError,
+        "(with its headers), above the maximum of 1000",
+    ),
+    (
+        dict(topic="t", key="k", payload={}, deliver_after=dt.timedelta.max),
+        InvalidMessageError,
+        "beyond the year 9999",
     ),
     (
         dict(topic="t", key="k", payload={}, schema="Bad-Name"),
