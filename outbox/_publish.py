@@ -32,6 +32,15 @@ class _Batch:
     lock_keys: list[int]
     single: PreparedMessage | None  # the fast path: exactly one distinct message
 
+    def lock_params(self) -> dict[str, Any]:
+        """Parameters of the idempotency lock: every (topic, key) of the batch, then the ids."""
+        pairs = sorted(set(zip(self.params["topics"], self.params["keys"], strict=True)))
+        return {
+            "row_topics": [t for t, _ in pairs],
+            "row_keys": [k for _, k in pairs],
+            "lock_keys": self.lock_keys,
+        }
+
     def statement(self, stmts: ProducerStatements) -> tuple[bytes, dict[str, Any]]:
         """The insert statement and its parameters."""
         one = self.single
@@ -129,7 +138,7 @@ def publish_batch(
     try:
         with raw.cursor() as cur:
             if batch.lock_keys:
-                cur.execute(stmts.idempotency_lock, {"lock_keys": batch.lock_keys})
+                cur.execute(stmts.idempotency_lock, batch.lock_params())
             cur.execute(*batch.statement(stmts))
             rows = cur.fetchall()
     except pg_errors.UndefinedTable as exc:
@@ -158,7 +167,7 @@ async def publish_batch_async(
     try:
         async with raw.cursor() as cur:
             if batch.lock_keys:
-                await cur.execute(stmts.idempotency_lock, {"lock_keys": batch.lock_keys})
+                await cur.execute(stmts.idempotency_lock, batch.lock_params())
             await cur.execute(*batch.statement(stmts))
             rows = await cur.fetchall()
     except pg_errors.UndefinedTable as exc:

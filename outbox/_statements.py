@@ -104,8 +104,26 @@ _GUARD = "WHERE NOT EXISTS (SELECT 1 FROM {messages} AS e WHERE e.id = %(id)s)"
 # outbox_idempotency_lock: only for batches with idempotency keys. A transaction-scoped
 # advisory lock per derived id (two-key form, class 0x0B0C reserved for outbox-inbox), taken in
 # sorted order so two batches cannot deadlock. Released at commit or rollback.
+#
+# Lock order: the batch's counter rows first (all its keys, in (topic, key) order, as the
+# insert takes them), then the advisory locks. Taken the other way round, a writer that
+# holds the advisory lock would wait for a key's counter row while the transaction holding
+# that row (it published on the key earlier) waits for the same advisory lock: a deadlock that
+# the caller cannot avoid by ordering its own work. The no-op upsert (last_seq unchanged; 0
+# for a new key, which the insert then bumps) waits for a concurrent writer of the key the way
+# the insert would, and holds the row until the transaction ends. The count makes the
+# upsert run to completion before the first advisory lock is requested.
 _IDEMPOTENCY_LOCK = """
-SELECT pg_advisory_xact_lock(3084, k) FROM unnest(%(lock_keys)s::int4[]) AS k ORDER BY k
+WITH held AS (
+    INSERT INTO {sequences} AS s (topic, key, last_seq)
+    SELECT t, k, 0 FROM unnest(%(row_topics)s::text[], %(row_keys)s::text[]) AS u(t, k)
+    ORDER BY t, k
+    ON CONFLICT (topic, key) DO UPDATE SET last_seq = s.last_seq
+    RETURNING 1
+)
+SELECT pg_advisory_xact_lock(3084, k) FROM unnest(%(lock_keys)s::int4[]) AS k
+WHERE (SELECT count(*) FROM held) >= 0
+ORDER BY k
 """
 
 # outbox_tables_present: one catalog lookup, to turn "relation does not exist" into advice.
@@ -144,7 +162,10 @@ def producer_statements(schema: str | None) -> ProducerStatements:
         insert=insert.as_string(None).encode(),
         insert_one=one.as_string(None).encode(),
         insert_one_idempotent=one_idem.as_string(None).encode(),
-        idempotency_lock=_IDEMPOTENCY_LOCK.encode(),
+        idempotency_lock=sql.SQL(_IDEMPOTENCY_LOCK)
+        .format(sequences=sequences)
+        .as_string(None)
+        .encode(),
         tables_present=_TABLES_PRESENT.encode(),
         messages_name=messages.as_string(None),
         sequences_name=sequences.as_string(None),

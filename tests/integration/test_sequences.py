@@ -133,3 +133,52 @@ def test_concurrent_same_idempotency_key_writes_one_row_and_no_gap(database_url:
     assert results[0] == results[1]
     assert [s for _, s in got] == [1, 2]
     assert got[0][0] == results[0]
+
+
+def _await_lock_wait(conn: psycopg.Connection[Any], pid: int) -> None:
+    """Return once backend ``pid`` waits for a lock (the condition, not a guessed sleep)."""
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        row = conn.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone()
+        if row == ("Lock",):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"backend {pid} never waited for a lock")
+
+
+def test_idempotent_publish_on_a_key_another_writer_holds_cannot_deadlock(
+    database_url: str,
+) -> None:
+    """A holds key k (an earlier publish) and then publishes idempotency key X on k; B already
+    waits to publish X on k. Each waits only for the other's whole transaction, never in a
+    cycle: B's no-op follows A's commit. (Advisory lock first, counter row second, deadlocked.)"""
+    outcome: dict[str, Any] = {}
+    with (
+        psycopg.connect(database_url, autocommit=True) as watcher,
+        psycopg.connect(database_url) as a,
+        psycopg.connect(database_url) as b,
+    ):
+        publish(a, topic="t", key="k", payload="created", wakeup=False)
+
+        def writer_b() -> None:
+            try:
+                outcome["B"] = publish(
+                    b, topic="t", key="k", payload="paid", idempotency_key="X", wakeup=False
+                )
+                b.commit()
+            except psycopg.Error as exc:
+                outcome["B"] = exc
+                b.rollback()
+
+        thread = threading.Thread(target=writer_b)
+        thread.start()
+        _await_lock_wait(watcher, b.info.backend_pid)
+        a_id = publish(a, topic="t", key="k", payload="paid", idempotency_key="X", wakeup=False)
+        a.commit()
+        thread.join(10)
+        got = a.execute("SELECT id, seq, payload FROM outbox_messages ORDER BY seq").fetchall()
+    assert outcome["B"] == a_id  # a no-op republish: the same id, nothing written
+    assert [(s, bytes(p)) for _, s, p in got] == [(1, b'"created"'), (2, b'"paid"')]
+    assert got[1][0] == a_id
