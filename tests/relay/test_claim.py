@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import FakePublisher, config, write
 from psycopg_pool import AsyncConnectionPool
+from relay_helpers import FakePublisher, config, write
 
 import relay._claim as _claim_module
 from outbox import Message, publish_batch

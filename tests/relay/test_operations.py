@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from conftest import FakePublisher, await_for, config, running, statuses, write
+from relay_helpers import FakePublisher, await_for, config, running, statuses, write
 
 from outbox.cli import main
 from outbox.exceptions import ConfigurationError

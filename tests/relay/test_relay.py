@@ -7,7 +7,15 @@ from collections import Counter
 from typing import Any
 
 import psycopg
-from conftest import FakePublisher, await_for, config, per_key_in_order, running, statuses, write
+from relay_helpers import (
+    FakePublisher,
+    await_for,
+    config,
+    per_key_in_order,
+    running,
+    statuses,
+    write,
+)
 
 from outbox import Message, publish_batch
 from outbox.envelope import Envelope
