@@ -6,15 +6,21 @@ import sys
 
 import click
 
+from outbox.exceptions import OutboxError
 from relay.cli import commands, relay_cmd
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] in {c.name for c in commands}:
-        group = click.Group("relay", commands={c.name or "": c for c in commands})
-        group(prog_name="python -m relay")
-    else:
-        relay_cmd(prog_name="python -m relay")
+    """Run the command; a library error is one line on stderr and exit status 2 (as ``outbox``)."""
+    try:
+        if len(sys.argv) > 1 and sys.argv[1] in {c.name for c in commands}:
+            group = click.Group("relay", commands={c.name or "": c for c in commands})
+            group(prog_name="python -m relay")
+        else:
+            relay_cmd(prog_name="python -m relay")
+    except OutboxError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """`outbox relay`, `outbox status`, `outbox dead ...`, `outbox retention` (click commands).
 
 ``outbox.cli`` adds :data:`commands` to the ``outbox`` group through the ``outbox.cli`` entry
-point; ``python -m relay`` runs the same commands.
+point; ``python -m relay`` runs the same commands. This module must not import ``outbox.cli``
+at import time: importing ``outbox.cli`` loads that entry point, i.e. this module, which would
+then be only half imported (``python -m relay --help`` failed that way).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from typing import Any
 
 import click
 
-from outbox.cli import database_url
 from outbox.exceptions import ConfigurationError
 from relay._admin import (
     DeadFilter,
@@ -37,6 +38,13 @@ _url = click.option("--url", default=None, help="PostgreSQL URL (default: $OUTBO
 _schema = click.option(
     "--schema", default=None, envvar="OUTBOX_SCHEMA", help="Schema of the tables."
 )
+
+
+def database_url(url: str | None) -> str:
+    """The database URL from the flag or the environment (``outbox.cli.database_url``)."""
+    from outbox.cli import database_url as from_flag_or_env  # see the module docstring
+
+    return from_flag_or_env(url)
 
 
 def make_publisher(config: RelayConfig) -> Publisher:
