@@ -13,10 +13,17 @@ from outbox._migrate import sqlalchemy_url
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+#: Fences that would hold Python this test does not run.
+OTHER_PYTHON_FENCES = re.compile(r"^```(py|python3|pycon)\s*$", flags=re.MULTILINE)
 
 
 def test_readme_has_examples() -> None:
-    assert len(BLOCKS) >= 2
+    assert len(BLOCKS) >= 6
+
+
+def test_readme_python_is_fenced_python() -> None:
+    # Only ```python blocks run; any other Python fence would be an example nobody runs.
+    assert OTHER_PYTHON_FENCES.findall(README.read_text()) == []
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
