@@ -17,7 +17,11 @@ def inbox_group() -> None:
 
 
 @inbox_group.command("purge")
-@click.option("--url", default=None, help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL).")
+@click.option(
+    "--url",
+    default=None,
+    help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL, else $DATABASE_URL).",
+)
 @click.option("--schema", default=None, envvar="OUTBOX_SCHEMA", help="Schema of the tables.")
 @click.option(
     "--older-than-days",
