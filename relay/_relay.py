@@ -194,7 +194,7 @@ class Relay:
             if isinstance(exc, asyncio.CancelledError):  # pragma: no cover
                 raise
             self._db_failures += 1
-            delay = min(_DB_BACKOFF[0] * 2**self._db_failures, _DB_BACKOFF[1])
+            delay = _backoff(self._db_failures, _DB_BACKOFF)
             log.warning("relay: claim failed (%s); retrying in %.1fs", exc, delay)
             await self._sleep(delay)
             return None
@@ -229,7 +229,7 @@ class Relay:
             # towards max_attempts or dead-letters anything.
             await self._mark(pool, claim, [Outcome(e.id, "release") for e in alo.envelopes])
             self._broker_failures += 1
-            delay = min(_BROKER_BACKOFF[0] * 2**self._broker_failures, _BROKER_BACKOFF[1])
+            delay = _backoff(self._broker_failures, _BROKER_BACKOFF)
             log.warning("relay: broker unavailable (%s); pausing %.1fs", alo_results[0], delay)
             self._paused_until = time.monotonic() + delay
             return
@@ -421,6 +421,15 @@ class Relay:
                 break
         if total:
             log.info("relay: retention deleted %d published rows", total)
+
+
+def _backoff(failures: int, bounds: tuple[float, float]) -> float:
+    """``bounds[0] * 2**failures``, at most ``bounds[1]``.
+
+    The exponent is capped: an outage of hours counts thousands of failures, and from 2**1024
+    on the product no longer fits a float (OverflowError).
+    """
+    return min(bounds[0] * 2.0 ** min(failures, 32), bounds[1])
 
 
 def _redact(url: str | None) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from typing import Any
 
@@ -300,3 +301,39 @@ def test_durable_mark_runs_with_synchronous_commit_on(url: str) -> None:
     seen = asyncio.run(go())
     assert seen[-1] == "on"  # the mark itself ran with the flush wait
     assert statuses(url) == {"published": 1}
+
+
+def test_relay_claim_backoff_survives_thousands_of_database_failures() -> None:
+    # Nothing listens on port 1: every claim fails. After hours of that the failure count
+    # is in the thousands, and 0.1 * 2**count overflowed a float, raising out of run().
+    relay = Relay(
+        config("postgresql://postgres@127.0.0.1:1/none", listen=False, heartbeat_interval=60),
+        FakePublisher(),
+    )
+    relay._db_failures = 5000
+
+    async def go() -> None:
+        task = asyncio.create_task(relay.run())
+        await await_for(lambda: relay._db_failures > 5000 or task.done(), what="a failed claim")
+        relay.stop()
+        await asyncio.wait_for(task, 15)  # re-raises what escaped run()
+
+    asyncio.run(go())
+
+
+def test_relay_broker_pause_survives_thousands_of_outage_rounds(url: str) -> None:
+    write(url, [("t", k) for k in KEYS])
+    pub = FakePublisher()
+    pub.down = RetryablePublishError("connection refused")
+    relay = Relay(config(url), pub)
+    relay._broker_failures = 5000
+
+    async def go() -> None:
+        async with running(relay):
+            await await_for(lambda: relay._broker_failures > 5000, what="an outage round")
+            await await_for(lambda: not relay._inflight, what="the round to finish")
+            # paused for the longest pause (10 s), not a tight loop of claims
+            assert relay._paused_until - time.monotonic() > 5
+
+    asyncio.run(go())
+    assert statuses(url) == {"pending": 8}
