@@ -117,7 +117,9 @@ def _record_steps(stmts: InboxStatements, ref: MessageRef, ordered: bool) -> Ste
     row = yield stmts.record, params
     if row is None:
         yield stmts.note_duplicate, params
-        return Verdict.DUPLICATE
+        if not ordered:
+            return Verdict.DUPLICATE
+        return (yield from _ordered_duplicate_steps(stmts, ref))
     if not ordered:
         return Verdict.PROCESS
     position = yield stmts.position_lock, params
@@ -131,6 +133,25 @@ def _record_steps(stmts: InboxStatements, ref: MessageRef, ordered: bool) -> Ste
     }[verdict]
     yield follow_up, params
     return verdict
+
+
+def _ordered_duplicate_steps(stmts: InboxStatements, ref: MessageRef) -> Steps:
+    """A known id for an ordered consumer. A redelivery carries the seq it had (at most the
+    key's position): a duplicate. The same id under a *later* seq is a message the producer
+    re-created with the same idempotency key after outbox retention had deleted the first one
+    (the outbox remembers an idempotency key only as long as its row): its effect is applied
+    already, but its seq still moves the key on, in turn, or every later message of the key
+    would wait for it forever."""
+    params = ref.params()
+    position = yield stmts.position_lock, params
+    assert position is not None
+    assert ref.seq is not None
+    verdict = decide(int(position[0]), ref.seq)
+    if verdict is Verdict.OUT_OF_ORDER:
+        return Verdict.OUT_OF_ORDER  # not yet its turn: redelivered, and moved on then
+    if verdict is Verdict.PROCESS:
+        yield stmts.position_advance, params
+    return Verdict.DUPLICATE
 
 
 def translate(exc: psycopg.Error, stmts: InboxStatements) -> Exception:

@@ -48,7 +48,8 @@ class Message:
     ``payload`` is JSON data (dict, list, str, numbers, bool, None, and UUID/datetime as text)
     or ``bytes`` stored as they are. ``key`` is the ordering key (an aggregate id): messages of
     one (topic, key) get gapless sequence numbers in commit order and are delivered in that
-    order. ``idempotency_key`` derives a stable id, so publishing it again is a no-op.
+    order. ``idempotency_key`` derives a stable id, so publishing it again is a no-op while the
+    first message is in the outbox (until retention deletes it).
     ``deliver_after`` or ``available_at`` delays delivery.
     """
 

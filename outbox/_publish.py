@@ -196,7 +196,9 @@ def publish(
     """Write one message in ``target``'s transaction and return its id.
 
     See :class:`outbox.Message` for the fields. Publishing an ``idempotency_key`` that was
-    already published on this topic writes nothing and returns the same id.
+    already published on this topic writes nothing and returns the same id, as long as the
+    first message is still in the outbox: once retention has deleted it, the same id is
+    written again under the key's next seq (an ordered inbox applies it once, in turn).
     """
     message = Message(
         topic, key, payload, headers, idempotency_key, content_type, deliver_after, available_at

@@ -94,3 +94,44 @@ def test_order_guard_property_equals_in_order_once_only(
         applied.setdefault(key, []).append(seq)
     expected = {f"k{k}": list(range(1, n + 1)) for k, n in enumerate(lengths)}
     assert applied == expected
+
+
+def test_idempotency_key_republished_after_retention_moves_the_key_on(effects_url: str) -> None:
+    """Retention deleted a published message; the producer publishes its idempotency key again
+    and gets the same id under the key's next seq. The ordered consumer has applied that id:
+    no second effect, but its seq moves the key on, in turn, so later messages are not stuck."""
+    from outbox import publish
+
+    with psycopg.connect(effects_url) as conn:
+        first = publish(conn, topic="orders", key="k1", payload=1, idempotency_key="paid")
+        conn.commit()
+        assert _deliver(conn, "c", make_envelope(id=first, seq=1)) is Verdict.PROCESS
+        conn.execute("DELETE FROM outbox_messages WHERE id = %s", (first,))  # as retention does
+        conn.commit()
+        again = publish(conn, topic="orders", key="k1", payload=1, idempotency_key="paid")
+        later = publish(conn, topic="orders", key="k1", payload=2)
+        conn.commit()
+        seqs = dict(conn.execute("SELECT id, seq FROM outbox_messages").fetchall())
+        assert (again, seqs[again], seqs[later]) == (first, 2, 3)
+        assert _deliver(conn, "c", make_envelope(id=later, seq=3)) is Verdict.OUT_OF_ORDER
+        # In turn: no effect (applied as seq 1), but the key's position moves to 2.
+        assert _deliver(conn, "c", make_envelope(id=again, seq=2)) is Verdict.DUPLICATE
+        assert _deliver(conn, "c", make_envelope(id=later, seq=3)) is Verdict.PROCESS
+        assert _deliver(conn, "c", make_envelope(id=again, seq=2)) is Verdict.DUPLICATE
+    assert [row[3] for row in effects(effects_url, "c")] == [1, 3]
+
+
+def test_a_known_id_ahead_of_its_turn_is_out_of_order_not_a_duplicate(effects_url: str) -> None:
+    known = uuid.uuid4()
+    with psycopg.connect(effects_url) as conn:
+        assert _deliver(conn, "c", make_envelope(id=known, seq=1)) is Verdict.PROCESS
+        # The same id re-created at seq 3 while seq 2 has not been applied: not its turn yet.
+        assert _deliver(conn, "c", make_envelope(id=known, seq=3)) is Verdict.OUT_OF_ORDER
+        assert _deliver(conn, "c", make_envelope(seq=2)) is Verdict.PROCESS
+        assert _deliver(conn, "c", make_envelope(id=known, seq=3)) is Verdict.DUPLICATE
+        assert _deliver(conn, "c", make_envelope(seq=4)) is Verdict.PROCESS
+        assert (
+            receive(conn, consumer="c", message=make_envelope(id=known, seq=1), ordered=True)
+            is False
+        )
+    assert [row[3] for row in effects(effects_url, "c")] == [1, 2, 4]
