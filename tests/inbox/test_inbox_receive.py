@@ -227,3 +227,28 @@ def test_record_reports_verdicts(pg_conn: Any) -> None:
     msg = make_envelope()
     assert record(pg_conn, consumer="c", message=msg) is Verdict.PROCESS
     assert record(pg_conn, consumer="c", message=msg) is Verdict.DUPLICATE
+
+
+def test_lock_timeout_while_another_delivery_holds_the_message_is_retryable(
+    effects_url: str,
+) -> None:
+    """55P03: a consumer with a lock_timeout meets a delivery of the same message in progress."""
+    msg = make_envelope()
+    with psycopg.connect(effects_url) as first, psycopg.connect(effects_url) as second:
+        assert receive(first, consumer="c", message=msg)  # holds the record until it ends
+        second.execute("SET lock_timeout = '50ms'")
+        with pytest.raises(ConcurrentDeliveryError, match="Roll back") as info:
+            receive(second, consumer="c", message=msg)
+        assert (info.value.retryable, info.value.sqlstate) == (True, "55P03")
+        second.rollback()
+        first.commit()
+        assert receive(second, consumer="c", message=msg) is False  # the retry: a duplicate
+
+
+def test_a_deadlock_is_a_concurrent_delivery_too() -> None:
+    from inbox._receive import translate
+    from inbox._statements import inbox_statements
+
+    err = translate(psycopg.errors.DeadlockDetected("deadlock detected"), inbox_statements(None))
+    assert isinstance(err, ConcurrentDeliveryError)
+    assert err.retryable

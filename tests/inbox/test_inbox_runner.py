@@ -212,3 +212,18 @@ def test_purge_deletes_old_finished_records_in_batches(effects_url: str) -> None
     assert "deleted 1 inbox records" in result.output
     with pytest.raises(ConfigurationError, match="older_than"):
         purge(effects_url, older_than=dt.timedelta(0))
+
+
+def test_key_positions_outlive_a_purge(pool: ConnectionPool, effects_url: str) -> None:
+    """Purging the records of applied messages keeps each key's position: an old redelivery
+    to an ordered consumer is still refused, not applied again."""
+    runner = HandlerRunner(pool, lambda conn, msg: apply_effect(conn, "c", msg), consumer="c",
+                           ordered=True)  # fmt: skip
+    first, second = make_envelope(seq=1), make_envelope(seq=2)
+    assert [runner.handle(m).outcome for m in (first, second)] == [Outcome.PROCESSED] * 2
+    with psycopg.connect(effects_url) as conn:
+        conn.execute("UPDATE inbox_messages SET received_at = now() - interval '30 days'")
+    assert purge(effects_url, older_than=dt.timedelta(days=7)) == 2
+    assert inbox_rows(effects_url, "c") == {}
+    assert runner.handle(first).outcome is Outcome.STALE  # no record, but behind the position
+    assert [row[3] for row in effects(effects_url, "c")] == [1, 2]

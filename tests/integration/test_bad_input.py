@@ -186,3 +186,12 @@ def test_missing_tables_say_how_to_install(empty_database_url: str) -> None:
 def test_unsupported_target_is_named() -> None:
     with pytest.raises(ConfigurationError, match=r"cannot write through a builtins\.str"):
         publish("postgresql://x", topic="t", key="k", payload={})
+
+
+def test_sqlalchemy_engine_without_psycopg3_is_named() -> None:
+    engine = create_engine("sqlite://")
+    with (
+        Session(engine) as session,
+        pytest.raises(ConfigurationError, match="postgresql\\+psycopg://"),
+    ):
+        publish(session, topic="t", key="k", payload={})
