@@ -4,10 +4,12 @@ Record the message first, in the transaction that applies its effect; a redelive
 ``False``, never an exception::
 
     from inbox import receive
-    with Session(engine) as session, session.begin():
-        if not receive(session, consumer="billing", message=envelope):
-            return  # already processed by this consumer: no second effect
-        apply_payment(session, envelope)
+
+    def on_message(envelope):
+        with Session(engine) as session, session.begin():
+            if not receive(session, consumer="billing", message=envelope):
+                return  # already processed by this consumer: no second effect
+            apply_payment(session, envelope)
 """
 
 from __future__ import annotations

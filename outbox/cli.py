@@ -24,7 +24,7 @@ def database_url(url: str | None) -> str:
     if not url:
         raise click.UsageError(
             "no database given: pass --url postgresql://user@host:5432/dbname "
-            "or set OUTBOX_DATABASE_URL"
+            "or set OUTBOX_DATABASE_URL (or DATABASE_URL)"
         )
     return url
 
