@@ -25,10 +25,18 @@ from relay._admin import (
 from relay._config import RelayConfig, TopicPolicy
 from relay._metrics import RelayMetrics
 from relay._relay import Relay
-from relay.exceptions import PermanentPublishError, RelayError, RetryablePublishError
+from relay.exceptions import (
+    BrokerUnreachableError,
+    NotSentError,
+    PermanentPublishError,
+    RelayError,
+    RetryablePublishError,
+)
 
 __all__ = [
+    "BrokerUnreachableError",
     "DeadFilter",
+    "NotSentError",
     "PermanentPublishError",
     "Relay",
     "RelayConfig",

@@ -20,7 +20,7 @@ import psycopg
 from outbox.envelope import Envelope
 from relay._config import RelayConfig
 from relay._queries import RelayStatements
-from relay.exceptions import PermanentPublishError
+from relay.exceptions import BrokerUnreachableError, NotSentError, PermanentPublishError
 
 __all__ = [
     "Claim",
@@ -197,7 +197,10 @@ def decide(
     Per key, in seq order: acknowledged rows are published until the first failure. A failure
     is retried later (or dead after max attempts, at once if permanent). Rows of the same key
     after a retried row, or after a dead row under 'hold', are released untried-as-far-as-we-
-    count: they go out again after the failed one, never before it.
+    count: they go out again after the failed one, never before it. A row the adapter did not
+    send (NotSentError) or whose ack was lost with the connection (BrokerUnreachableError) is
+    released too, with the rest of its key: it had no attempt to count, so under 'skip' it
+    cannot be dead-lettered without ever being sent.
     """
     outcomes: list[Outcome] = []
     blocked: tuple[str, str] | None = None
@@ -209,6 +212,10 @@ def decide(
             continue
         if result is None:
             outcomes.append(Outcome(env.id, "published"))
+            continue
+        if isinstance(result, NotSentError | BrokerUnreachableError):
+            outcomes.append(Outcome(env.id, "release"))
+            blocked = key
             continue
         error = _describe(result)
         if isinstance(result, PermanentPublishError) or attempts >= policy.max_attempts:

@@ -32,7 +32,7 @@ from relay._metrics import RelayMetrics
 from relay._queries import relay_statements
 from relay._tracing import publish_span
 from relay.brokers.base import Publisher
-from relay.exceptions import RetryablePublishError
+from relay.exceptions import BrokerUnreachableError, RetryablePublishError
 
 __all__ = ["Relay"]
 
@@ -61,6 +61,8 @@ class Relay:
         self._wake = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
         self._broker_failures = 0
+        #: keys of the claims that failed entirely since the broker last acknowledged anything
+        self._failing_keys: set[tuple[str, str]] = set()
         self._db_failures = 0
         self._paused_until = 0.0
         self._after = ("", "")  # the claim rotates over keys from here
@@ -223,21 +225,30 @@ class Relay:
             claim.deadline,
         )
         alo_results = [by_id[e.id] for e in alo.envelopes]
+        if any(r is None for r in results):
+            self._failing_keys.clear()  # the broker acknowledged something: it is up
         if alo.envelopes and (unreachable or self._outage(alo, alo_results)):
-            # The broker is down (nothing could be sent, or every key of the batch failed):
-            # give every row back untried and pause claiming, so an outage never counts
-            # towards max_attempts or dead-letters anything.
+            # The broker is down: give every row back untried and pause claiming, so an
+            # outage never counts towards max_attempts or dead-letters anything.
             await self._mark(pool, claim, [Outcome(e.id, "release") for e in alo.envelopes])
-            self._broker_failures += 1
-            delay = _backoff(self._broker_failures, _BROKER_BACKOFF)
-            log.warning("relay: broker unavailable (%s); pausing %.1fs", alo_results[0], delay)
-            self._paused_until = time.monotonic() + delay
+            self._pause(alo_results[0])
             return
-        self._broker_failures = 0
         outcomes = decide(alo, alo_results, self.config)
         await self._mark(pool, claim, outcomes)
         self._count(alo, outcomes)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        lost = [r for r in results if isinstance(r, BrokerUnreachableError)]
+        if lost:  # the connection dropped during the batch: those rows were released
+            self._pause(lost[0])
+        else:
+            self._broker_failures = 0
+
+    def _pause(self, reason: BaseException | None) -> None:
+        """Stop claiming for a while (exponential backoff): the broker is unreachable."""
+        self._broker_failures += 1
+        delay = _backoff(self._broker_failures, _BROKER_BACKOFF)
+        log.warning("relay: broker unavailable (%s); pausing %.1fs", reason, delay)
+        self._paused_until = time.monotonic() + delay
 
     def _count_at_most_once(
         self, sent: list[Envelope], amo_ids: set[Any], by_id: dict[Any, BaseException | None]
@@ -254,11 +265,19 @@ class Relay:
     def _amo(self, topic: str) -> bool:
         return self.config.policy(topic).semantics == "at-most-once"
 
-    @staticmethod
-    def _outage(claim: Claim, results: Sequence[BaseException | None]) -> bool:
-        """Every message of at least two keys failed retryably: the broker, not the messages."""
-        keys = {(e.topic, e.key) for e in claim.envelopes}
-        return len(keys) > 1 and all(isinstance(r, RetryablePublishError) for r in results)
+    def _outage(self, claim: Claim, results: Sequence[BaseException | None]) -> bool:
+        """The broker, not the messages: every message of this claim failed retryably, and so
+        did every message of the claims before it since the last acknowledgement, over two or
+        more keys together.
+
+        One key alone never counts as an outage, so a message that fails on its own reaches
+        ``max_attempts`` (or dead) even when it is the only one pending. At a low rate a claim
+        often holds one key; the keys of consecutive failed claims add up.
+        """
+        if not all(isinstance(r, RetryablePublishError) for r in results):
+            return False
+        self._failing_keys.update((e.topic, e.key) for e in claim.envelopes)
+        return len(self._failing_keys) > 1
 
     async def _publish(
         self, envelopes: list[Envelope], claim: Claim

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from outbox.exceptions import OutboxError
 
-__all__ = ["PermanentPublishError", "RelayError", "RetryablePublishError"]
+__all__ = [
+    "BrokerUnreachableError",
+    "NotSentError",
+    "PermanentPublishError",
+    "RelayError",
+    "RetryablePublishError",
+]
 
 
 class RelayError(OutboxError):
@@ -17,3 +23,21 @@ class RetryablePublishError(RelayError):
 
 class PermanentPublishError(RelayError):
     """The broker refused the message for good (too large, unroutable, rejected); dead-lettered."""
+
+
+class NotSentError(RetryablePublishError):
+    """Not sent: an earlier message of its key failed in this batch; released, no attempt counted.
+
+    An adapter returns it for a message it held back without handing it to the broker, so the
+    relay gives the row back untried instead of charging it an attempt it never had.
+    """
+
+
+class BrokerUnreachableError(RetryablePublishError):
+    """The broker is unreachable (not connected); released untried, claiming pauses.
+
+    An adapter raises it from ``publish_batch`` when it knows it is disconnected before
+    sending anything, and returns it for a message whose acknowledgement was lost with the
+    connection. The relay gives such rows back without counting an attempt, so an outage
+    never dead-letters anything, and pauses claiming with backoff.
+    """

@@ -3,10 +3,11 @@
 Per-key order within a batch: envelopes are handed to the broker client in input order over one
 connection, so the broker sees one key's messages in order. When a message fails *before* it was
 handed over (too large, invalid destination), the later messages of the same ``(topic, key)`` in
-the batch are not sent at all: they come back as RetryablePublishError, so message n+1 never
-reaches the broker in a batch where message n was refused. A failure only known after sending
-(a nack, a timeout) cannot un-send the later messages already in flight; the relay retries the
-failed one and the consumer's inbox order guard discards what arrives out of order.
+the batch are not sent at all: they come back as NotSentError (a RetryablePublishError that the
+relay releases without counting an attempt), so message n+1 never reaches the broker in a batch
+where message n was refused. A failure only known after sending (a nack, a timeout) cannot
+un-send the later messages already in flight; the relay retries the failed one and the
+consumer's inbox order guard discards what arrives out of order.
 """
 
 from __future__ import annotations
@@ -16,18 +17,28 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from outbox.envelope import Envelope
-from relay.exceptions import PermanentPublishError, RetryablePublishError
+from relay.exceptions import (
+    BrokerUnreachableError,
+    NotSentError,
+    PermanentPublishError,
+    RetryablePublishError,
+)
 
-__all__ = ["Batch", "check_size", "permanent", "retryable"]
+__all__ = ["Batch", "check_size", "permanent", "retryable", "unreachable"]
 
 PublishError = RetryablePublishError | PermanentPublishError
 
 
 def retryable(
-    reason: str, env: Envelope, destination: str, cause: BaseException | None = None
+    reason: str,
+    env: Envelope,
+    destination: str,
+    cause: BaseException | None = None,
+    *,
+    kind: type[RetryablePublishError] = RetryablePublishError,
 ) -> RetryablePublishError:
-    """A RetryablePublishError naming the message, its destination and the cause."""
-    exc = RetryablePublishError(
+    """A RetryablePublishError (or ``kind``) naming the message, its destination and the cause."""
+    exc = kind(
         f"message {env.id} to {destination!r}: {reason}",
         message_id=env.id,
         destination=destination,
@@ -35,6 +46,13 @@ def retryable(
     )
     exc.__cause__ = cause
     return exc
+
+
+def unreachable(
+    reason: str, env: Envelope, destination: str, cause: BaseException | None = None
+) -> RetryablePublishError:
+    """A BrokerUnreachableError for a message lost with the connection (released, not counted)."""
+    return retryable(reason, env, destination, cause, kind=BrokerUnreachableError)
 
 
 def permanent(
@@ -84,6 +102,7 @@ class Batch:
             f"not sent: message {earlier.id} of key {env.key!r} before it in this batch failed",
             env,
             self.destinations[i],
+            kind=NotSentError,
         )
         return True
 
@@ -92,6 +111,21 @@ class Batch:
         env = self.envelopes[i]
         self.results[i] = exc
         self._blocked.setdefault((env.topic, env.key), env)
+
+    def connection_lost(self, indices: Sequence[int], reason: str) -> None:
+        """The connection dropped before these sent messages were acknowledged.
+
+        Their retryable results become BrokerUnreachableError: the relay releases them without
+        counting an attempt and pauses (the broker, not the messages, failed).
+        """
+        for i in indices:
+            result = self.results[i]
+            if isinstance(result, RetryablePublishError) and not isinstance(
+                result, BrokerUnreachableError | NotSentError
+            ):
+                why = getattr(result, "reason", result)
+                env, dest = self.envelopes[i], self.destinations[i]
+                self.results[i] = unreachable(f"{reason} ({why})", env, dest, result)
 
     def fail_all(self, indices: Sequence[int], make: Callable[[int], BaseException]) -> None:
         for i in indices:

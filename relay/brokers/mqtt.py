@@ -9,6 +9,14 @@ callback only hands ``(mid, reason code)`` to the event loop with ``call_soon_th
 loop registers each message's future right after ``publish`` returns, before it can run the
 hand-off, so an early PUBACK is never missed. Order: ``publish`` is called in input order and
 paho sends queued messages in order (MQTT requires the broker to keep it per topic for QoS 1).
+
+Outages: paho reconnects underneath, and it keeps every QoS 1 message it was given until it is
+acknowledged, re-sending it after a reconnect. So nothing is handed to paho while it is not
+connected: ``publish_batch`` raises BrokerUnreachableError instead (the relay releases the rows
+without counting an attempt and pauses). A message whose PUBACK is lost with the connection
+comes back as BrokerUnreachableError too; paho may still deliver its copy after the reconnect,
+one extra copy at most, which the consumer's inbox drops. paho's queue is bounded
+(``max_queued``); a message refused by a full queue is retryable.
 """
 
 from __future__ import annotations
@@ -21,10 +29,17 @@ from typing import Any
 
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
-from relay.brokers._batch import Batch, PublishError, check_size, permanent, retryable
+from relay.brokers._batch import (
+    Batch,
+    PublishError,
+    check_size,
+    permanent,
+    retryable,
+    unreachable,
+)
 from relay.brokers._lazy import require
 from relay.brokers.base import BrokerFeatures, Destinations
-from relay.exceptions import RetryablePublishError
+from relay.exceptions import BrokerUnreachableError
 
 __all__ = ["MqttPublisher"]
 
@@ -53,6 +68,7 @@ class MqttPublisher:
         timeout: float = 10.0,
         connect_timeout: float = 5.0,
         max_in_flight: int = 1000,
+        max_queued: int = 10_000,
         max_payload_bytes: int = MAX_PACKET - 65_536,
     ) -> None:
         self._mqtt = require("paho.mqtt.client", "mqtt")
@@ -66,6 +82,7 @@ class MqttPublisher:
         self._client_id, self._tls = client_id, tls
         self._timeout, self._connect_timeout = timeout, connect_timeout
         self._max_in_flight = max_in_flight
+        self._max_queued = max_queued
         self._client: Any = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._acks: deque[tuple[int, Any]] = deque()  # appended by paho's thread
@@ -91,7 +108,7 @@ class MqttPublisher:
         except Exception as exc:
             await _shutdown(client)
             reason = "no CONNACK" if isinstance(exc, TimeoutError) else str(exc)
-            raise RetryablePublishError(
+            raise BrokerUnreachableError(
                 f"cannot connect to MQTT broker {self._host}:{self._port} within "
                 f"{self._connect_timeout} s: {reason} (is the broker running and the URL right?)",
                 host=self._host,
@@ -105,7 +122,10 @@ class MqttPublisher:
             mqtt.CallbackAPIVersion.VERSION2, client_id=self._client_id, protocol=mqtt.MQTTv5
         )
         client.max_inflight_messages_set(self._max_in_flight)
-        client.max_queued_messages_set(0)
+        client.max_queued_messages_set(self._max_queued)
+        # paho's reconnect delay doubles up to 120 s by default: after a long outage the relay
+        # would wait that long for a broker that is back; probe as often as the relay does
+        client.reconnect_delay_set(min_delay=1, max_delay=10)
         if self._auth[0] is not None:
             client.username_pw_set(*self._auth)
         if self._tls:
@@ -149,7 +169,7 @@ class MqttPublisher:
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
-                fut.set_exception(ConnectionError(f"MQTT connection lost ({reason})"))
+                fut.set_exception(_ConnectionLost(f"MQTT connection lost ({reason})"))
 
     async def close(self) -> None:
         client, self._client = self._client, None
@@ -159,6 +179,15 @@ class MqttPublisher:
 
     async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:
         await self.start()
+        client = self._client
+        if not client.is_connected():
+            # paho would queue the messages and send them after it reconnects, while the relay
+            # sends them again: hand it nothing (the relay releases the rows and pauses)
+            raise BrokerUnreachableError(
+                f"not connected to the MQTT broker {self._host}:{self._port} (reconnecting)",
+                host=self._host,
+                port=self._port,
+            )
         loop = asyncio.get_running_loop()
         batch = Batch(envelopes, self._destination)
         pending: dict[int, asyncio.Future[Any]] = {}
@@ -169,7 +198,7 @@ class MqttPublisher:
             err = check_size(env, dest, self.features.max_payload_bytes, "MQTT")
             if err is None:
                 try:
-                    info = self._client.publish(dest, env.payload, qos, False, self._props(env))
+                    info = client.publish(dest, env.payload, qos, False, self._props(env))
                 except ValueError as exc:  # wildcard or empty topic, bad QoS
                     err = permanent(f"invalid MQTT publish: {exc}", env, dest, exc)
                 else:
@@ -182,6 +211,8 @@ class MqttPublisher:
             lambda i, exc: self._classify(envelopes[i], batch.destinations[i], exc),
             "PUBACK",
         )
+        if not client.is_connected():
+            batch.connection_lost(list(pending), "MQTT connection lost")
         return batch.results
 
     def _track(
@@ -194,8 +225,14 @@ class MqttPublisher:
         pending: dict[int, asyncio.Future[Any]],
         loop: asyncio.AbstractEventLoop,
     ) -> PublishError | None:
-        if info.rc != self._mqtt.MQTT_ERR_SUCCESS:
-            reason = self._mqtt.error_string(info.rc)
+        rc = info.rc
+        if rc == self._mqtt.MQTT_ERR_NO_CONN and qos > 0:
+            # The connection dropped since the check in publish_batch. paho keeps a QoS 1
+            # message and sends it after reconnecting: it is in flight, not refused. Its
+            # future fails with the connection (_lost), so the relay releases it uncounted.
+            rc = self._mqtt.MQTT_ERR_SUCCESS
+        if rc != self._mqtt.MQTT_ERR_SUCCESS:
+            reason = self._mqtt.error_string(rc)
             return retryable(f"MQTT publish not queued: {reason}", env, dest)
         if qos > 0:
             fut: asyncio.Future[Any] = loop.create_future()
@@ -211,9 +248,15 @@ class MqttPublisher:
         return props
 
     def _classify(self, env: Envelope, dest: str, exc: BaseException) -> PublishError:
+        if isinstance(exc, _ConnectionLost):
+            return unreachable(str(exc), env, dest, exc)
         if isinstance(exc, _PubackError) and exc.code not in _RETRYABLE_CODES:
             return permanent(f"broker refused the message: {exc}", env, dest, exc)
         return retryable(f"{type(exc).__name__}: {exc}", env, dest, exc)
+
+
+class _ConnectionLost(ConnectionError):
+    pass
 
 
 class _PubackError(Exception):

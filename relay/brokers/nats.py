@@ -4,6 +4,12 @@ Order: every message is handed to ``publish_async`` one after the other on one c
 the server stores one subject's messages in input order; all PubAcks are then awaited together
 with one deadline. A re-sent id inside the stream's ``duplicate_window`` is acknowledged with
 ``duplicate=True`` and not stored again.
+
+Outages: nats-py reconnects underneath and, while reconnecting, buffers publishes to send them
+after the reconnect. So nothing is published while the connection is down: ``publish_batch``
+raises BrokerUnreachableError (the relay releases the rows without counting an attempt and
+pauses), and the messages of a batch whose connection dropped before their PubAck come back as
+BrokerUnreachableError.
 """
 
 from __future__ import annotations
@@ -15,7 +21,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from outbox.envelope import HEADER_ID, Envelope
-from relay.brokers._batch import Batch, PublishError, check_size, permanent, retryable
+from relay.brokers._batch import (
+    Batch,
+    PublishError,
+    check_size,
+    permanent,
+    retryable,
+    unreachable,
+)
 from relay.brokers._lazy import require
 from relay.brokers.base import BrokerFeatures, Destinations
 
@@ -137,6 +150,11 @@ class NatsPublisher:
     async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:
         if self._nc is None or self._nc.is_closed:
             await self.start()
+        nc = self._nc
+        if not nc.is_connected:
+            # nats-py would buffer the messages and send them after reconnecting, while the
+            # relay sends them again: publish nothing (the relay releases the rows and pauses)
+            raise _unreachable(self._servers, ConnectionError("not connected (reconnecting)"))
         batch = Batch(envelopes, self._destination)
         pending: dict[int, asyncio.Future[Any]] = {}
         deadline = asyncio.get_running_loop().time() + self._timeout
@@ -161,6 +179,8 @@ class NatsPublisher:
             lambda i, exc: self._classify(envelopes[i], batch.destinations[i], exc),
             "PubAck",
         )
+        if not nc.is_connected:
+            batch.connection_lost(list(pending), "NATS connection lost")
         return batch.results
 
     async def _room(
@@ -207,6 +227,13 @@ class NatsPublisher:
     def _classify(self, env: Envelope, dest: str, exc: BaseException) -> PublishError:
         errors = require("nats.errors", "nats")
         js_errors = require("nats.js.errors", "nats")
+        if isinstance(
+            exc,
+            errors.ConnectionClosedError
+            | errors.ConnectionReconnectingError
+            | errors.OutboundBufferLimitError,
+        ):
+            return unreachable(f"not connected to NATS ({type(exc).__name__})", env, dest, exc)
         if isinstance(exc, errors.MaxPayloadError):
             return permanent("payload exceeds the NATS server's max_payload", env, dest, exc)
         if isinstance(exc, errors.BadSubjectError | errors.BadHeaderError):
@@ -220,9 +247,9 @@ class NatsPublisher:
 
 
 def _unreachable(servers: Sequence[str], exc: BaseException) -> BaseException:
-    from relay.exceptions import RetryablePublishError
+    from relay.exceptions import BrokerUnreachableError
 
-    return RetryablePublishError(
+    return BrokerUnreachableError(
         f"cannot connect to NATS at {', '.join(servers)}: {type(exc).__name__}: {exc}"
         " (is the server running and the URL right?)",
         servers=list(servers),

@@ -1,0 +1,117 @@
+"""Live-broker helpers for the relay tests: a TCP proxy to cut a broker off, and readers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import uuid
+from typing import Any
+
+import pytest
+
+
+def need(port: int, name: str) -> None:
+    """Skip the test when the broker on ``port`` is not running."""
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        if sock.connect_ex(("127.0.0.1", port)) != 0:
+            pytest.skip(f"{name} is not reachable on 127.0.0.1:{port}; start it to run this test")
+
+
+class Proxy:
+    """Forwards a local port to a broker; ``down()`` drops every connection and refuses new
+    ones (the broker looks gone), ``up()`` listens again on the same port."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def up(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def down(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for writer in list(self._writers):
+            writer.close()
+        self._writers.clear()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (OSError, RuntimeError):
+        pass
+    finally:
+        writer.close()
+
+
+class MqttSubscriber:
+    """Subscribes (QoS 1) to ``topic`` on Mosquitto itself and records each message's
+    ``outbox-seq`` user property, in arrival order."""
+
+    def __init__(self, topic: str) -> None:
+        import paho.mqtt.client as mqtt
+
+        self.seqs: list[int] = []
+        subscribed = threading.Event()
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        client.on_message = lambda _c, _u, msg: self.seqs.append(
+            int(dict(msg.properties.UserProperty)["outbox-seq"])
+        )
+        client.on_subscribe = lambda *_a: subscribed.set()
+        client.connect("127.0.0.1", 1883)
+        client.loop_start()
+        client.subscribe(topic, qos=1)
+        if not subscribed.wait(10):
+            raise AssertionError("no SUBACK from Mosquitto")
+        self.client = client
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@contextlib.asynccontextmanager
+async def nats_stream(subject_prefix: str = "rt") -> Any:
+    """A fresh JetStream stream; yields (jetstream context, stream name, subject)."""
+    import nats
+
+    name = f"RT_{uuid.uuid4().hex[:10]}"
+    subject = f"{subject_prefix}.{name.lower()}"
+    nc = await nats.connect("nats://127.0.0.1:4222")
+    js = nc.jetstream()
+    await js.add_stream(name=name, subjects=[subject])
+    try:
+        yield js, name, subject
+    finally:
+        await js.delete_stream(name)
+        await nc.close()
+
+
+async def stream_seqs(js: Any, stream: str) -> list[int]:
+    """The ``outbox-seq`` header of every message stored in ``stream``, in stream order."""
+    info = await js.stream_info(stream)
+    out = []
+    for n in range(1, info.state.messages + 1):
+        msg = await js.get_msg(stream, n)
+        out.append(int(msg.headers["outbox-seq"]))
+    return out
