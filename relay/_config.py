@@ -7,6 +7,7 @@ the setting, where it came from and what would be accepted.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import tomllib
@@ -46,14 +47,16 @@ class TopicPolicy:
     def __post_init__(self) -> None:
         if self.semantics not in _SEMANTICS:
             raise ConfigurationError(
-                f"semantics {self.semantics!r} is not one of {', '.join(_SEMANTICS)}",
+                f"semantics {self.semantics!r} is not one of {', '.join(_SEMANTICS)} "
+                "(effectively-once is at-least-once, plus the broker's dedup and the "
+                "consumer's inbox)",
                 value=self.semantics,
             )
         if self.on_dead not in _DEAD:
             raise ConfigurationError(
                 f"on_dead {self.on_dead!r} is not one of {', '.join(_DEAD)}", value=self.on_dead
             )
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+        if not _is_int(self.max_attempts) or self.max_attempts < 1:
             raise ConfigurationError(
                 f"max_attempts must be an integer >= 1, got {self.max_attempts!r}",
                 value=self.max_attempts,
@@ -103,40 +106,55 @@ class RelayConfig:
             raise ConfigurationError(
                 "no database URL: set database_url / --url / OUTBOX_DATABASE_URL"
             )
+        for name in ("database_url", "relay_id", "metrics_host"):
+            _check(name, getattr(self, name), isinstance(getattr(self, name), str), "a string")
+        for name in ("broker_url", "schema"):
+            value = getattr(self, name)
+            _check(name, value, value is None or isinstance(value, str), "a string")
         if self.schema is not None:
             check_identifier(self.schema)
         for name in ("batch_size", "per_key_batch", "max_in_flight", "retention_batch"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigurationError(
-                    f"{name} must be an integer >= 1, got {value!r}", setting=name
-                )
-        for name in (
-            "lease_seconds",
-            "publish_timeout",
-            "poll_interval",
-            "backoff_base",
-            "backoff_max",
-            "heartbeat_interval",
-            "shutdown_timeout",
-            "retention_interval",
-        ):
+            _check(name, value, _is_int(value) and value >= 1, "an integer >= 1")
+        for name in _SECONDS:
             value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-                raise ConfigurationError(
-                    f"{name} must be a number of seconds > 0, got {value!r}", setting=name
-                )
+            _check(name, value, _is_seconds(value), "a finite number of seconds > 0")
+        value = self.retention_seconds
+        _check(
+            "retention_seconds",
+            value,
+            value is None or _is_seconds(value),
+            "a finite number of seconds > 0 (omit it to keep published rows)",
+        )
+        _check("listen", self.listen, isinstance(self.listen, bool), "true or false")
+        port = self.metrics_port
+        _check(
+            "metrics_port",
+            port,
+            port is None or (_is_int(port) and 1 <= port <= 65535),
+            "a TCP port, an integer from 1 to 65535",
+        )
+        _check(
+            "default_policy",
+            self.default_policy,
+            isinstance(self.default_policy, TopicPolicy),
+            "a TopicPolicy",
+        )
+        _check(
+            "topics",
+            self.topics,
+            isinstance(self.topics, Mapping)
+            and all(
+                isinstance(t, str) and isinstance(p, TopicPolicy) for t, p in self.topics.items()
+            ),
+            "a mapping of topic names to TopicPolicy",
+        )
         if self.publish_timeout >= self.lease_seconds:
             raise ConfigurationError(
                 f"publish_timeout ({self.publish_timeout}s) must be shorter than lease_seconds "
                 f"({self.lease_seconds}s), or another relay could take over a batch that is "
                 "still being published",
                 setting="publish_timeout",
-            )
-        if self.retention_seconds is not None and self.retention_seconds <= 0:
-            raise ConfigurationError(
-                f"retention_seconds must be > 0, got {self.retention_seconds!r}",
-                setting="retention_seconds",
             )
 
     def policy(self, topic: str) -> TopicPolicy:
@@ -166,6 +184,40 @@ class RelayConfig:
         values.update(_from_env(os.environ if env is None else env))
         values.update({k: v for k, v in flags.items() if v is not None})
         return _build(cls, values)
+
+
+_SECONDS = (
+    "lease_seconds",
+    "publish_timeout",
+    "poll_interval",
+    "backoff_base",
+    "backoff_max",
+    "heartbeat_interval",
+    "shutdown_timeout",
+    "retention_interval",
+)
+
+
+def _is_int(value: object) -> bool:
+    """An int, and not a bool (``True`` is an int in Python; ``max_attempts = true`` is a typo)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_seconds(value: object) -> bool:
+    """A finite number > 0 (``nan`` compares false with everything, so it passed ``<= 0``)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def _check(name: str, value: object, ok: bool, accepts: str) -> None:
+    if not ok:
+        raise ConfigurationError(
+            f"{name} must be {accepts}, got {value!r}", setting=name, value=value
+        )
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RelayConfig)}

@@ -202,6 +202,19 @@ SET lease_owner = NULL, lease_token = NULL, lease_until = NULL,
 WHERE lease_owner = %(owner)s AND status = 'pending'
 """
 
+# outbox_tables_present: the relay's startup probe. Catalog lookups only (no lock, no table
+# access): are the relay's tables there, and is the messages table migrated far enough to
+# carry leases (outbox_0002)? Without it every claim would fail with "relation does not
+# exist" and be retried forever.
+_TABLES_PRESENT = """
+SELECT to_regclass({messages_name}) IS NOT NULL
+       AND to_regclass({relays_name}) IS NOT NULL
+       AND to_regclass({audit_name}) IS NOT NULL,
+       EXISTS (SELECT 1 FROM pg_attribute
+               WHERE attrelid = to_regclass({messages_name}) AND attname = 'lease_token'
+                 AND NOT attisdropped)
+"""
+
 # outbox_relay_register / heartbeat / unregister: informational only (outbox status).
 _REGISTER = """
 INSERT INTO {relays} (relay_id, hostname, pid, config)
@@ -310,6 +323,7 @@ ORDER BY id DESC LIMIT %(limit)s
 
 @dataclass(frozen=True)
 class RelayStatements:
+    tables_present: bytes
     claim: bytes
     mark: bytes
     release_owner: bytes
@@ -329,6 +343,11 @@ def _qualified(schema: str | None, table: str) -> sql.Identifier:
     return sql.Identifier(schema, table) if schema else sql.Identifier(table)
 
 
+def _name(schema: str | None, table: str) -> sql.Literal:
+    """The quoted, qualified table name as a text literal (for to_regclass)."""
+    return sql.Literal(_qualified(schema, table).as_string(None))
+
+
 @lru_cache(maxsize=32)
 def relay_statements(schema: str | None) -> RelayStatements:
     """The relay's statements for tables in ``schema`` (``None``: the search_path)."""
@@ -338,6 +357,9 @@ def relay_statements(schema: str | None) -> RelayStatements:
         "messages": _qualified(schema, OUTBOX_MESSAGES),
         "relays": _qualified(schema, OUTBOX_RELAYS),
         "audit": _qualified(schema, OUTBOX_DEAD_AUDIT),
+        "messages_name": _name(schema, OUTBOX_MESSAGES),
+        "relays_name": _name(schema, OUTBOX_RELAYS),
+        "audit_name": _name(schema, OUTBOX_DEAD_AUDIT),
         "holds_f": sql.SQL(_HOLDS).format(t=sql.Identifier("f")),
         "holds_x": sql.SQL(_HOLDS).format(t=sql.Identifier("x")),
         "filter": sql.SQL(_DEAD_FILTER),
@@ -347,6 +369,7 @@ def relay_statements(schema: str | None) -> RelayStatements:
         return sql.SQL(text).format(**names).as_string(None).encode()
 
     return RelayStatements(
+        tables_present=render(_TABLES_PRESENT),
         claim=render(_CLAIM),
         mark=render(_MARK),
         release_owner=render(_RELEASE_OWNER),

@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from outbox._statements import WAKEUP_CHANNEL
 from outbox.envelope import Envelope
+from outbox.exceptions import SchemaNotInstalledError
 from relay._claim import (
     Claim,
     Outcome,
@@ -89,7 +90,11 @@ class Relay:
         self.stop()
 
     async def run(self) -> None:
-        """Relay until stopped. Never raises for broker or database outages: it retries."""
+        """Relay until stopped. Never raises for broker or database outages: it retries.
+
+        Raises SchemaNotInstalledError at once when the database answers but the outbox tables
+        are missing (or too old): retrying would not help.
+        """
         pool = AsyncConnectionPool(
             self.config.database_url,
             min_size=1,
@@ -100,15 +105,43 @@ class Relay:
             name=f"relay-{self.config.relay_id}",
         )
         await pool.open(wait=False)
-        background = [asyncio.create_task(self._heartbeat(pool))]
-        if self.config.listen:
-            background.append(asyncio.create_task(self._listen()))
+        background: list[asyncio.Task[None]] = []
         try:
+            await self._check_schema(pool)
+            background.append(asyncio.create_task(self._heartbeat(pool)))
+            if self.config.listen:
+                background.append(asyncio.create_task(self._listen()))
             await self._start_publisher()
             await self._register(pool)
             await self._loop(pool)
         finally:
             await self._shutdown(pool, background)
+
+    async def _check_schema(self, pool: AsyncConnectionPool[Any]) -> None:
+        """Wait for the database, then fail fast if the relay's tables are not installed."""
+        while not self.stopping:
+            try:
+                async with pool.connection(timeout=self.config.poll_interval * 5) as conn:
+                    cur = await conn.execute(self._stmts.tables_present)
+                    row = await cur.fetchone()
+                break
+            except Exception as exc:
+                self._db_failures += 1
+                delay = _backoff(self._db_failures, _DB_BACKOFF)
+                log.warning("relay: database unavailable (%s); retrying in %.1fs", exc, delay)
+                await self._sleep(delay)
+        else:
+            return
+        self._db_failures = 0
+        tables, leases = row if row is not None else (False, False)
+        if not (tables and leases):
+            where = f"schema {self.config.schema!r}" if self.config.schema else "the search_path"
+            missing = "do not exist" if not tables else "predate the relay's lease columns"
+            raise SchemaNotInstalledError(
+                f"the outbox tables in {where} {missing}: run `outbox migrate upgrade` "
+                "(with --schema if you use one) against this database, then start the relay",
+                schema=self.config.schema,
+            )
 
     async def _start_publisher(self) -> None:
         delay = _BROKER_BACKOFF[0]

@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 from relay_helpers import (
     FakePublisher,
     await_for,
@@ -303,20 +304,27 @@ def test_durable_mark_runs_with_synchronous_commit_on(url: str) -> None:
     assert statuses(url) == {"published": 1}
 
 
-def test_relay_claim_backoff_survives_thousands_of_database_failures() -> None:
-    # Nothing listens on port 1: every claim fails. After hours of that the failure count
+def test_relay_database_backoff_survives_thousands_of_failures() -> None:
+    # Nothing listens on port 1: every query fails. After hours of that the failure count
     # is in the thousands, and 0.1 * 2**count overflowed a float, raising out of run().
-    relay = Relay(
-        config("postgresql://postgres@127.0.0.1:1/none", listen=False, heartbeat_interval=60),
-        FakePublisher(),
-    )
+    bad_url = "postgresql://postgres@127.0.0.1:1/none"
+    relay = Relay(config(bad_url, listen=False, heartbeat_interval=60), FakePublisher())
     relay._db_failures = 5000
 
     async def go() -> None:
-        task = asyncio.create_task(relay.run())
-        await await_for(lambda: relay._db_failures > 5000 or task.done(), what="a failed claim")
+        task = asyncio.create_task(relay.run())  # its startup probe waits for the database
+        await await_for(lambda: relay._db_failures > 5000 or task.done(), what="a failed probe")
         relay.stop()
         await asyncio.wait_for(task, 15)  # re-raises what escaped run()
+        # the claim's backoff too (stopped: its sleep returns at once)
+        relay._db_failures = 5000
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(bad_url, open=False)
+        await pool.open(wait=False)
+        try:
+            assert await relay._claim(pool) is None
+        finally:
+            await pool.close(timeout=1)
+        assert relay._db_failures == 5001
 
     asyncio.run(go())
 
