@@ -1,7 +1,7 @@
 """Every SQL statement of the relay, rendered once per schema. Read the comments first.
 
 The relay never holds a transaction open across network I/O: each statement below runs alone
-in autocommit mode (one statement = one transaction = one snapshot, failure-modes F4), and the
+in autocommit mode (one statement = one transaction = one snapshot), and the
 broker is called between the claim and the mark.
 
 The ordering argument, in short (docs/relay.md has the long form):
@@ -17,7 +17,7 @@ The ordering argument, in short (docs/relay.md has the long form):
   (release). A relay whose snapshot is stale re-checks the head under the lock (PostgreSQL
   re-evaluates the WHERE clause on the newest row version) and drops it.
 * Leases carry a fresh random ``lease_token`` per claim; every mark names it, so a relay whose
-  lease lapsed and was re-claimed by another relay marks nothing (fencing, F12).
+  lease lapsed and was re-claimed by another relay marks nothing (fencing).
 """
 
 from __future__ import annotations

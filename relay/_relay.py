@@ -392,7 +392,7 @@ class Relay:
     # -- background: wake-ups, heartbeat, retention -------------------------------------------
 
     async def _listen(self) -> None:
-        """LISTEN on a dedicated connection; every (re)connect wakes the loop (F20)."""
+        """LISTEN on a dedicated connection; every (re)connect wakes the loop."""
         delay = _DB_BACKOFF[0]
         while not self.stopping:
             try:
