@@ -34,7 +34,14 @@ from relay.brokers.base import Publisher
 
 __all__ = ["commands", "dead_group", "relay_cmd", "retention_cmd", "status_cmd"]
 
-_url = click.option("--url", default=None, help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL).")
+_relay_url = click.option(
+    "--url", default=None, help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL)."
+)
+_url = click.option(
+    "--url",
+    default=None,
+    help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL, else $DATABASE_URL).",
+)
 _schema = click.option(
     "--schema", default=None, envvar="OUTBOX_SCHEMA", help="Schema of the tables."
 )
@@ -73,7 +80,7 @@ async def _serve(relay: Relay) -> None:
 
 
 @click.command("relay")
-@_url
+@_relay_url
 @click.option(
     "--broker", default=None, help="Broker URL: nats://, amqp://, kafka://, redis://, mqtt://."
 )
