@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from outbox._statements import WAKEUP_CHANNEL
 from outbox.envelope import Envelope
-from outbox.exceptions import SchemaNotInstalledError
+from outbox.exceptions import ConfigurationError, SchemaNotInstalledError
 from relay._claim import (
     Claim,
     Outcome,
@@ -54,6 +54,7 @@ class Relay:
     def __init__(
         self, config: RelayConfig, publisher: Publisher, *, metrics: RelayMetrics | None = None
     ) -> None:
+        _check_ack_timeout(config, publisher)
         self.config = config
         self.publisher = publisher
         self.metrics = metrics or RelayMetrics.disabled()
@@ -473,6 +474,32 @@ class Relay:
                 break
         if total:
             log.info("relay: retention deleted %d published rows", total)
+
+
+def _check_ack_timeout(config: RelayConfig, publisher: Publisher) -> None:
+    """Refuse an adapter that may keep a message longer than the relay waits for it.
+
+    When the relay's budget for a batch ends, it releases the rows and another relay may
+    publish them and the key's later rows. A message the adapter's client still holds (Kafka's
+    librdkafka keeps it until ``message.timeout.ms``) could then reach the broker after them.
+    The budget is ``publish_timeout``, and never more than the 90 % of the lease a claim has.
+    """
+    features = getattr(publisher, "features", None)
+    ack = getattr(features, "ack_timeout_seconds", None)
+    budget = min(config.publish_timeout, config.lease_seconds * 0.9)
+    if ack is None or ack < budget:
+        return
+    name = getattr(features, "name", type(publisher).__name__)
+    raise ConfigurationError(
+        f"the {name} adapter's ack timeout ({ack:g}s) must be shorter than the relay's publish "
+        f"budget ({budget:g}s: publish_timeout {config.publish_timeout:g}s, at most 90% of "
+        f"lease_seconds {config.lease_seconds:g}s), or a message it still holds after the relay "
+        "released its rows could reach the broker after the key's later messages: lower the "
+        "adapter's timeout option or raise publish_timeout (and lease_seconds)",
+        setting="publish_timeout",
+        ack_timeout=ack,
+        publish_budget=budget,
+    )
 
 
 def _backoff(failures: int, bounds: tuple[float, float]) -> float:

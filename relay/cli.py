@@ -70,7 +70,9 @@ def make_publisher(config: RelayConfig) -> Publisher:
         raise ConfigurationError(
             "this installation has no broker adapters (relay.brokers.publisher_for_url)"
         )
-    publisher: Publisher = factory(config.broker_url)
+    # the adapter must give up on a message before the relay gives up on the batch (see Relay)
+    budget = min(config.publish_timeout, config.lease_seconds * 0.9)
+    publisher: Publisher = factory(config.broker_url, ack_timeout=round(budget * 0.8, 3))
     return publisher
 
 

@@ -28,9 +28,17 @@ SCHEMES = ("nats", "amqp", "amqps", "kafka", "redis", "rediss", "mqtt", "mqtts",
 
 
 def publisher_for_url(
-    url: str, *, destinations: Mapping[str, str] | None = None, **options: Any
+    url: str,
+    *,
+    destinations: Mapping[str, str] | None = None,
+    ack_timeout: float | None = None,
+    **options: Any,
 ) -> Publisher:
     """The adapter for ``url``'s scheme, built with ``destinations`` and adapter ``options``.
+
+    ``ack_timeout`` becomes the ``timeout`` option of adapters that wait for acknowledgements
+    (unless ``timeout`` is given); the others ignore it. ``outbox relay`` passes 80 % of its
+    publish budget, so the adapter always gives up before the relay does.
 
     ``nats://h:p[,nats://h2:p2]``, ``amqp[s]://user:pass@h:p/vhost``, ``kafka://h:p[,h2:p2]``,
     ``redis[s]://h:p/db``, ``mqtt[s]://[user:pass@]h[:p]``, ``stdout:``, ``file:/path``,
@@ -51,9 +59,16 @@ def publisher_for_url(
     cls = getattr(importlib.import_module(f"relay.brokers.{module}"), cls_name)
     args, implied = make_args(url)
     kwargs = {**implied, **options, "destinations": destinations}
+    if ack_timeout is not None and "timeout" not in kwargs and _accepts(cls, "timeout"):
+        kwargs["timeout"] = ack_timeout
     _check_options(cls, kwargs, url)
     publisher: Publisher = cls(*args, **kwargs)
     return publisher
+
+
+def _accepts(cls: Callable[..., Any], option: str) -> bool:
+    param = inspect.signature(cls).parameters.get(option)
+    return param is not None and param.kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def _check_options(cls: Callable[..., Any], kwargs: Mapping[str, Any], url: str) -> None:

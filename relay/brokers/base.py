@@ -36,9 +36,13 @@ from typing import Protocol, runtime_checkable
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
 
-__all__ = ["BrokerFeatures", "Destinations", "Publisher"]
+__all__ = ["DEFAULT_ACK_TIMEOUT", "BrokerFeatures", "Destinations", "Publisher"]
 
 WILDCARD = "*"
+
+#: every adapter's default ``timeout`` (seconds): shorter than the relay's default
+#: publish_timeout (10 s), with room for the rest of the batch (claim, mark)
+DEFAULT_ACK_TIMEOUT = 8.0
 
 
 class Destinations:
@@ -95,6 +99,12 @@ class BrokerFeatures:
     headers: bool
     #: largest body the broker accepts by default, in bytes (0: unknown)
     max_payload_bytes: int
+    #: the adapter's ``timeout``: how long it (and its client) may keep a message it was given
+    #: before reporting it failed, in seconds; None when it keeps nothing (memory, stdout, file).
+    #: The relay refuses to start unless this is shorter than its publish budget: a message the
+    #: client still holds after the relay gave up on it could reach the broker after the key's
+    #: later rows, published meanwhile by another relay.
+    ack_timeout_seconds: float | None = None
 
 
 @runtime_checkable

@@ -5,7 +5,10 @@ connection, retried in order) keeps each partition in produce order across inter
 message key is the outbox key, so one key stays in one partition. librdkafka is blocking C code
 with its own threads: ``produce`` only enqueues (called in input order from the event loop), and
 a poll thread runs the delivery callbacks, which complete asyncio futures through
-``loop.call_soon_threadsafe``. ``message.timeout.ms`` bounds every delivery.
+``loop.call_soon_threadsafe``. ``message.timeout.ms`` (set from ``timeout``) bounds every
+delivery: librdkafka gives up on a message by then and never sends it afterwards. It must end
+before the relay gives up on the batch and releases the rows (the relay checks
+``features.ack_timeout_seconds``), or a stale copy could reach Kafka after the key's later rows.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
 from relay.brokers._batch import Batch, PublishError, check_size, permanent, retryable
 from relay.brokers._lazy import require
-from relay.brokers.base import BrokerFeatures, Destinations
+from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 from relay.exceptions import RetryablePublishError
 
 __all__ = ["KafkaPublisher"]
@@ -52,7 +55,7 @@ class KafkaPublisher:
         bootstrap_servers: str = "127.0.0.1:9092",
         *,
         destinations: Mapping[str, str] | None = None,
-        timeout: float = 30.0,
+        timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
         config: Mapping[str, Any] | None = None,
     ) -> None:
@@ -89,6 +92,7 @@ class KafkaPublisher:
             keeps_key_order=True,
             headers=True,
             max_payload_bytes=int(self._config.get("message.max.bytes", 1_000_000)),
+            ack_timeout_seconds=_message_timeout(self._config),
         )
 
     async def start(self) -> None:
@@ -207,6 +211,19 @@ class KafkaPublisher:
         if error.code() in permanent_codes:
             return permanent(f"Kafka rejected the message: {error.str()}", env, dest, exc)
         return retryable(f"Kafka delivery failed: {error.str()}", env, dest, exc)
+
+
+def _message_timeout(config: Mapping[str, Any]) -> float:
+    """How long librdkafka keeps a message (seconds): ``message.timeout.ms`` or its alias."""
+    raw = config.get("delivery.timeout.ms", config["message.timeout.ms"])
+    try:
+        return float(raw) / 1000
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"Kafka option message.timeout.ms / delivery.timeout.ms must be milliseconds, "
+            f"got {raw!r}",
+            option="message.timeout.ms",
+        ) from exc
 
 
 def _poll_loop(producer: Any, stop: threading.Event) -> None:

@@ -38,7 +38,7 @@ from relay.brokers._batch import (
     unreachable,
 )
 from relay.brokers._lazy import require
-from relay.brokers.base import BrokerFeatures, Destinations
+from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 from relay.exceptions import BrokerUnreachableError
 
 __all__ = ["MqttPublisher"]
@@ -65,7 +65,7 @@ class MqttPublisher:
         password: str | None = None,
         client_id: str = "",
         tls: bool = False,
-        timeout: float = 10.0,
+        timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
         max_in_flight: int = 1000,
         max_queued: int = 10_000,
@@ -93,6 +93,7 @@ class MqttPublisher:
             keeps_key_order=True,
             headers=True,
             max_payload_bytes=max_payload_bytes,
+            ack_timeout_seconds=timeout,
         )
 
     async def start(self) -> None:

@@ -30,7 +30,7 @@ from relay.brokers._batch import (
     unreachable,
 )
 from relay.brokers._lazy import require
-from relay.brokers.base import BrokerFeatures, Destinations
+from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 
 __all__ = ["NatsPublisher"]
 
@@ -55,7 +55,7 @@ class NatsPublisher:
         stream_subjects: Sequence[str] | None = None,
         create_stream: bool = False,
         duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
-        timeout: float = 10.0,
+        timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
         max_in_flight: int = 4000,
         connect_options: Mapping[str, Any] | None = None,
@@ -76,14 +76,14 @@ class NatsPublisher:
         self._js: Any = None
         self.features = self._features(max_payload=1024 * 1024, window=duplicate_window)
 
-    @staticmethod
-    def _features(max_payload: int, window: float) -> BrokerFeatures:
+    def _features(self, max_payload: int, window: float) -> BrokerFeatures:
         return BrokerFeatures(
             name="nats",
             dedup_window_seconds=window,
             keeps_key_order=True,
             headers=True,
             max_payload_bytes=max_payload,
+            ack_timeout_seconds=self._timeout,
         )
 
     async def start(self) -> None:

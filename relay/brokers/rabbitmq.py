@@ -22,7 +22,7 @@ from typing import Any
 from outbox.envelope import Envelope
 from relay.brokers._batch import Batch, PublishError, check_size, permanent, retryable
 from relay.brokers._lazy import require
-from relay.brokers.base import BrokerFeatures, Destinations
+from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 from relay.exceptions import RetryablePublishError
 
 __all__ = ["RabbitMQPublisher"]
@@ -46,7 +46,7 @@ class RabbitMQPublisher:
         url: str = "amqp://guest:guest@127.0.0.1:5672/",
         *,
         destinations: Mapping[str, str] | None = None,
-        timeout: float = 10.0,
+        timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
         max_payload_bytes: int = DEFAULT_MAX_MESSAGE_SIZE,
         persistent: bool = True,
@@ -66,6 +66,7 @@ class RabbitMQPublisher:
             keeps_key_order=True,
             headers=True,
             max_payload_bytes=max_payload_bytes,
+            ack_timeout_seconds=timeout,
         )
 
     async def start(self) -> None:
