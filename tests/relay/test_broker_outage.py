@@ -195,7 +195,8 @@ def test_relay_skip_never_charges_a_message_the_adapter_did_not_send(url: str) -
             wakeup=False,
         )
         conn.commit()
-    pub = publisher_for_url("redis://127.0.0.1:6379/0", max_payload_bytes=100)
+    # the adapter's timeout must end before the relay's publish_timeout (2 s in these tests)
+    pub = publisher_for_url("redis://127.0.0.1:6379/0", max_payload_bytes=100, timeout=1.5)
     relay = Relay(config(url, topics={topic: TopicPolicy(on_dead="skip", max_attempts=1)}), pub)
 
     async def go() -> None:
