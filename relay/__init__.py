@@ -30,6 +30,7 @@ from relay.exceptions import (
     NotSentError,
     PermanentPublishError,
     RelayError,
+    RelayIdInUseError,
     RetryablePublishError,
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "Relay",
     "RelayConfig",
     "RelayError",
+    "RelayIdInUseError",
     "RelayMetrics",
     "RelayStatus",
     "RetryablePublishError",

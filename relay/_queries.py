@@ -194,12 +194,17 @@ WHERE m.id = o.id AND m.lease_token = %(token)s AND m.status = 'pending'
 RETURNING m.id
 """
 
-# outbox_release_owner: at shutdown, give back whatever this relay still holds.
+# outbox_release_owner: at shutdown, give back what this relay *process* still holds: the
+# rows of its own claims that never got their mark (cancelled or failed batches). Matching the
+# claim tokens, not only lease_owner, matters when two processes run with one relay id (a
+# fixed --relay-id in a rolling deploy, or a takeover after this one's heartbeat lapsed): a
+# release by owner alone gave back the other process's in-flight rows, which a third relay
+# could then claim and publish while the other still did (two relays on one key).
 _RELEASE_OWNER = """
 UPDATE {messages}
 SET lease_owner = NULL, lease_token = NULL, lease_until = NULL,
     attempts = greatest(attempts - 1, 0)
-WHERE lease_owner = %(owner)s AND status = 'pending'
+WHERE lease_owner = %(owner)s AND lease_token = ANY(%(tokens)s::uuid[]) AND status = 'pending'
 """
 
 # outbox_tables_present: the relay's startup probe. Catalog lookups only (no lock, no table
@@ -215,14 +220,37 @@ SELECT to_regclass({messages_name}) IS NOT NULL
                  AND NOT attisdropped)
 """
 
-# outbox_relay_register / heartbeat / unregister: informational only (outbox status).
+# outbox_relay_register: at start and every heartbeat. A relay id names one live process;
+# ``config->>'instance'`` (a random id per Relay object) tells this process's row from another's.
+# The row is taken over only when it is ours or its heartbeat is older than %(live_seconds)s (that
+# relay is gone, or stalled longer than its leases last). Otherwise no row is returned and the
+# relay refuses to start: two processes with one id would overwrite each other's row, and before
+# the release by claim token they gave back each other's in-flight leases at shutdown.
+# Concurrency: ON CONFLICT DO UPDATE locks the existing row and evaluates its WHERE on the newest
+# version, so of two processes starting at once with one id, the second sees the first's fresh
+# heartbeat and is refused.
 _REGISTER = """
-INSERT INTO {relays} (relay_id, hostname, pid, config)
+INSERT INTO {relays} AS r (relay_id, hostname, pid, config)
 VALUES (%(relay_id)s, %(hostname)s, %(pid)s, %(config)s)
-ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = clock_timestamp()
+ON CONFLICT (relay_id) DO UPDATE
+SET heartbeat_at = clock_timestamp(),
+    started_at = CASE WHEN r.config->>'instance' = excluded.config->>'instance'
+                      THEN r.started_at ELSE clock_timestamp() END,
+    hostname = excluded.hostname, pid = excluded.pid, config = excluded.config
+WHERE r.config->>'instance' = excluded.config->>'instance'
+   OR r.heartbeat_at < clock_timestamp() - %(live_seconds)s * interval '1 second'
+RETURNING true
+"""
+# outbox_relay_holder: who holds a relay id that registration refused (for the error message).
+_RELAY_HOLDER = """
+SELECT hostname, pid, extract(epoch FROM clock_timestamp() - heartbeat_at)::float8
+FROM {relays} WHERE relay_id = %(relay_id)s
 """
 _HEARTBEAT = "UPDATE {relays} SET heartbeat_at = clock_timestamp() WHERE relay_id = %(relay_id)s"
-_UNREGISTER = "DELETE FROM {relays} WHERE relay_id = %(relay_id)s"
+# Only this process's row: another live process may have taken the id over meanwhile.
+_UNREGISTER = """
+DELETE FROM {relays} WHERE relay_id = %(relay_id)s AND config->>'instance' = %(instance)s
+"""
 
 # outbox_retention_delete: one batch of old published rows. SKIP LOCKED and a small LIMIT keep
 # each transaction short; published rows are never heads, so deleting them cannot unblock or
@@ -328,6 +356,7 @@ class RelayStatements:
     mark: bytes
     release_owner: bytes
     register: bytes
+    relay_holder: bytes
     heartbeat: bytes
     unregister: bytes
     retention: bytes
@@ -374,6 +403,7 @@ def relay_statements(schema: str | None) -> RelayStatements:
         mark=render(_MARK),
         release_owner=render(_RELEASE_OWNER),
         register=render(_REGISTER),
+        relay_holder=render(_RELAY_HOLDER),
         heartbeat=render(_HEARTBEAT),
         unregister=render(_UNREGISTER),
         retention=render(_RETENTION),

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +34,7 @@ from relay._metrics import RelayMetrics
 from relay._queries import relay_statements
 from relay._tracing import publish_span
 from relay.brokers.base import Publisher
-from relay.exceptions import BrokerUnreachableError, RetryablePublishError
+from relay.exceptions import BrokerUnreachableError, RelayIdInUseError, RetryablePublishError
 
 __all__ = ["Relay"]
 
@@ -68,6 +69,10 @@ class Relay:
         self._db_failures = 0
         self._paused_until = 0.0
         self._after = ("", "")  # the claim rotates over keys from here
+        #: tells this process's outbox_relays row from another process's with the same id
+        self._instance = uuid.uuid4().hex
+        #: tokens of this process's claims not marked yet: what a shutdown gives back
+        self._open_claims: set[uuid.UUID] = set()
         self.last_db_ok = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -94,7 +99,8 @@ class Relay:
         """Relay until stopped. Never raises for broker or database outages: it retries.
 
         Raises SchemaNotInstalledError at once when the database answers but the outbox tables
-        are missing (or too old): retrying would not help.
+        are missing (or too old), and RelayIdInUseError when another live relay process has
+        registered this relay id: retrying would not help.
         """
         pool = AsyncConnectionPool(
             self.config.database_url,
@@ -109,11 +115,11 @@ class Relay:
         background: list[asyncio.Task[None]] = []
         try:
             await self._check_schema(pool)
+            await self._register(pool)
             background.append(asyncio.create_task(self._heartbeat(pool)))
             if self.config.listen:
                 background.append(asyncio.create_task(self._listen()))
             await self._start_publisher()
-            await self._register(pool)
             await self._loop(pool)
         finally:
             await self._shutdown(pool, background)
@@ -167,12 +173,19 @@ class Relay:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        relay_id = self.config.relay_id
         with contextlib.suppress(Exception):
             async with asyncio.timeout(5), pool.connection(timeout=3) as conn:
-                cur = await conn.execute(self._stmts.release_owner, {"owner": self.config.relay_id})
-                if cur.rowcount:
-                    log.info("relay: released %d leased rows at shutdown", cur.rowcount)
-                await conn.execute(self._stmts.unregister, {"relay_id": self.config.relay_id})
+                if self._open_claims:  # only our own claims: another process may share the id
+                    cur = await conn.execute(
+                        self._stmts.release_owner,
+                        {"owner": relay_id, "tokens": list(self._open_claims)},
+                    )
+                    if cur.rowcount:
+                        log.info("relay: released %d leased rows at shutdown", cur.rowcount)
+                await conn.execute(
+                    self._stmts.unregister, {"relay_id": relay_id, "instance": self._instance}
+                )
         with contextlib.suppress(Exception):
             await self.publisher.close()
         await pool.close(timeout=5)
@@ -198,6 +211,7 @@ class Relay:
                 slots.release()
                 await self._wait_for_work()
                 continue
+            self._open_claims.add(claim.token)
             task = asyncio.create_task(self._process(pool, claim))
             self._inflight.add(task)
             task.add_done_callback(lambda t: self._done(t, slots))
@@ -239,6 +253,12 @@ class Relay:
         return claim
 
     async def _process(self, pool: AsyncConnectionPool[Any], claim: Claim) -> None:
+        await self._process_claim(pool, claim)
+        # Marked (or its marks gave up and the lease will lapse): nothing left to release. A
+        # batch cancelled or failed on the way keeps its token for the shutdown's release.
+        self._open_claims.discard(claim.token)
+
+    async def _process_claim(self, pool: AsyncConnectionPool[Any], claim: Claim) -> None:
         started = time.perf_counter()
         amo_ids = {e.id for e in claim.envelopes if self._amo(e.topic)}
         if amo_ids:
@@ -418,38 +438,69 @@ class Relay:
             finally:
                 await conn.close()
 
-    async def _register(self, pool: AsyncConnectionPool[Any]) -> None:
+    def _registration(self) -> dict[str, Any]:
         cfg = self.config
-        params = {
+        config = {
+            "broker": _redact(cfg.broker_url),
+            "batch_size": cfg.batch_size,
+            "lease_seconds": cfg.lease_seconds,
+            "instance": self._instance,
+        }
+        return {
             "relay_id": cfg.relay_id,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
-            "config": json.dumps(
-                {
-                    "broker": _redact(cfg.broker_url),
-                    "batch_size": cfg.batch_size,
-                    "lease_seconds": cfg.lease_seconds,
-                }
-            ),
+            "config": json.dumps(config),
+            # a registration older than a lease (and a few heartbeats) belongs to a relay that
+            # is gone or stalled: its leases have lapsed, so the id may be taken over
+            "live_seconds": max(cfg.lease_seconds, cfg.heartbeat_interval * 3),
         }
-        with contextlib.suppress(psycopg.Error, Exception):
-            async with pool.connection(timeout=5) as conn:
-                await conn.execute(self._stmts.register, params)
+
+    async def _register(self, pool: AsyncConnectionPool[Any]) -> None:
+        """Register this process under its relay id; refuse an id that a live relay uses."""
+        while not self.stopping:
+            try:
+                async with pool.connection(timeout=5) as conn:
+                    if await self._upsert_registration(conn):
+                        return
+                    cur = await conn.execute(
+                        self._stmts.relay_holder, {"relay_id": self.config.relay_id}
+                    )
+                    holder = await cur.fetchone()
+                break
+            except psycopg.Error as exc:
+                self._db_failures += 1
+                delay = _backoff(self._db_failures, _DB_BACKOFF)
+                log.warning("relay: cannot register (%s); retrying in %.1fs", exc, delay)
+                await self._sleep(delay)
+        else:
+            return
+        host, pid, silent = holder if holder is not None else ("?", "?", 0.0)
+        raise RelayIdInUseError(
+            f"relay id {self.config.relay_id!r} is in use by a live relay (host {host}, pid "
+            f"{pid}, last heartbeat {silent:.1f}s ago): give every relay process its own id "
+            "(omit --relay-id / relay_id for a unique default), or stop that relay first",
+            relay_id=self.config.relay_id,
+            hostname=host,
+            pid=pid,
+        )
+
+    async def _upsert_registration(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Write our row (or refresh its heartbeat); False when another live process has it."""
+        cur = await conn.execute(self._stmts.register, self._registration())
+        return await cur.fetchone() is not None
 
     async def _heartbeat(self, pool: AsyncConnectionPool[Any]) -> None:
         next_retention = time.monotonic()
         while not self.stopping:
             try:
                 async with pool.connection(timeout=5) as conn:
-                    await conn.execute(
-                        self._stmts.register,
-                        {
-                            "relay_id": self.config.relay_id,
-                            "hostname": socket.gethostname(),
-                            "pid": os.getpid(),
-                            "config": "{}",
-                        },
-                    )
+                    if not await self._upsert_registration(conn):
+                        log.error(
+                            "relay: relay id %r was taken over by another live relay while our "
+                            "heartbeat lapsed; give every relay process its own id",
+                            self.config.relay_id,
+                        )
                     await self.metrics.refresh_backlog(conn, self._stmts)
                     if self.config.retention_seconds and time.monotonic() >= next_retention:
                         await self._retention(conn)

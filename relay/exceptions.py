@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from outbox.exceptions import OutboxError
+from outbox.exceptions import ConfigurationError, OutboxError
 
 __all__ = [
     "BrokerUnreachableError",
     "NotSentError",
     "PermanentPublishError",
     "RelayError",
+    "RelayIdInUseError",
     "RetryablePublishError",
 ]
 
@@ -41,3 +42,7 @@ class BrokerUnreachableError(RetryablePublishError):
     connection. The relay gives such rows back without counting an attempt, so an outage
     never dead-letters anything, and pauses claiming with backoff.
     """
+
+
+class RelayIdInUseError(ConfigurationError):
+    """Another live relay process uses this relay id; give every relay its own id."""
