@@ -73,6 +73,7 @@ class Relay:
         self._instance = uuid.uuid4().hex
         #: tokens of this process's claims not marked yet: what a shutdown gives back
         self._open_claims: set[uuid.UUID] = set()
+        self._listen_dsn = config.database_url  # the LISTEN connection's (tests put a proxy here)
         self.last_db_ok = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -413,30 +414,45 @@ class Relay:
     # -- background: wake-ups, heartbeat, retention -------------------------------------------
 
     async def _listen(self) -> None:
-        """LISTEN on a dedicated connection; every (re)connect wakes the loop."""
+        """LISTEN on a dedicated connection; every (re)connect wakes the loop.
+
+        Every call on it is bounded: on a half-open TCP connection (a peer or middlebox gone
+        without a FIN) a plain ``SELECT 1`` waited forever, and the relay was left on its
+        fallback poll without a word in the log.
+        """
         delay = _DB_BACKOFF[0]
+        bound = max(self.config.heartbeat_interval, 1.0)
         while not self.stopping:
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self.config.database_url, autocommit=True
-                )
-            except psycopg.Error as exc:
-                log.warning("relay: listener cannot connect (%s)", exc)
+                async with asyncio.timeout(bound):
+                    conn = await psycopg.AsyncConnection.connect(self._listen_dsn, autocommit=True)
+            except (psycopg.Error, TimeoutError) as exc:
+                log.warning("relay: listener cannot connect (%s)", exc or "timed out")
                 await self._sleep(delay)
                 delay = min(delay * 2, _DB_BACKOFF[1])
                 continue
             try:
-                await conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
+                async with asyncio.timeout(bound):
+                    await conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
                 delay = _DB_BACKOFF[0]
                 self._wake.set()  # notifications sent while we were away are lost: poll now
                 while not self.stopping:
                     async for _ in conn.notifies(timeout=self.config.heartbeat_interval):
                         self._wake.set()
-                    await conn.execute("SELECT 1")  # detect a dead connection
+                    async with asyncio.timeout(bound):
+                        await conn.execute("SELECT 1")  # detect a dead connection
+            except TimeoutError:
+                log.warning(
+                    "relay: listener connection did not answer within %.1fs (half-open TCP "
+                    "connection?); reconnecting, wake-ups rely on poll_interval meanwhile",
+                    bound,
+                )
             except psycopg.Error as exc:
                 log.warning("relay: listener connection lost (%s); reconnecting", exc)
             finally:
-                await conn.close()
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(bound):
+                        await conn.close()
 
     def _registration(self) -> dict[str, Any]:
         cfg = self.config

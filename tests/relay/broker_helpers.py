@@ -20,15 +20,29 @@ def need(port: int, name: str) -> None:
             pytest.skip(f"{name} is not reachable on 127.0.0.1:{port}; start it to run this test")
 
 
+class _Link:
+    """One proxied connection; a frozen link swallows bytes both ways and stays open."""
+
+    frozen = False
+
+
 class Proxy:
-    """Forwards a local port to a broker; ``down()`` drops every connection and refuses new
-    ones (the broker looks gone), ``up()`` listens again on the same port."""
+    """Forwards a local port to a broker (or PostgreSQL); ``down()`` drops every connection and
+    refuses new ones (the broker looks gone), ``up()`` listens again on the same port;
+    ``freeze()`` makes the open connections half-open: bytes stop flowing both ways, nothing is
+    closed, while new connections work. ``accepted`` counts connections made through it."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.port = 0
+        self.accepted = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._links: list[_Link] = []
+
+    def freeze(self) -> None:
+        for link in self._links:
+            link.frozen = True
 
     async def up(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
@@ -50,12 +64,19 @@ class Proxy:
             writer.close()
             return
         self._writers |= {writer, up_writer}
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        self.accepted += 1
+        link = _Link()
+        self._links.append(link)
+        await asyncio.gather(_pipe(reader, up_writer, link), _pipe(up_reader, writer, link))
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: _Link | None = None
+) -> None:
     try:
         while data := await reader.read(65536):
+            if link is not None and link.frozen:
+                continue  # swallowed: the peer never hears of it
             writer.write(data)
             await writer.drain()
     except (OSError, RuntimeError):
