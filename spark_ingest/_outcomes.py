@@ -188,19 +188,30 @@ def details(groups: DataFrame, present: DataFrame | None = None) -> DataFrame:
 
 
 def _percentiles(buckets: Iterable[Mapping[str, Any]]) -> dict[str, float | None]:
-    """p50/p90/p99 (nearest rank) and max of one leg from its (bucket, n, max_ms) groups."""
-    ordered = sorted((b for b in buckets if b["bucket"] is not None), key=lambda b: b["bucket"])
-    total = sum(int(b["n"]) for b in ordered)
+    """p50/p90/p99 (nearest rank) and max of one leg from its (bucket, n, max_ms) groups.
+
+    One log bucket may come in several groups (split by the report's histogram bucket, or by
+    a second aggregation): they are merged first, so the value reported for a bucket is the
+    largest latency seen in all of it, whatever order the groups come in.
+    """
+    merged: dict[int, tuple[int, float]] = {}
+    for b in buckets:
+        if b["bucket"] is None:
+            continue
+        n, most = merged.get(int(b["bucket"]), (0, -math.inf))
+        merged[int(b["bucket"])] = (n + int(b["n"]), max(most, float(b["max_ms"])))
+    ordered = sorted(merged.items())
+    total = sum(n for _, (n, _) in ordered)
     out: dict[str, float | None] = {}
     for p in _PCTS:
         rank, seen, value = max(1, math.ceil(p * total)), 0, None
-        for b in ordered:
-            seen += int(b["n"])
+        for _, (n, most) in ordered:
+            seen += n
             if seen >= rank:
-                value = b["max_ms"]
+                value = most
                 break
         out[f"p{round(p * 100)}_ms"] = value
-    out["max_ms"] = max((b["max_ms"] for b in ordered), default=None)
+    out["max_ms"] = max((most for _, (_, most) in ordered), default=None)
     return out
 
 
