@@ -8,8 +8,11 @@ never appear in ``repr``, logs or errors.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
+import math
 import os
 import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +24,12 @@ from outbox.schema import check_identifier
 __all__ = [
     "CLASSES",
     "DISCREPANCY_CLASSES",
+    "THRESHOLD_NAMES",
     "JobConfig",
     "Source",
     "Window",
+    "check_inboxes",
+    "check_thresholds",
     "load_toml",
     "parse_duration",
     "previous_day",
@@ -64,11 +70,21 @@ class Source:
 
     def _parts(self) -> tuple[str, int, str, str | None]:
         raw = self.url.removeprefix("jdbc:")
-        parts = urlsplit(raw)
+        expected = "jdbc:postgresql://host:5432/dbname (or postgresql://user@host:5432/dbname)"
+        try:
+            parts = urlsplit(raw)
+            port = parts.port  # raises ValueError for a port out of range or not a number
+            if port == 0:
+                raise ValueError("port 0")
+        except ValueError as exc:  # urlsplit: bad IPv6 brackets; .port: "99999", "abc"
+            raise ConfigurationError(
+                f"source {self.name!r}: invalid URL {_redact(self.url)!r}: {exc}; expected "
+                f"{expected} with a port from 1 to 65535",
+                source=self.name,
+            ) from exc
         if parts.scheme not in ("postgresql", "postgres") or not parts.hostname:
             raise ConfigurationError(
-                f"source {self.name!r}: invalid URL {_redact(self.url)!r}: expected "
-                "jdbc:postgresql://host:5432/dbname (or postgresql://user@host:5432/dbname)",
+                f"source {self.name!r}: invalid URL {_redact(self.url)!r}: expected {expected}",
                 source=self.name,
             )
         if parts.password:
@@ -78,7 +94,7 @@ class Source:
                 source=self.name,
             )
         dbname = parts.path.lstrip("/") or "postgres"
-        return parts.hostname, parts.port or 5432, dbname, parts.username
+        return parts.hostname, port or 5432, dbname, parts.username
 
     @property
     def login(self) -> str | None:
@@ -137,10 +153,49 @@ class Source:
 
 
 def _redact(url: str) -> str:
-    parts = urlsplit(url.removeprefix("jdbc:"))
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@")
+    try:
+        password = urlsplit(url.removeprefix("jdbc:")).password
+    except ValueError:  # unparsable: hide anything between ':' and '@' after the scheme
+        head, sep, rest = url.partition("://")
+        userinfo, at, host = rest.rpartition("@")
+        return f"{head}{sep}{userinfo.partition(':')[0]}:***@{host}" if at else url
+    if password:
+        return url.replace(f":{password}@", ":***@")
     return url
+
+
+def _database_key(source: Source) -> tuple[str, int, str, str]:
+    """What makes two sources the same inbox table: host, port, database and schema."""
+    host, port, dbname, _ = source._parts()
+    return host.lower(), port, dbname, source.schema or "public"
+
+
+def check_inboxes(inboxes: Sequence[Source]) -> None:
+    """Reject two inbox sources with one name, or two reading the same inbox table.
+
+    The reconciliation joins inbox rows on (message id, consumer) whatever source they came
+    from, so one inbox read twice would count each delivery twice (a false duplicate and a
+    wrong delivered count); two sources named alike would share one name in every output.
+    """
+    names: dict[str, Source] = {}
+    places: dict[tuple[str, int, str, str], Source] = {}
+    for src in inboxes:
+        if src.name in names:
+            raise ConfigurationError(
+                f"two inbox sources are named {src.name!r}: give each [[inbox]] its own name",
+                source=src.name,
+            )
+        names[src.name] = src
+        key = _database_key(src)
+        if key in places:
+            host, port, dbname, schema = key
+            raise ConfigurationError(
+                f"inbox sources {places[key].name!r} and {src.name!r} both read "
+                f"{host}:{port}/{dbname} (schema {schema}): every delivery would be counted "
+                "twice; list each inbox database once",
+                source=src.name,
+            )
+        places[key] = src
 
 
 @dataclass(frozen=True)
@@ -187,36 +242,99 @@ class JobConfig:
             )
         if not self.inboxes:
             raise ConfigurationError("no inbox source: pass --inbox jdbc:postgresql://...")
-        unknown = set(self.thresholds) - set(DISCREPANCY_CLASSES) - {"lagging", "total"}
-        if unknown:
+        check_inboxes(self.inboxes)
+        for topic, consumers in self.subscriptions.items():
+            _check_consumers(f"subscription {topic!r}", consumers)
+        check_thresholds(self.thresholds, "thresholds")
+        if self.sla <= dt.timedelta(0):
+            raise ConfigurationError(f"the SLA must be positive, not {self.sla}: e.g. 1h")
+
+
+#: Thresholds may bound each discrepancy class, ``lagging`` and their ``total``.
+THRESHOLD_NAMES = (*DISCREPANCY_CLASSES, "lagging", "total")
+
+
+def check_thresholds(thresholds: Mapping[str, object], where: str) -> None:
+    """Every name a known class, every limit an int >= 0 (not a bool, not a float)."""
+    _check_keys(thresholds, THRESHOLD_NAMES, where, what="threshold class")
+    for name, limit in thresholds.items():
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigurationError(
-                f"unknown threshold class(es) {sorted(unknown)}: use one of "
-                f"{[*DISCREPANCY_CLASSES, 'lagging', 'total']}"
+                f"{where}: {name} = {limit!r}: a threshold must be a whole number >= 0 "
+                f"(e.g. {name} = 10)",
+                key=name,
+            )
+
+
+def _check_consumers(where: str, consumers: object) -> None:
+    if isinstance(consumers, str) or not isinstance(consumers, Sequence):
+        raise ConfigurationError(
+            f'{where}: expected a list of consumer names (e.g. orders = ["billing"]), '
+            f"got {consumers!r}"
+        )
+    if not consumers or not all(isinstance(c, str) and c.strip() for c in consumers):
+        raise ConfigurationError(
+            f"{where}: expected a non-empty list of consumer names, got {list(consumers)!r}"
+        )
+
+
+def _check_keys(
+    table: Mapping[str, object], known: Sequence[str], where: str, *, what: str = "key"
+) -> None:
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigurationError(
+                f"{where}: unknown {what} {key!r}{hint}; known: {', '.join(known)}", key=key
             )
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_duration(text: str) -> dt.timedelta:
-    """``90s``, ``15m``, ``2h``, ``1d`` or plain seconds."""
+def parse_duration(text: str, *, what: str | None = None) -> dt.timedelta:
+    """``90s``, ``15m``, ``2h``, ``1d`` or plain seconds; positive and finite.
+
+    ``what`` (e.g. ``--sla``) leads the error message."""
     text = text.strip()
+    head = f"{what}: invalid duration {text!r}" if what else f"invalid duration {text!r}"
+    hint = "use a positive duration, e.g. 90s, 15m, 2h, 1d"
     try:
-        if text[-1:] in _UNITS:
-            return dt.timedelta(seconds=float(text[:-1]) * _UNITS[text[-1]])
-        return dt.timedelta(seconds=float(text))
-    except ValueError as exc:
-        raise ConfigurationError(
-            f"invalid duration {text!r}: use e.g. 90s, 15m, 2h, 1d", value=text
-        ) from exc
+        number, unit = (text[:-1], _UNITS[text[-1]]) if text[-1:] in _UNITS else (text, 1)
+        seconds = float(number) * unit
+        if not math.isfinite(seconds):
+            raise OverflowError(seconds)
+        value = dt.timedelta(seconds=seconds)
+    except (ValueError, OverflowError) as exc:
+        why = "too long" if isinstance(exc, OverflowError) else "not a duration"
+        raise ConfigurationError(f"{head}: {why}; {hint}", value=text) from exc
+    if value <= dt.timedelta(0):
+        raise ConfigurationError(f"{head}: not positive; {hint}", value=text)
+    return value
 
 
-def _source(name: str, table: dict[str, Any]) -> Source:
+_SOURCE_KEYS = ("name", "url", "user", "password_env", "password_file", "schema")
+_TOP_KEYS = ("outbox", "inbox", "subscriptions", "sla", "thresholds")
+
+
+def _source(where: str, default_name: str, table: object) -> Source:
+    if not isinstance(table, dict):
+        raise ConfigurationError(f"{where} must be a table of {', '.join(_SOURCE_KEYS)}")
+    _check_keys(table, _SOURCE_KEYS, where)
     if "url" not in table:
-        raise ConfigurationError(f"source {name!r} in the TOML file has no 'url'")
+        raise ConfigurationError(
+            f"{where} has no 'url': add url = \"jdbc:postgresql://host:5432/dbname\"",
+            key="url",
+        )
+    for key, value in table.items():
+        if not isinstance(value, str) or not value:
+            raise ConfigurationError(
+                f"{where}: {key} must be a non-empty string, got {value!r}", key=key
+            )
     return Source(
-        name=str(table.get("name", name)),
-        url=str(table["url"]),
+        name=table.get("name", default_name),
+        url=table["url"],
         user=table.get("user"),
         password_env=table.get("password_env"),
         password_file=table.get("password_file"),
@@ -224,25 +342,64 @@ def _source(name: str, table: dict[str, Any]) -> Source:
     )
 
 
+def _inboxes(where: str, value: object) -> tuple[Source, ...]:
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise ConfigurationError(
+            f"{where}: 'inbox' must be an array of tables: write [[inbox]] (double brackets) "
+            "once per inbox database, each with its url",
+            key="inbox",
+        )
+    return tuple(
+        _source(f"{where}: [[inbox]] #{i + 1}", f"inbox{i + 1}", t) for i, t in enumerate(value)
+    )
+
+
+def _subscriptions(where: str, value: object) -> dict[str, tuple[str, ...]]:
+    if not isinstance(value, dict):
+        raise ConfigurationError(
+            f"{where}: 'subscriptions' must be a table: [subscriptions] then "
+            'orders = ["billing", "shipping"]',
+            key="subscriptions",
+        )
+    for topic, consumers in value.items():
+        _check_consumers(f"{where}: [subscriptions] {topic}", consumers)
+    return {t: tuple(dict.fromkeys(c.strip() for c in cs)) for t, cs in value.items()}
+
+
+def _table(where: str, key: str, value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigurationError(f"{where}: {key!r} must be a table: [{key}]", key=key)
+    return value
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a job file into keyword pieces: ``outbox``, ``inboxes``, ``subscriptions``,
-    ``sla``, ``thresholds`` (each present only if the file sets it)."""
+    ``sla``, ``thresholds`` (each present only if the file sets it).
+
+    The file is checked against its schema: unknown keys (at any level), wrong types,
+    ``[inbox]`` for ``[[inbox]]``, bad durations or thresholds raise ConfigurationError
+    naming the file and the key."""
     try:
         doc = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigurationError(f"cannot read job file {path}: {exc}") from exc
+    where = f"job file {path}"
+    _check_keys(doc, _TOP_KEYS, where)
     out: dict[str, Any] = {}
     if "outbox" in doc:
-        out["outbox"] = _source("outbox", doc["outbox"])
+        out["outbox"] = _source(f"{where}: [outbox]", "outbox", doc["outbox"])
     if "inbox" in doc:
-        out["inboxes"] = tuple(_source(f"inbox{i + 1}", t) for i, t in enumerate(doc["inbox"]))
+        out["inboxes"] = _inboxes(where, doc["inbox"])
+        check_inboxes(out["inboxes"])
     if "subscriptions" in doc:
-        out["subscriptions"] = {
-            str(topic): tuple(str(c) for c in consumers)
-            for topic, consumers in doc["subscriptions"].items()
-        }
+        out["subscriptions"] = _subscriptions(where, doc["subscriptions"])
     if "sla" in doc:
-        out["sla"] = parse_duration(str(doc["sla"]))
+        sla = doc["sla"]
+        if isinstance(sla, bool) or not isinstance(sla, str | int | float):
+            raise ConfigurationError(f'{where}: sla must be a duration like "1h", got {sla!r}')
+        out["sla"] = parse_duration(str(sla), what=f"{where}: sla")
     if "thresholds" in doc:
-        out["thresholds"] = {str(k): int(v) for k, v in doc["thresholds"].items()}
+        thresholds = _table(where, "thresholds", doc["thresholds"])
+        check_thresholds(thresholds, f"{where}: [thresholds]")
+        out["thresholds"] = dict(thresholds)
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from spark_ingest._config import (
     JobConfig,
     Source,
     Window,
+    check_inboxes,
+    check_thresholds,
     load_toml,
     parse_duration,
     previous_day,
@@ -26,53 +29,63 @@ from spark_ingest._config import (
 __all__ = ["commands", "ingest_cmd", "reconcile_cmd", "redrive_cmd"]
 
 
-def _parse_time(text: str | None) -> dt.datetime | None:
+def _parse_time(text: str | None, flag: str) -> dt.datetime | None:
     if text is None:
         return None
     try:
         value = dt.datetime.fromisoformat(text)
     except ValueError as exc:
-        raise click.BadParameter(f"{text!r}: use ISO 8601, e.g. 2026-11-20T00:00:00+00:00") from exc
+        raise ConfigurationError(
+            f"{flag} {text!r}: not a time; use ISO 8601, e.g. 2026-11-20T00:00:00+00:00"
+        ) from exc
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
 def _subscriptions(items: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    subs: dict[str, tuple[str, ...]] = {}
+    """``--subscribe`` values; a topic given twice gets the consumers of both (merged)."""
+    subs: dict[str, dict[str, None]] = {}
     for item in items:
         topic, sep, consumers = item.partition("=")
-        names = tuple(c.strip() for c in consumers.split(",") if c.strip())
-        if not sep or not topic or not names:
-            raise click.BadParameter(
-                f"{item!r}: use TOPIC=consumer1,consumer2", param_hint="--subscribe"
+        names = [c.strip() for c in consumers.split(",") if c.strip()]
+        if not sep or not topic.strip() or not names:
+            raise ConfigurationError(
+                f"--subscribe {item!r}: use TOPIC=consumer1,consumer2 (e.g. orders=billing)"
             )
-        subs[topic] = names
-    return subs
+        subs.setdefault(topic.strip(), {}).update(dict.fromkeys(names))
+    return {topic: tuple(names) for topic, names in subs.items()}
 
 
 def _thresholds(items: tuple[str, ...]) -> dict[str, int]:
-    out = {}
+    out: dict[str, int] = {}
     for item in items:
-        name, _, limit = item.partition("=")
-        try:
-            out[name] = int(limit)
-        except ValueError as exc:
-            raise click.BadParameter(f"{item!r}: use CLASS=N", param_hint="--fail-above") from exc
+        name, sep, limit = item.partition("=")
+        if not sep or not limit.strip().isdigit():
+            raise ConfigurationError(
+                f"--fail-above {item!r}: use CLASS=N with N a whole number >= 0 (e.g. duplicate=10)"
+            )
+        out[name.strip()] = int(limit)
+    check_thresholds(out, "--fail-above")
     return out
 
 
 def _sources(
     file: dict[str, Any], outbox: str | None, inboxes: tuple[str, ...], opts: dict[str, Any]
 ) -> tuple[Source, tuple[Source, ...]]:
+    """The sources from the flags, else the file's; ``--user``, ``--password-env``,
+    ``--password-file`` and ``--schema`` apply to every source and win over the file's."""
     common = {k: opts[k] for k in ("user", "password_env", "password_file", "schema") if opts[k]}
+    if "password_env" in common or "password_file" in common:  # one password source, the flag's
+        common = {"password_env": None, "password_file": None} | common
     ob = Source("outbox", outbox, **common) if outbox else file.get("outbox")
     ibs = (
         tuple(Source(f"inbox{i + 1}", u, **common) for i, u in enumerate(inboxes))
         if inboxes
-        else file.get("inboxes", ())
+        else tuple(replace(src, **common) for src in file.get("inboxes", ()))
     )
     if ob is None:
         raise ConfigurationError("no outbox source: pass --outbox jdbc:postgresql://host/db")
-    return ob, ibs
+    check_inboxes(ibs)
+    return replace(ob, **common), ibs
 
 
 _common = [
@@ -142,14 +155,19 @@ def _job_config(opts: dict[str, Any]) -> JobConfig:
     outbox, inboxes = _sources(file, opts["outbox_url"], opts["inbox_urls"], opts)
     default = previous_day()
     window = Window(
-        _parse_time(opts["since"]) or default.start, _parse_time(opts["until"]) or default.end
+        _parse_time(opts["since"], "--since") or default.start,
+        _parse_time(opts["until"], "--until") or default.end,
     )
     return JobConfig(
         outbox=outbox,
         inboxes=inboxes,
         subscriptions=_subscriptions(opts["subscribe"]) or file.get("subscriptions", {}),
         window=window,
-        sla=parse_duration(opts["sla"]) if opts["sla"] else file.get("sla", dt.timedelta(hours=1)),
+        sla=(
+            parse_duration(opts["sla"], what="--sla")
+            if opts["sla"]
+            else file.get("sla", dt.timedelta(hours=1))
+        ),
         thresholds=file.get("thresholds", {}) | _thresholds(opts["fail_above"]),
     )
 
