@@ -152,8 +152,13 @@ def reconcile(
     # few rows plus one per detail row: cached, it is all the rest reads.
     groups = _outcomes.outcome_groups(rows, LATENCY_BUCKETS).persist(StorageLevel.MEMORY_AND_DISK)
     target = None if output_dir is None else Path(output_dir) / str(run_id)
-    scratch = Path(tempfile.mkdtemp(prefix="reconcile-")) if target is None else target
-    scratch.mkdir(parents=True, exist_ok=True)
+    # Everything is written under a partial directory and renamed to ``target`` last, once the
+    # run is recorded: a run that fails half-way publishes nothing that looks finished.
+    if target is None:
+        scratch = Path(tempfile.mkdtemp(prefix="reconcile-"))
+    else:
+        scratch = target.with_name(f".{run_id}.partial")
+        scratch.mkdir(parents=True, exist_ok=True)
     try:
         figure_rows = _outcomes.figure_groups(groups).collect()
         detail = _write_details(config, spark, groups, scratch / "details")
@@ -186,22 +191,35 @@ def reconcile(
         lost_ids = sorted(r["id"] for r in lost)
         first = detail.orderBy("kind", "id", "consumer").limit(1000).collect()
         if target is not None:
-            _outputs.write_outputs(target, summary, lost_ids)
+            summary["files"] = _outputs.output_files(target)
         summary["finished_at"] = dt.datetime.now(dt.UTC).isoformat()
+        if target is not None:
+            _outputs.write_outputs(scratch, summary, lost_ids)
         if record:
             _outputs.record_run(config.outbox, summary, ob_h.xmin)
+        if target is not None:
+            scratch.rename(target)
         return RunResult(
             run_id,
             summary,
             lost_ids,
             target,
             1 if verdict["outcome"] == "failed" else 0,
-            [r.asDict() for r in first],
+            [_aware(r.asDict()) for r in first],
         )
     finally:
         groups.unpersist()
-        if target is None:
+        if target is None or scratch.exists():  # a failed run leaves no partial directory
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _aware(row: dict[str, Any]) -> dict[str, Any]:
+    """PySpark collects a timestamp as a naive datetime in the driver's local time zone: make
+    each one aware, in UTC, whatever TZ the job runs under."""
+    return {
+        k: v.astimezone(dt.UTC) if isinstance(v, dt.datetime) and v.tzinfo is None else v
+        for k, v in row.items()
+    }
 
 
 _CLASS_KEYS = ("delivered", "in_flight", "lagging", *DISCREPANCY_CLASSES)

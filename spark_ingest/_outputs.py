@@ -8,14 +8,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from outbox.schema import RECONCILIATION_RUNS
 from spark_ingest._config import DISCREPANCY_CLASSES, Source
+from spark_ingest._errors import SourceError
 from spark_ingest._sources import connect
 
-__all__ = ["format_summary", "judge", "record_run", "write_outputs"]
+__all__ = ["format_summary", "judge", "output_files", "record_run", "write_outputs"]
 
 
 def judge(counts: Mapping[str, int], thresholds: Mapping[str, int]) -> dict[str, Any]:
@@ -37,20 +39,25 @@ def judge(counts: Mapping[str, int], thresholds: Mapping[str, int]) -> dict[str,
     }
 
 
-def write_outputs(target: Path, summary: dict[str, Any], lost_ids: list[str]) -> None:
-    """Next to ``target/details`` (Parquet, written by the Spark pass): summary.json,
-    redrive.txt and report.html."""
-    from spark_ingest._report import render_html
-
-    (target / "redrive.txt").write_text("".join(f"{i}\n" for i in lost_ids))
-    summary["files"] = {
+def output_files(target: Path) -> dict[str, str]:
+    """Where a run's files end up (``target`` is ``output_dir/<run_id>``)."""
+    return {
         "details": str(target / "details"),
         "redrive": str(target / "redrive.txt"),
         "report": str(target / "report.html"),
         "summary": str(target / "summary.json"),
     }
-    (target / "report.html").write_text(render_html(summary))
-    (target / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+
+def write_outputs(directory: Path, summary: dict[str, Any], lost_ids: list[str]) -> None:
+    """Next to ``directory/details`` (Parquet, written by the Spark pass): summary.json,
+    redrive.txt and report.html. ``directory`` is the run's partial directory, renamed to
+    its final name (``summary["files"]``) only once everything is written and recorded."""
+    from spark_ingest._report import render_html
+
+    (directory / "redrive.txt").write_text("".join(f"{i}\n" for i in lost_ids))
+    (directory / "report.html").write_text(render_html(summary))
+    (directory / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
 
 _INSERT = """
@@ -80,8 +87,16 @@ def record_run(source: Source, summary: dict[str, Any], xmin: int) -> None:
         "outcome": summary["outcome"],
         "summary": Jsonb(json.loads(json.dumps(summary, default=str))),
     }
-    with connect(source) as conn:
-        conn.execute(sql.SQL(_INSERT).format(table=table), params)
+    try:
+        with connect(source) as conn:
+            conn.execute(sql.SQL(_INSERT).format(table=table), params)
+    except psycopg.Error as exc:
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceError(
+            f"cannot record the run in {table.as_string(None)} of the outbox database "
+            f"({cause}): run `outbox migrate upgrade` there, grant INSERT on it to the job's "
+            "user, or pass --no-record; no output files were published",
+        ) from exc
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:
