@@ -176,6 +176,9 @@ def reconcile(
             "horizon": {"outbox_xmin": ob_h.xmin, "outbox_now": ob_h.now.isoformat()},
             "messages": figures["messages"],
             "deferred_in_flight": figures["deferred"],
+            # The oldest created_at this run could not judge for good (deferred, in flight,
+            # lagging): the next default window starts there (_outputs.carried_start).
+            "unjudged_from": _utc_iso(figures["unjudged_from"]),
             "subscriptions": {t: list(c) for t, c in sorted(config.subscriptions.items())},
             "counts": {k: counts.get(k, 0) for k in ("pairs", *_CLASS_KEYS)},
             "latency": figures["latency"],
@@ -211,6 +214,13 @@ def reconcile(
         groups.unpersist()
         if target is None or scratch.exists():  # a failed run leaves no partial directory
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _utc_iso(value: dt.datetime | None) -> str | None:
+    """A timestamp collected from Spark (naive, driver-local) as ISO 8601 in UTC."""
+    if value is None:
+        return None
+    return (value.astimezone(dt.UTC) if value.tzinfo is None else value).isoformat()
 
 
 def _aware(row: dict[str, Any]) -> dict[str, Any]:

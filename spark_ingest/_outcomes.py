@@ -69,6 +69,7 @@ _PER_DOUBLING = 64
 _ZERO_BUCKET = -1_000
 _NEGATIVE = -1_000_000
 _PCTS = (0.5, 0.9, 0.99)
+_NOT_FINAL = ("in_flight", "lagging")  # classes a later run may still change
 
 
 def log_bucket(ms: Column) -> Column:
@@ -134,6 +135,7 @@ def outcome_groups(rows: DataFrame, report_edges: Sequence[float]) -> DataFrame:
         "consumer",
         flags.alias("flags"),
         detail.alias("detail"),
+        "created_at",
         F.explode(facets).alias("f"),
     )
     on_count_row = F.col("f.leg") == 0
@@ -145,7 +147,11 @@ def outcome_groups(rows: DataFrame, report_edges: Sequence[float]) -> DataFrame:
         F.col("f.report_bucket").alias("report_bucket"),
         F.when(on_count_row, F.col("flags")).alias("flags"),
         F.when(on_count_row, F.col("detail")).alias("detail"),
-    ).agg(F.count(F.lit(1)).alias("n"), F.max("f.ms").alias("max_ms"))
+    ).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.max("f.ms").alias("max_ms"),
+        F.min("created_at").alias("first_created"),
+    )
     return grouped.select(
         "topic",
         "consumer",
@@ -156,13 +162,18 @@ def outcome_groups(rows: DataFrame, report_edges: Sequence[float]) -> DataFrame:
         *(F.col(f"detail.{c}").alias(c) for c in _DETAIL_ONLY),
         "n",
         "max_ms",
+        "first_created",
     )
 
 
 def figure_groups(groups: DataFrame) -> DataFrame:
     """``outcome_groups`` without the detail columns: what ``summarise`` needs, a few rows."""
     keys = ["topic", "consumer", "leg", "bucket", "report_bucket", *_FLAGS]
-    return groups.groupBy(*keys).agg(F.sum("n").alias("n"), F.max("max_ms").alias("max_ms"))
+    return groups.groupBy(*keys).agg(
+        F.sum("n").alias("n"),
+        F.max("max_ms").alias("max_ms"),
+        F.min("first_created").alias("first_created"),
+    )
 
 
 def details(groups: DataFrame, present: DataFrame | None = None) -> DataFrame:
@@ -222,7 +233,7 @@ def summarise(
     ``counts`` (pairs, classes, duplicate, out_of_order), ``latency`` (per topic and consumer
     with delivered pairs) and ``latency_histogram`` (non-empty report buckets of the
     end-to-end leg)."""
-    out: dict[str, Any] = {"messages": 0, "deferred": 0, "candidates": 0}
+    out: dict[str, Any] = {"messages": 0, "deferred": 0, "candidates": 0, "unjudged_from": None}
     counts = dict.fromkeys(("pairs", *classes, "duplicate", "out_of_order"), 0)
     delivered: dict[tuple[str, str], int] = {}
     legs: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
@@ -235,6 +246,13 @@ def summarise(
         pair = g["row"] == "pair"
         out["messages"] += n if pair and g["first"] and g["judged"] else 0
         out["deferred"] += n if pair and g["first"] and not g["judged"] else 0
+        # Not judged for good by this run: deferred, still in flight, or lagging. A later run
+        # whose window starts at the oldest of them judges them (see _job.carried_start).
+        open_ = pair and (not g["judged"] or g["class"] in _NOT_FINAL)
+        if open_ and g.get("first_created") is not None:
+            first = g["first_created"]
+            if out["unjudged_from"] is None or first < out["unjudged_from"]:
+                out["unjudged_from"] = first
         out["candidates"] += n if g["row"] == "candidate" else 0
         if g["class"] is not None:
             counts["pairs"] += n

@@ -17,7 +17,14 @@ from spark_ingest._config import DISCREPANCY_CLASSES, Source
 from spark_ingest._errors import SourceError
 from spark_ingest._sources import connect
 
-__all__ = ["format_summary", "judge", "output_files", "record_run", "write_outputs"]
+__all__ = [
+    "carried_start",
+    "format_summary",
+    "judge",
+    "output_files",
+    "record_run",
+    "write_outputs",
+]
 
 
 def judge(counts: Mapping[str, int], thresholds: Mapping[str, int]) -> dict[str, Any]:
@@ -68,13 +75,15 @@ VALUES (%(run_id)s, %(started_at)s, %(finished_at)s, %(window_start)s, %(window_
 """
 
 
+def _runs_table(source: Source) -> sql.Identifier:
+    if source.schema:
+        return sql.Identifier(source.schema, RECONCILIATION_RUNS)
+    return sql.Identifier(RECONCILIATION_RUNS)
+
+
 def record_run(source: Source, summary: dict[str, Any], xmin: int) -> None:
     """One row in ``outbox_reconciliation_runs`` of the outbox database."""
-    table = (
-        sql.Identifier(source.schema, RECONCILIATION_RUNS)
-        if source.schema
-        else sql.Identifier(RECONCILIATION_RUNS)
-    )
+    table = _runs_table(source)
     params = {
         "run_id": summary["run_id"],
         "started_at": dt.datetime.fromisoformat(summary["started_at"]),
@@ -99,6 +108,32 @@ def record_run(source: Source, summary: dict[str, Any], xmin: int) -> None:
         ) from exc
 
 
+# outbox_reconciliation_last_unjudged: what the latest run that ended by ``start`` left open.
+_LAST_UNJUDGED = """
+SELECT (summary->>'unjudged_from')::timestamptz FROM {table}
+WHERE window_end <= %(start)s
+ORDER BY window_end DESC, finished_at DESC
+LIMIT 1
+"""
+
+
+def carried_start(source: Source, start: dt.datetime) -> dt.datetime:
+    """The start of a default (nightly) window that would begin at ``start``: earlier, if the
+    latest recorded run that ended by then left messages it could not judge for good (still
+    in flight, lagging, or deferred behind an open transaction). They are judged by this run
+    instead of by none. Messages of that earlier range judged before are judged again, so a
+    discrepancy among them can be reported twice; none is missed."""
+    try:
+        with connect(source) as conn:
+            row = conn.execute(
+                sql.SQL(_LAST_UNJUDGED).format(table=_runs_table(source)), {"start": start}
+            ).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return start  # never recorded: nothing to carry (recording will say what is missing)
+    carried: dt.datetime | None = None if row is None else row[0]
+    return start if carried is None else min(start, carried)
+
+
 def format_summary(summary: Mapping[str, Any]) -> str:
     """The human summary printed on stdout."""
     c = summary["counts"]
@@ -118,6 +153,11 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             f"  latency {item['topic']} -> {item['consumer']}: n={item['n']} "
             f"p50 {_ms(e2e['p50_ms'])} p90 {_ms(e2e['p90_ms'])} p99 {_ms(e2e['p99_ms'])} "
             f"max {_ms(e2e['max_ms'])}"
+        )
+    if summary.get("unjudged_from"):
+        lines.append(
+            f"  not judged for good (in flight, lagging or deferred) from "
+            f"{summary['unjudged_from']} on: the next default run starts there"
         )
     for name, ex in summary["exceeded"].items():
         lines.append(f"  THRESHOLD EXCEEDED: {name} {ex['count']} > {ex['limit']}")

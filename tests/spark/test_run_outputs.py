@@ -74,3 +74,29 @@ def test_details_carry_aware_utc_timestamps_whatever_the_local_time_zone(
     (row,) = [d for d in result.details if d["id"] == lost_id]
     assert row["created_at"] == now - 5 * H
     assert row["created_at"].utcoffset() == dt.timedelta(0)
+
+
+def test_messages_a_run_cannot_judge_for_good_start_the_next_default_window(
+    spark: Any, database_url: str, inbox_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    from spark_ingest import carried_start
+
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    window = Window(now - 10 * H, now)
+    config = JobConfig(
+        outbox=Source("outbox", database_url),
+        inboxes=(Source("billing", inbox_urls[0]),),
+        subscriptions={"orders": ("billing",)},
+        window=window,
+    )
+    assert carried_start(config.outbox, now) == now  # nothing recorded yet
+    # Created 20 minutes ago, not published yet: in flight within the 1 h SLA, so this run
+    # cannot say whether it will be lost. Tomorrow's default window must cover it again.
+    pending = Msg(new_id(), "orders", "late", 1, "pending", now - dt.timedelta(minutes=20), None)
+    insert_outbox(database_url, pending)
+    result = reconcile(spark, config, tmp_path)
+    assert result.summary["counts"]["in_flight"] == 1
+    assert result.summary["unjudged_from"] == (now - dt.timedelta(minutes=20)).isoformat()
+    assert carried_start(config.outbox, now) == now - dt.timedelta(minutes=20)
+    assert carried_start(config.outbox, now + 24 * H) == now - dt.timedelta(minutes=20)
+    assert carried_start(config.outbox, now - H) == now - H  # a run that ended after that start
