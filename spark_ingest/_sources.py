@@ -145,7 +145,36 @@ _INBOX_COLUMNS = (
 )
 
 
-def _jdbc(spark: SparkSession, source: Source, query: str, predicates: list[str]) -> DataFrame:
+def _root_cause(exc: BaseException) -> str:
+    """The first line of the deepest Java cause's message (for a read refused by the server,
+    the PSQLException's ``ERROR: permission denied for table ...``), else of ``exc``.
+
+    py4j's own message (``An error occurred while calling o39.jdbc.``) says nothing; the
+    reason is at the bottom of the Java exception's cause chain.
+    """
+    message = ""
+    java = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
+    for _ in range(20):  # a cause chain is short; never loop on a cyclic one
+        if java is None:
+            break
+        try:
+            text, java = java.getMessage(), java.getCause()
+        except Exception:  # the JVM is gone or the object is not a Throwable
+            break
+        if text and str(text).strip():
+            message = str(text)
+    message = message.strip() or str(exc).strip() or type(exc).__name__
+    return message.splitlines()[0][:300]
+
+
+def _jdbc(
+    spark: SparkSession,
+    source: Source,
+    query: str,
+    predicates: list[str],
+    *,
+    table: str = "the outbox/inbox tables",
+) -> DataFrame:
     try:
         return spark.read.jdbc(
             source.jdbc_url,
@@ -154,10 +183,19 @@ def _jdbc(spark: SparkSession, source: Source, query: str, predicates: list[str]
             properties=source.jdbc_properties(),
         )
     except Exception as exc:  # py4j / AnalysisException: translate, keep the cause
+        user = source.login or "(default user)"
+        cause = _root_cause(exc)
+        hint = (
+            f"grant that user SELECT: GRANT SELECT ON {table} TO {user}"
+            if "permission denied" in cause
+            else "check the URL, the user, the schema and the table"
+        )
         raise SourceError(
-            f"source {source.name!r}: Spark could not read {source.jdbc_url}: "
-            f"{str(exc).strip().splitlines()[0][:300]}",
+            f"source {source.name!r}: cannot read {table} in {source.jdbc_url} as {user}: "
+            f"{cause}; {hint}",
             source=source.name,
+            table=table,
+            user=source.login,
         ) from exc
 
 
@@ -184,7 +222,7 @@ def read_outbox(
         f" OR published_at >= '{(a - _CLOCK_MARGIN).isoformat()}'::timestamptz)"
         for a, b in _ranges(lo, hi, partitions)
     ]
-    return _jdbc(spark, source, query, preds)
+    return _jdbc(spark, source, query, preds, table=table)
 
 
 #: How far back a server clock may step between an insert and its publish (see read_outbox).
@@ -199,18 +237,28 @@ def read_inbox(
     partitions: int,
     *,
     until: dt.datetime | None = None,
+    margin: dt.timedelta = _CLOCK_MARGIN,
 ) -> DataFrame:
-    """Inbox rows with ``lo <= received_at < until`` (default ``hi``), tagged with the source.
+    """Inbox rows with ``lo - margin <= received_at < until`` (default ``hi``), tagged with the
+    source.
 
-    ``[lo, hi)`` is split into ``partitions`` ranges and the last one runs on to ``until``: the
-    job reads the rows of a window (``hi`` its end) plus the few deliveries after it up to the
-    inbox's safe time, so the split follows the window. Split up to ``until`` (often days
-    later), every row would land in the first range: one partition doing all the work.
+    ``[lo - margin, hi)`` is split into ``partitions`` ranges and the last one runs on to
+    ``until``: the job reads the rows of a window (``hi`` its end) plus the few deliveries after
+    it up to the inbox's safe time, so the split follows the window. Split up to ``until``
+    (often days later), every row would land in the first range: one partition doing all the
+    work.
+
+    The margin (the outbox read's hour, for a clock stepped back) is for clock skew: ``lo`` is
+    a time on the outbox server's clock, ``received_at`` one on the inbox server's. With the
+    inbox clock 1 s behind, a message created 0.5 s after the window start is received "0.5 s
+    before" it; read from ``lo`` exactly, its delivery is missed and the message reported lost.
+    Rows read in the margin only ever complete a pair: ``reconcile_rows`` takes phantom
+    candidates from ``[start, end)`` alone.
     """
     from pyspark.sql import functions as F
 
     table = _qualified(source, INBOX_MESSAGES).as_string(None)
     query = f"SELECT {_INBOX_COLUMNS} FROM {table}"
-    preds = time_predicates("received_at", lo, hi, partitions, until=until)
-    df = _jdbc(spark, source, query, preds)
+    preds = time_predicates("received_at", lo - margin, hi, partitions, until=until)
+    df = _jdbc(spark, source, query, preds, table=table)
     return df.withColumn("source", F.lit(source.name))

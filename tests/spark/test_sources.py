@@ -1,0 +1,89 @@
+"""Reading the sources on real Spark and PostgreSQL: what an unreadable table says, and
+inbox rows stamped by a clock behind the outbox's."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from harness import PgServer
+from psycopg import sql
+from spark_plant import Msg, insert_inbox, insert_outbox, new_id
+
+from spark_ingest import JobConfig, Source, SourceError, Window, reconcile
+
+H = dt.timedelta(hours=1)
+S = dt.timedelta(seconds=1)
+
+
+@pytest.fixture
+def role_without_select(pg_server: PgServer) -> Iterator[str]:
+    """A login role of its own (unique name) granted nothing: it may connect, not SELECT."""
+    name = f"recon_nosel_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    try:
+        yield name
+    finally:
+        with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def test_reconcile_inbox_without_select_names_the_server_error_and_the_user(
+    spark: Any, database_url: str, inbox_urls: tuple[str, str], role_without_select: str
+) -> None:
+    now = dt.datetime.now(dt.UTC)
+    config = JobConfig(
+        outbox=Source("outbox", database_url),
+        inboxes=(Source("billing", inbox_urls[0], user=role_without_select),),
+        subscriptions={"orders": ("billing",)},
+        window=Window(now - 2 * H, now),
+    )
+    with pytest.raises(SourceError) as err:
+        reconcile(spark, config, record=False)
+    message = str(err.value)
+    assert "permission denied for table inbox_messages" in message
+    assert f"as {role_without_select}" in message
+    assert f'GRANT SELECT ON "inbox_messages" TO {role_without_select}' in message
+    assert "An error occurred while calling" not in message
+    assert err.value.source == "billing"
+
+
+def test_reconcile_counts_a_delivery_stamped_by_an_inbox_clock_behind_the_outbox(
+    spark: Any, database_url: str, inbox_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    now = dt.datetime.now(dt.UTC)
+    start, end = now - 10 * H, now - 2 * H
+    inbox = inbox_urls[0]
+    # Created 0.5 s after the window start on the outbox clock; the inbox clock is 1 s behind,
+    # so its delivery is stamped 0.4 s before the start.
+    skewed = Msg(new_id(), "orders", "skewed", 1, "published", start + S / 2, start + S / 2)
+    # Created before the window, delivered just before it: not this run's to judge.
+    before = Msg(new_id(), "orders", "before", 1, "published", start - H / 2, start - H / 2)
+    insert_outbox(database_url, skewed, before)
+    insert_inbox(inbox, "billing", skewed.id, "orders", "skewed", 1, start - S * 0.4)
+    insert_inbox(inbox, "billing", before.id, "orders", "before", 1, start - H / 4)
+    # Rows of no outbox message: in the margin they are not this window's phantoms; inside it,
+    # one still is.
+    insert_inbox(inbox, "billing", new_id(), "orders", "nowhere", 1, start - 10 * S)
+    phantom = new_id()
+    insert_inbox(inbox, "billing", phantom, "orders", "phantom", 1, start + H)
+    config = JobConfig(
+        outbox=Source("outbox", database_url),
+        inboxes=(Source("billing", inbox),),
+        subscriptions={"orders": ("billing",)},
+        window=Window(start, end),
+        thresholds={"phantom": 1},
+    )
+    result = reconcile(spark, config, tmp_path, record=False)
+    counts = result.summary["counts"]
+    assert counts["lost"] == 0, result.details
+    assert counts["delivered"] == 1
+    assert counts["phantom"] == 1
+    assert [d["id"] for d in result.details if d["kind"] == "phantom"] == [phantom]
+    assert result.lost_ids == []
