@@ -46,9 +46,11 @@ RETURNING i.attempts
 """
 
 # inbox_note_duplicate: count the delivery (an aid for operators; never used to decide). The
-# row is already locked by inbox_record, so this waits for nobody.
+# row is already locked by inbox_record, so this waits for nobody. inbox_record returned no
+# row, so the message is settled (processed, stale or dead): this delivery is a duplicate, and
+# only here is `duplicates` counted (`attempts` also counts failed handler attempts).
 _NOTE_DUPLICATE = """
-UPDATE {messages} SET attempts = attempts + 1
+UPDATE {messages} SET attempts = attempts + 1, duplicates = duplicates + 1
 WHERE consumer = %(consumer)s AND message_id = %(id)s
 RETURNING attempts
 """

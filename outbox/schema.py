@@ -177,11 +177,14 @@ def make_metadata(schema: str | None = None) -> MetaData:
             "received_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
         ),
         Column("processed_at", _TIMESTAMPTZ, nullable=True),
-        # Deliveries seen: an aid for operators and reconciliation, never used to decide
-        # whether a message is a duplicate (the primary key does that).
+        # Deliveries seen, failed handler attempts included: an aid for operators, never used
+        # to decide whether a message is a duplicate (the primary key does that).
         Column("attempts", Integer, nullable=False, server_default=text("1")),
         Column("status", Text, nullable=False, server_default=text("'processed'")),
         Column("last_error", Text, nullable=True),
+        # Deliveries after the message was settled (processed, stale or dead): the duplicates
+        # proper, unlike attempts, which also counts failed handler attempts (outbox_0006).
+        Column("duplicates", Integer, nullable=False, server_default=text("0")),
         PrimaryKeyConstraint("consumer", "message_id"),
         CheckConstraint("consumer <> ''", name="consumer_not_empty"),
         CheckConstraint(

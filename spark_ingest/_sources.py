@@ -141,7 +141,7 @@ _OUTBOX_COLUMNS = (
 )
 _INBOX_COLUMNS = (
     "consumer, message_id::text AS message_id, topic, key, seq, received_at, processed_at, "
-    "attempts, status"
+    "attempts, duplicates, status"
 )
 
 

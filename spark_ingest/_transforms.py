@@ -3,8 +3,8 @@
 Inputs (column names as the readers produce them):
 
 * outbox: ``id, topic, key, seq, status, created_at, published_at, tx_id``
-* inbox: ``consumer, message_id, topic, key, seq, received_at, processed_at, attempts, status``
-  (``source`` optional)
+* inbox: ``consumer, message_id, topic, key, seq, received_at, processed_at, attempts,
+  duplicates, status`` (``source`` optional)
 * subscriptions: ``topic, consumer`` (the consumers expected to process each topic)
 
 The job evaluates everything in ONE pass over the sources: ``reconcile_rows`` joins the outbox
@@ -160,6 +160,7 @@ def reconcile_rows(
         F.col("seq").alias("i_seq"),
         F.col("status").alias("inbox_status"),
         F.col("attempts").alias("inbox_attempts"),
+        F.col("duplicates").alias("inbox_duplicates"),
         "received_at",
         "processed_at",
         _processed_out_of_order().alias("i_out_of_order"),
@@ -183,6 +184,7 @@ def reconcile_rows(
         "received_at",
         "processed_at",
         "inbox_attempts",
+        "inbox_duplicates",
         "i_out_of_order",
     ).where((F.col("row") == "pair") | _between("received_at", start, end))
     judged_pair = F.col("judged") & F.col("consumer").isNotNull()
@@ -190,7 +192,9 @@ def reconcile_rows(
     return rows.select(
         *(c for c in rows.columns if c != "i_out_of_order"),
         F.when(judged_pair, _class(deadline)).alias("class"),
-        F.coalesce(judged_pair & (F.col("inbox_attempts") > 1), F.lit(False)).alias("duplicate"),
+        # Delivered again after it was settled (inbox_note_duplicate); not attempts > 1, which
+        # also counts the failed handler attempts of a retried or dead message.
+        F.coalesce(judged_pair & (F.col("inbox_duplicates") > 0), F.lit(False)).alias("duplicate"),
         F.coalesce(judged_pair & F.col("i_out_of_order"), F.lit(False)).alias("out_of_order"),
     )
 

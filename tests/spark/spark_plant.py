@@ -29,6 +29,8 @@ class Msg:
     status: str
     created_at: dt.datetime
     published_at: dt.datetime | None
+    #: A scheduled message (deliver_after / available_at); None: due when created.
+    available_at: dt.datetime | None = None
 
 
 def new_id() -> str:
@@ -48,7 +50,7 @@ def insert_outbox(url: str, *msgs: Msg, tx_id: int | None = OLD_XID) -> None:
                     m.key,
                     m.seq,
                     m.created_at,
-                    m.created_at,
+                    m.available_at or m.created_at,
                     m.status,
                     m.published_at,
                     None if tx_id is None else str(tx_id),
@@ -67,10 +69,23 @@ def insert_inbox(
     *,
     status: str = "processed",
     attempts: int = 1,
+    duplicates: int = 0,
 ) -> None:
     with psycopg.connect(url) as conn:
         conn.execute(
             "INSERT INTO inbox_messages (consumer, message_id, topic, key, seq, received_at, "
-            "processed_at, attempts, status) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (consumer, msg_id, topic, key, seq, processed_at, processed_at, attempts, status),
+            "processed_at, attempts, duplicates, status) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                consumer,
+                msg_id,
+                topic,
+                key,
+                seq,
+                processed_at,
+                processed_at,
+                attempts,
+                duplicates,
+                status,
+            ),
         )

@@ -11,8 +11,8 @@ from spark_ingest._transforms import reconcile_rows
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 MS = dt.timedelta(milliseconds=1)
-OUTBOX = "id string, topic string, key string, seq long, status string, created_at timestamp, published_at timestamp, tx_id long"  # noqa: E501
-INBOX = "consumer string, message_id string, topic string, key string, seq long, received_at timestamp, processed_at timestamp, attempts int, status string"  # noqa: E501
+OUTBOX = "id string, topic string, key string, seq long, status string, created_at timestamp, available_at timestamp, published_at timestamp, tx_id long"  # noqa: E501
+INBOX = "consumer string, message_id string, topic string, key string, seq long, received_at timestamp, processed_at timestamp, attempts int, duplicates int, status string"  # noqa: E501
 EDGES = (10.0, 50.0, 100.0)
 
 
@@ -21,10 +21,10 @@ def _run(spark: Any, latencies_ms: list[int]) -> tuple[dict[str, Any], list[Any]
     out, inb = [], []
     for i, ms in enumerate(latencies_ms):
         created = T0 + dt.timedelta(seconds=i)
-        out.append((f"m{i}", "t", f"k{i}", 1, "published", created, created + MS, 1))
+        out.append((f"m{i}", "t", f"k{i}", 1, "published", created, created, created + MS, 1))
         done = created + ms * MS
-        inb.append(("c", f"m{i}", "t", f"k{i}", 1, done, done, 1, "processed"))
-    inb.append(("c", "ghost", "t", "g", 1, T0, T0, 2, "processed"))
+        inb.append(("c", f"m{i}", "t", f"k{i}", 1, done, done, 1, 0, "processed"))
+    inb.append(("c", "ghost", "t", "g", 1, T0, T0, 2, 1, "processed"))
     rows = reconcile_rows(
         spark.createDataFrame(out, OUTBOX), spark.createDataFrame(inb, INBOX),
         {"t": ["c"]}, T0 + dt.timedelta(days=2), dt.timedelta(hours=1),

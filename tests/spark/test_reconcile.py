@@ -86,7 +86,7 @@ def _plant(outbox: str, billing: str, shipping: str, now: dt.datetime) -> dict[s
     for name in ("ok0", "ok1", "ok2", "lost", "stale", "audit"):
         done(billing, "billing", name, p)
     done(billing, "billing", "dead_inbox", p, status="dead")
-    done(billing, "billing", "dupe", p, attempts=3)
+    done(billing, "billing", "dupe", p, attempts=3, duplicates=2)
     done(shipping, "shipping", "stale", p, status="stale")
     # Billing applies k-ooo in order, shipping applies seq 2 before seq 1.
     done(billing, "billing", "ooo1", p)

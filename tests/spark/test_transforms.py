@@ -14,8 +14,8 @@ from spark_ingest._transforms import classify, judged_outbox, subscriptions_fram
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 AS_OF = T0 + dt.timedelta(hours=5)
-OUTBOX = "id string, topic string, key string, seq long, status string, created_at timestamp, published_at timestamp, tx_id long"  # noqa: E501
-INBOX = "consumer string, message_id string, topic string, key string, seq long, received_at timestamp, processed_at timestamp, attempts int, status string"  # noqa: E501
+OUTBOX = "id string, topic string, key string, seq long, status string, created_at timestamp, available_at timestamp, published_at timestamp, tx_id long"  # noqa: E501
+INBOX = "consumer string, message_id string, topic string, key string, seq long, received_at timestamp, processed_at timestamp, attempts int, duplicates int, status string"  # noqa: E501
 
 
 def _pub(minutes: int) -> dt.datetime:
@@ -39,8 +39,8 @@ def test_classify_one_pair(
     spark: Any, status: str, published: dt.datetime | None, inbox_status: str | None,
     expected: str,
 ) -> None:  # fmt: skip
-    outbox = spark.createDataFrame([("m1", "t", "k", 1, status, T0, published, 10)], OUTBOX)
-    rows = [("c", "m1", "t", "k", 1, _pub(2), _pub(2), 1, inbox_status)] if inbox_status else []
+    outbox = spark.createDataFrame([("m1", "t", "k", 1, status, T0, T0, published, 10)], OUTBOX)
+    rows = [("c", "m1", "t", "k", 1, _pub(2), _pub(2), 1, 0, inbox_status)] if inbox_status else []
     inbox = spark.createDataFrame(rows, INBOX)
     judged = judged_outbox(outbox, T0, T0 + dt.timedelta(days=1), xmin=11)
     pairs = classify(judged, inbox, subscriptions_frame(spark, {"t": ["c"]}), AS_OF,
@@ -49,7 +49,7 @@ def test_classify_one_pair(
 
 
 def test_judged_outbox_excludes_transactions_at_or_above_the_horizon(spark: Any) -> None:
-    rows = [(f"m{x}", "t", "k", x, "published", T0, T0, x) for x in (9, 10, 11)]
+    rows = [(f"m{x}", "t", "k", x, "published", T0, T0, T0, x) for x in (9, 10, 11)]
     outbox = spark.createDataFrame(rows, OUTBOX)
     judged = judged_outbox(outbox, T0, T0 + dt.timedelta(days=1), xmin=10)
     assert [r["id"] for r in judged.collect()] == ["m9"]
