@@ -178,7 +178,7 @@ def reconcile(
             "deferred_in_flight": figures["deferred"],
             # The oldest created_at this run could not judge for good (deferred, in flight,
             # lagging): the next default window starts there (_outputs.carried_start).
-            "unjudged_from": _utc_iso(figures["unjudged_from"]),
+            "unjudged_from": _unjudged_from(figures["unjudged_from"], ob_h, end),
             "subscriptions": {t: list(c) for t, c in sorted(config.subscriptions.items())},
             "counts": {k: counts.get(k, 0) for k in ("pairs", *_CLASS_KEYS)},
             "latency": figures["latency"],
@@ -216,11 +216,15 @@ def reconcile(
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _utc_iso(value: dt.datetime | None) -> str | None:
-    """A timestamp collected from Spark (naive, driver-local) as ISO 8601 in UTC."""
-    if value is None:
-        return None
-    return (value.astimezone(dt.UTC) if value.tzinfo is None else value).isoformat()
+def _unjudged_from(oldest: dt.datetime | None, horizon: Horizon, end: dt.datetime) -> str | None:
+    """ISO 8601 (UTC) of the oldest created_at this run left unjudged: ``oldest`` (collected
+    from Spark, naive and driver-local) among the rows it read, or the start of the oldest
+    transaction still open in the outbox database at job start, whose rows nobody could read
+    yet and will carry a created_at no earlier than that."""
+    found = [] if oldest is None else [oldest.astimezone(dt.UTC)]
+    if horizon.safe_time < min(end, horizon.now):
+        found.append(horizon.safe_time)
+    return min(found).isoformat() if found else None
 
 
 def _aware(row: dict[str, Any]) -> dict[str, Any]:

@@ -124,7 +124,11 @@ def _with_common(f: Any) -> Any:
 @click.command("reconcile")
 @_with_common
 @click.option("--subscribe", multiple=True, help="TOPIC=consumer1,consumer2 (repeatable).")
-@click.option("--since", help="Window start (default: yesterday 00:00 UTC).")
+@click.option(
+    "--since",
+    help="Window start (default: yesterday 00:00 UTC, or earlier: the oldest message the last "
+    "recorded run could not judge for good).",
+)
 @click.option("--until", help="Window end, exclusive (default: today 00:00 UTC).")
 @click.option("--sla", default=None, help="Time after which unprocessed means lost (default 1h).")
 @click.option("--fail-above", multiple=True, help="CLASS=N: fail when CLASS exceeds N (default 0).")
@@ -154,10 +158,13 @@ def _job_config(opts: dict[str, Any]) -> JobConfig:
     file = load_toml(opts["config_file"]) if opts["config_file"] else {}
     outbox, inboxes = _sources(file, opts["outbox_url"], opts["inbox_urls"], opts)
     default = previous_day()
-    window = Window(
-        _parse_time(opts["since"], "--since") or default.start,
-        _parse_time(opts["until"], "--until") or default.end,
-    )
+    since = _parse_time(opts["since"], "--since")
+    if since is None:
+        # Messages the last run left in flight, lagging or deferred are judged now, not never.
+        from spark_ingest._outputs import carried_start
+
+        since = carried_start(outbox, default.start)
+    window = Window(since, _parse_time(opts["until"], "--until") or default.end)
     return JobConfig(
         outbox=outbox,
         inboxes=inboxes,
