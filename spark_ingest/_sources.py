@@ -136,7 +136,7 @@ def time_predicates(
 
 # Exactly the columns the reconciliation uses (and the read floor of bench/reconcile.py fetches).
 _OUTBOX_COLUMNS = (
-    "id::text AS id, topic, key, seq, status, created_at, published_at, "
+    "id::text AS id, topic, key, seq, status, created_at, available_at, published_at, "
     "tx_id::text::bigint AS tx_id"
 )
 _INBOX_COLUMNS = (

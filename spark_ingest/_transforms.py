@@ -2,7 +2,7 @@
 
 Inputs (column names as the readers produce them):
 
-* outbox: ``id, topic, key, seq, status, created_at, published_at, tx_id``
+* outbox: ``id, topic, key, seq, status, created_at, available_at, published_at, tx_id``
 * inbox: ``consumer, message_id, topic, key, seq, received_at, processed_at, attempts,
   duplicates, status`` (``source`` optional)
 * subscriptions: ``topic, consumer`` (the consumers expected to process each topic)
@@ -51,9 +51,22 @@ def judged_outbox(outbox: DataFrame, start: dt.datetime, end: dt.datetime, xmin:
     )
 
 
+def _due() -> Column:
+    """When the relay may publish a message: ``available_at`` when the producer scheduled it
+    later (``deliver_after`` / ``available_at``), else ``created_at``. The SLA to publish runs
+    from here: a message not yet due is in flight, never stuck.
+
+    ``available_at`` is also where the relay puts a retry (``outbox_mark_batch``) and where a
+    re-drive or a dead-letter retry re-queues a row, so a row being retried is due at its next
+    try and a re-queued row at its re-queue: the relay's retries end in ``dead`` after
+    ``max_attempts`` (each wait at most ``backoff_max``), so a retry never hides a row for
+    long. Rows released untried (a broker outage) keep their ``available_at``."""
+    return F.greatest(F.col("created_at"), F.col("available_at"))
+
+
 def _class(deadline: dt.datetime) -> Column:
     """The class of one (message, expected consumer) pair; ``deadline`` = as_of - SLA."""
-    late_publish = F.col("created_at") < F.lit(deadline)
+    late_publish = F.col("due_at") < F.lit(deadline)
     late_process = F.col("published_at") < F.lit(deadline)
     ob, ib = F.col("outbox_status"), F.col("inbox_status")
     return (
@@ -145,6 +158,7 @@ def reconcile_rows(
         "seq",
         F.col("status").alias("outbox_status"),
         "created_at",
+        _due().alias("due_at"),
         "published_at",
         judged.alias("judged"),
     ).select("*", F.posexplode_outer(_expected(subscriptions)).alias("pos", "consumer"))
@@ -180,6 +194,7 @@ def reconcile_rows(
         "outbox_status",
         "inbox_status",
         "created_at",
+        "due_at",
         "published_at",
         "received_at",
         "processed_at",

@@ -1,5 +1,6 @@
-"""On real Spark and PostgreSQL: a retried or dead message is not a duplicate (only a delivery
-after the message was settled is: inbox ``duplicates``)."""
+"""Two misclassifications, on real Spark and PostgreSQL: a retried or dead message is not a
+duplicate (only a delivery after the message was settled is: inbox ``duplicates``), and a
+scheduled message is due at its ``available_at``, not at ``created_at``."""
 
 from __future__ import annotations
 
@@ -60,3 +61,33 @@ def test_reconcile_duplicate_is_a_delivery_after_settling_not_a_retry(
     assert (counts["delivered"], counts["dead"], counts["duplicate"]) == (3, 2, 2)
     assert by_kind["duplicate"] == {ids["redelivered"], ids["dead_redelivered"]}
     assert by_kind["dead"] == {ids["dead"], ids["dead_redelivered"]}
+
+
+def test_reconcile_scheduled_message_is_due_at_available_at(
+    spark: Any, database_url: str, inbox_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    now = dt.datetime.now(dt.UTC)
+    created = now - 30 * H
+    inbox = inbox_urls[0]
+    # Every message created 30 h ago (SLA 1 h); name -> (status, available_at).
+    planted = {
+        "not_yet_due": ("pending", now + 2 * H),  # scheduled for later: in flight
+        "just_due": ("pending", now - 10 * M),  # due 10 min ago, within the SLA: in flight
+        "due_long_ago": ("pending", now - 3 * H),  # due 3 h ago, not published: stuck
+        "unscheduled": ("pending", None),  # due when created, 30 h ago: stuck
+        "scheduled_done": ("published", created + 20 * H),  # published when due, processed
+    }
+    ids = {name: new_id() for name in planted}
+
+    def msg(name: str, status: str, at: dt.datetime | None) -> Msg:
+        published = None if status == "pending" else (at or created) + M
+        return Msg(ids[name], "orders", name, 1, status, created, published, at)
+
+    insert_outbox(database_url, *(msg(n, s, at) for n, (s, at) in planted.items()))
+    processed = created + 20 * H + 2 * M
+    insert_inbox(inbox, "billing", ids["scheduled_done"], "orders", "scheduled_done", 1, processed)
+
+    counts, by_kind = _run(spark, database_url, inbox, now, tmp_path)
+
+    assert (counts["in_flight"], counts["stuck"], counts["delivered"]) == (2, 2, 1)
+    assert by_kind["stuck"] == {ids["due_long_ago"], ids["unscheduled"]}
