@@ -73,8 +73,9 @@ class Reads:
 
 def read_sources(spark: SparkSession, config: JobConfig) -> Reads:
     """Freeze every source's horizon, then build its JDBC read: the outbox rows of the window,
-    the inbox rows from the window start (less a clock margin) up to each inbox's safe time. The plan built on them
-    reads each source exactly once; ``bench/reconcile.py`` times these same reads as its floor.
+    the inbox rows from the window start (less a clock margin) up to each inbox's safe time.
+    The plan built on them reads each source exactly once; ``bench/reconcile.py`` times these
+    same reads as its floor.
     """
     ob_h = read_horizon(config.outbox, OUTBOX_MESSAGES)
     ib_hs = [read_horizon(src, INBOX_MESSAGES) for src in config.inboxes]
