@@ -159,13 +159,8 @@ def _job_config(opts: dict[str, Any]) -> JobConfig:
     outbox, inboxes = _sources(file, opts["outbox_url"], opts["inbox_urls"], opts)
     default = previous_day()
     since = _parse_time(opts["since"], "--since")
-    if since is None:
-        # Messages the last run left in flight, lagging or deferred are judged now, not never.
-        from spark_ingest._outputs import carried_start
-
-        since = carried_start(outbox, default.start)
-    window = Window(since, _parse_time(opts["until"], "--until") or default.end)
-    return JobConfig(
+    window = Window(since or default.start, _parse_time(opts["until"], "--until") or default.end)
+    config = JobConfig(
         outbox=outbox,
         inboxes=inboxes,
         subscriptions=_subscriptions(opts["subscribe"]) or file.get("subscriptions", {}),
@@ -177,6 +172,15 @@ def _job_config(opts: dict[str, Any]) -> JobConfig:
         ),
         thresholds=file.get("thresholds", {}) | _thresholds(opts["fail_above"]),
     )
+    if since is None:
+        # Messages the last run left in flight, lagging or deferred are judged now, not never.
+        # (After every other check: a bad flag is reported before any database is asked.)
+        from spark_ingest._outputs import carried_start
+
+        start = carried_start(outbox, window.start)
+        if start < window.start:
+            config = replace(config, window=Window(start, window.end))
+    return config
 
 
 @click.command("ingest")
