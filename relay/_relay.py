@@ -11,8 +11,8 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -37,6 +37,8 @@ from relay.brokers.base import Publisher
 from relay.exceptions import BrokerUnreachableError, RelayIdInUseError, RetryablePublishError
 
 __all__ = ["Relay"]
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("relay")
 
@@ -125,23 +127,34 @@ class Relay:
         finally:
             await self._shutdown(pool, background)
 
-    async def _check_schema(self, pool: AsyncConnectionPool[Any]) -> None:
-        """Wait for the database, then fail fast if the relay's tables are not installed."""
+    async def _until_done(self, what: str, attempt: Callable[[], Awaitable[_T]]) -> _T | None:
+        """``attempt()``'s result, retried with backoff while the database fails; None if the
+        relay is stopped first."""
         while not self.stopping:
             try:
-                async with pool.connection(timeout=self.config.poll_interval * 5) as conn:
-                    cur = await conn.execute(self._stmts.tables_present)
-                    row = await cur.fetchone()
-                break
+                result = await attempt()
             except Exception as exc:
                 self._db_failures += 1
                 delay = _backoff(self._db_failures, _DB_BACKOFF)
-                log.warning("relay: database unavailable (%s); retrying in %.1fs", exc, delay)
+                log.warning("relay: %s failed (%s); retrying in %.1fs", what, exc, delay)
                 await self._sleep(delay)
-        else:
+                continue
+            self._db_failures = 0
+            return result
+        return None
+
+    async def _check_schema(self, pool: AsyncConnectionPool[Any]) -> None:
+        """Wait for the database, then fail fast if the relay's tables are not installed."""
+
+        async def probe() -> tuple[Any, ...]:
+            async with pool.connection(timeout=self.config.poll_interval * 5) as conn:
+                cur = await conn.execute(self._stmts.tables_present)
+                return await cur.fetchone() or (False, False)
+
+        row = await self._until_done("schema check", probe)
+        if row is None:
             return
-        self._db_failures = 0
-        tables, leases = row if row is not None else (False, False)
+        tables, leases = row
         if not (tables and leases):
             where = f"schema {self.config.schema!r}" if self.config.schema else "the search_path"
             missing = "do not exist" if not tables else "predate the relay's lease columns"
@@ -474,23 +487,20 @@ class Relay:
 
     async def _register(self, pool: AsyncConnectionPool[Any]) -> None:
         """Register this process under its relay id; refuse an id that a live relay uses."""
-        while not self.stopping:
-            try:
-                async with pool.connection(timeout=5) as conn:
-                    if await self._upsert_registration(conn):
-                        return
-                    cur = await conn.execute(
-                        self._stmts.relay_holder, {"relay_id": self.config.relay_id}
-                    )
-                    holder = await cur.fetchone()
-                break
-            except psycopg.Error as exc:
-                self._db_failures += 1
-                delay = _backoff(self._db_failures, _DB_BACKOFF)
-                log.warning("relay: cannot register (%s); retrying in %.1fs", exc, delay)
-                await self._sleep(delay)
-        else:
+
+        async def attempt() -> tuple[bool, Any]:
+            async with pool.connection(timeout=5) as conn:
+                if await self._upsert_registration(conn):
+                    return True, None
+                cur = await conn.execute(
+                    self._stmts.relay_holder, {"relay_id": self.config.relay_id}
+                )
+                return False, await cur.fetchone()
+
+        outcome = await self._until_done("registration", attempt)
+        if outcome is None or outcome[0]:
             return
+        holder = outcome[1]
         host, pid, silent = holder if holder is not None else ("?", "?", 0.0)
         raise RelayIdInUseError(
             f"relay id {self.config.relay_id!r} is in use by a live relay (host {host}, pid "
