@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import psycopg
 import pytest
 from inbox_helpers import EFFECTS_DDL
+from psycopg_pool import ConnectionPool
 
 
 @pytest.fixture
@@ -13,3 +16,10 @@ def effects_url(database_url: str) -> str:
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(EFFECTS_DDL)
     return database_url
+
+
+@pytest.fixture
+def pool(effects_url: str) -> Iterator[ConnectionPool]:
+    """A small connection pool on ``effects_url``, for the handler runners."""
+    with ConnectionPool(effects_url, min_size=1, max_size=2, open=True) as p:
+        yield p

@@ -83,3 +83,18 @@ class FailOnce:
         if env.id in self.pending_failures:
             self.pending_failures.discard(env.id)
             raise RuntimeError("first attempt fails")
+
+
+class Flaky:
+    """A handler that fails its first ``failures`` calls (the effect rolls back with the
+    transaction), then applies the effect."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def __call__(self, conn: Any, msg: Any) -> None:
+        self.calls += 1
+        apply_effect(conn, "c", msg)
+        if self.calls <= self.failures:
+            raise ValueError(f"boom {self.calls}")

@@ -4,35 +4,14 @@ duplicate from this column)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from inbox_helpers import apply_effect, make_envelope
+from inbox_helpers import Flaky, make_envelope
 from psycopg_pool import ConnectionPool
 
 from inbox import HandlerRunner, Outcome
-
-
-@pytest.fixture
-def pool(effects_url: str) -> Iterator[ConnectionPool]:
-    with ConnectionPool(effects_url, min_size=1, max_size=2, open=True) as p:
-        yield p
-
-
-class FailFirst:
-    """Fails its first ``failures`` calls (the effect rolls back), then applies the effect."""
-
-    def __init__(self, failures: int) -> None:
-        self.failures = failures
-        self.calls = 0
-
-    def __call__(self, conn: Any, msg: Any) -> None:
-        self.calls += 1
-        apply_effect(conn, "c", msg)
-        if self.calls <= self.failures:
-            raise ValueError(f"boom {self.calls}")
 
 
 def _counts(url: str, msg_id: Any) -> tuple[str, int, int]:
@@ -65,7 +44,7 @@ def test_inbox_duplicates_count_only_deliveries_after_settling(
     redeliveries: int,
     expected: tuple[str, int, int],
 ) -> None:
-    runner = HandlerRunner(pool, FailFirst(failures), consumer="c", max_attempts=max_attempts)
+    runner = HandlerRunner(pool, Flaky(failures), consumer="c", max_attempts=max_attempts)
     msg = make_envelope()
     while not runner.handle(msg).outcome.ack:
         pass

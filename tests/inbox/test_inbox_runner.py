@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from click.testing import CliRunner
-from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
+from inbox_helpers import Flaky, apply_effect, effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
@@ -21,26 +20,6 @@ from inbox import AsyncHandlerRunner, HandlerRunner, Outcome, purge
 from inbox.cli import commands
 from outbox import ConfigurationError
 from outbox._migrate import sqlalchemy_url
-
-
-@pytest.fixture
-def pool(effects_url: str) -> Iterator[ConnectionPool]:
-    with ConnectionPool(effects_url, min_size=1, max_size=2, open=True) as p:
-        yield p
-
-
-class Flaky:
-    """A handler that fails its first ``failures`` calls, then applies the effect."""
-
-    def __init__(self, failures: int) -> None:
-        self.failures = failures
-        self.calls = 0
-
-    def __call__(self, conn: Any, msg: Any) -> None:
-        self.calls += 1
-        apply_effect(conn, "c", msg)  # rolled back with the transaction when we raise
-        if self.calls <= self.failures:
-            raise ValueError(f"boom {self.calls}")
 
 
 def test_runner_outcomes_and_attempts(pool: ConnectionPool, effects_url: str) -> None:
