@@ -52,7 +52,7 @@ def machine() -> dict[str, Any]:
                 "aio-pika",
                 "confluent-kafka",
                 "redis",
-                "aiomqtt",
+                "paho-mqtt",
                 "pyspark",
             )
         },

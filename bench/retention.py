@@ -115,6 +115,7 @@ def claim_ms(url: str) -> float:
         "owner": "bench",
         "token": uuid.uuid4(),
         "lease_seconds": 30,
+        "paused": [],
         **RelayConfig(database_url=url).dead_policy_params(),
     }
     times = []

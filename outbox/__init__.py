@@ -10,10 +10,14 @@ Commit and the message will be delivered; roll back and it never existed::
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
 from outbox._ids import id_from_idempotency_key, new_message_id
 from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, Message
 from outbox._publish import publish, publish_async, publish_batch, publish_batch_async
 from outbox._statements import WAKEUP_CHANNEL
+from outbox.envelope import Envelope
 from outbox.exceptions import (
     ConfigurationError,
     InvalidMessageError,
@@ -25,10 +29,16 @@ from outbox.exceptions import (
 )
 from outbox.schema import include_object, make_metadata, metadata
 
+try:  # the version lives in pyproject.toml only; this reads what was installed
+    __version__ = _version("outbox-inbox")
+except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "WAKEUP_CHANNEL",
     "ConfigurationError",
+    "Envelope",
     "InvalidMessageError",
     "Message",
     "OutboxError",

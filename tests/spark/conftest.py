@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 from harness import PgServer
+from services import import_or_missing, missing
 
-pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'outbox-inbox[spark]'")
+import_or_missing("pyspark", "spark")
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +23,7 @@ def spark() -> Iterator[Any]:
     try:
         find_jdbc_jar()
     except JdbcDriverNotFoundError as exc:
-        pytest.skip(str(exc))
+        missing("the PostgreSQL JDBC driver", str(exc))
     session = spark_session(
         master="local[2]",
         extra_conf={

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
+from services import missing
 from spark_plant import Msg, insert_inbox, insert_outbox, new_id
 
 from outbox.cli import main
@@ -144,7 +145,10 @@ def scram_server() -> Iterator[str]:
     """A private PostgreSQL (started and stopped here) that checks passwords."""
     bindir = Path("/usr/lib/postgresql/15/bin")
     if not (bindir / "initdb").exists() or (os.geteuid() == 0 and not shutil.which("runuser")):
-        pytest.skip("no PostgreSQL 15 binaries to start a password-checking server")
+        missing(
+            "PostgreSQL 15 server binaries",
+            "apt-get install postgresql-15 (to start a password-checking server)",
+        )
     base = Path(tempfile.mkdtemp(prefix="outbox-scram-"))
     if os.geteuid() == 0:
         shutil.chown(base, "postgres")
