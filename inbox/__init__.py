@@ -14,8 +14,11 @@ Record the message first, in the transaction that applies its effect; a redelive
 
 from __future__ import annotations
 
+from inbox._blocked import BlockedKey, blocked_keys
 from inbox._consumer import BrokerConsumer
+from inbox._dead import HeldFilter, HeldKey, dead_audit, dead_purge, dead_retry, held_keys
 from inbox._kafka import KafkaConsumer
+from inbox._metrics import InboxMetrics
 from inbox._mqtt import MqttConsumer
 from inbox._nats import NatsConsumer
 from inbox._rabbitmq import RabbitMQConsumer
@@ -27,10 +30,14 @@ from inbox.exceptions import ConcurrentDeliveryError, InboxError, OutOfOrderErro
 
 __all__ = [
     "AsyncHandlerRunner",
+    "BlockedKey",
     "BrokerConsumer",
     "ConcurrentDeliveryError",
     "HandlerRunner",
+    "HeldFilter",
+    "HeldKey",
     "InboxError",
+    "InboxMetrics",
     "KafkaConsumer",
     "MqttConsumer",
     "NatsConsumer",
@@ -40,6 +47,11 @@ __all__ = [
     "RedisStreamConsumer",
     "Result",
     "Verdict",
+    "blocked_keys",
+    "dead_audit",
+    "dead_purge",
+    "dead_retry",
+    "held_keys",
     "purge",
     "receive",
     "receive_async",

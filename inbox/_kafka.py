@@ -66,7 +66,7 @@ class KafkaConsumer(BrokerConsumer):
 
         self._stmts = inbox_statements(schema)
 
-    async def run(self) -> None:
+    async def _consume(self) -> None:
         from confluent_kafka import Consumer
 
         loop = asyncio.get_running_loop()

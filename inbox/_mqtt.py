@@ -65,7 +65,7 @@ class MqttConsumer(BrokerConsumer):
         client.on_message = on_message
         return client
 
-    async def run(self) -> None:
+    async def _consume(self) -> None:
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
 

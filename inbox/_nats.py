@@ -37,7 +37,7 @@ class NatsConsumer(BrokerConsumer):
         self.stream, self.durable, self.subject = stream, durable, subject
         self.servers, self.batch, self.fetch_timeout = servers, batch, fetch_timeout
 
-    async def run(self) -> None:
+    async def _consume(self) -> None:
         import nats
         from nats.errors import TimeoutError as NatsTimeout
 

@@ -34,7 +34,7 @@ class RabbitMQConsumer(BrokerConsumer):
         self._inflight: set[asyncio.Task[None]] = set()
         self._crash: BaseException | None = None
 
-    async def run(self) -> None:
+    async def _consume(self) -> None:
         import aio_pika
 
         connection = await aio_pika.connect(self.url)

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.types.json import Jsonb
 
 from inbox._statements import InboxStatements, inbox_statements
 from inbox.exceptions import ConcurrentDeliveryError, OutOfOrderError
@@ -25,6 +26,8 @@ __all__ = [
     "MessageRef",
     "Verdict",
     "as_ref",
+    "held_params",
+    "invalid_ref",
     "receive",
     "receive_async",
     "record",
@@ -50,6 +53,9 @@ class Verdict(enum.Enum):
     STALE = "stale"
     #: ordered: a predecessor is missing: nothing was recorded, redeliver later
     OUT_OF_ORDER = "out_of_order"
+    #: ordered, key held behind a dead message (on_dead="hold"): kept in the database, applied
+    #: once an operator retries or purges the dead message; no effect now, acknowledge
+    PARKED = "parked"
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,36 @@ def as_ref(consumer: str, message: Any, *, ordered: bool = False) -> MessageRef:
     return MessageRef(consumer, msg_id, message.topic, message.key, seq)
 
 
+def _storable(value: object, max_bytes: int) -> str:
+    """Text a PostgreSQL text column takes: NUL and unpaired surrogates replaced, cut to size."""
+    text = value if isinstance(value, str) else ""
+    cleaned = text.replace("\x00", "\ufffd").encode("utf-8", "replace")[:max_bytes]
+    return cleaned.decode("utf-8", "ignore").strip() or "(invalid)"
+
+
+def invalid_ref(
+    consumer: str, msg_id: object, topic: object, key: object, seq: object
+) -> MessageRef | None:
+    """A ref to record an invalid broker message under (dead), from what could be read of it;
+    None without a readable id. Text is made storable; a seq out of range is left out."""
+    try:
+        parsed = msg_id if isinstance(msg_id, uuid.UUID) else uuid.UUID(str(msg_id))
+    except ValueError:
+        return None
+    valid_seq = (
+        seq
+        if isinstance(seq, int) and not isinstance(seq, bool) and 1 <= seq < 2**63
+        else None
+    )
+    return MessageRef(
+        consumer,
+        parsed,
+        _storable(topic, MAX_TOPIC_BYTES),
+        _storable(key, MAX_KEY_BYTES),
+        valid_seq,
+    )
+
+
 def decide(last_seq: int, seq: int) -> Verdict:
     """The order guard: apply only the next message of a key."""
     if seq <= last_seq:
@@ -112,19 +148,39 @@ def decide(last_seq: int, seq: int) -> Verdict:
     return Verdict.PROCESS
 
 
-def _record_steps(stmts: InboxStatements, ref: MessageRef, ordered: bool) -> Steps:
+def held_params(ref: MessageRef, message: Any) -> dict[str, Any]:
+    """What inbox_held keeps of a message to apply it later: the envelope's fields."""
+    payload = getattr(message, "payload", b"")
+    return ref.params(
+        payload=bytes(payload) if isinstance(payload, bytes | bytearray | memoryview) else b"",
+        content_type=str(getattr(message, "content_type", None) or "application/json"),
+        headers=Jsonb(dict(getattr(message, "headers", None) or {})),
+        traceparent=getattr(message, "traceparent", None),
+        created_at=getattr(message, "created_at", None),
+    )
+
+
+def _record_steps(
+    stmts: InboxStatements, ref: MessageRef, ordered: bool, message: Any = None
+) -> Steps:
     params = ref.params()
     row = yield stmts.record, params
     if row is None:
-        yield stmts.note_duplicate, params
+        noted = yield stmts.note_duplicate, params
         if not ordered:
             return Verdict.DUPLICATE
+        if noted is not None and noted[1] == "parked":
+            return Verdict.DUPLICATE  # kept in inbox_held: applied from there, in turn
         return (yield from _ordered_duplicate_steps(stmts, ref))
     if not ordered:
         return Verdict.PROCESS
     position = yield stmts.position_lock, params
     assert position is not None
     assert ref.seq is not None
+    held = position[1]
+    if held is not None and ref.seq >= int(held):
+        yield stmts.park, held_params(ref, message)
+        return Verdict.PARKED
     verdict = decide(int(position[0]), ref.seq)
     follow_up = {
         Verdict.PROCESS: stmts.position_advance,
@@ -146,6 +202,8 @@ def _ordered_duplicate_steps(stmts: InboxStatements, ref: MessageRef) -> Steps:
     position = yield stmts.position_lock, params
     assert position is not None
     assert ref.seq is not None
+    if position[1] is not None and ref.seq >= int(position[1]):
+        return Verdict.DUPLICATE  # the key is held at or before it: the hold decides its turn
     verdict = decide(int(position[0]), ref.seq)
     if verdict is Verdict.OUT_OF_ORDER:
         return Verdict.OUT_OF_ORDER  # not yet its turn: redelivered, and moved on then
@@ -215,7 +273,8 @@ def record(
     """
     ref = as_ref(consumer, message, ordered=ordered)
     stmts = inbox_statements(schema)
-    verdict: Verdict = run_steps(resolve_sync(target), stmts, _record_steps(stmts, ref, ordered))
+    steps = _record_steps(stmts, ref, ordered, message)
+    verdict: Verdict = run_steps(resolve_sync(target), stmts, steps)
     return verdict
 
 
@@ -226,7 +285,8 @@ async def record_async(
     ref = as_ref(consumer, message, ordered=ordered)
     stmts = inbox_statements(schema)
     raw = await resolve_async(target)
-    verdict: Verdict = await run_steps_async(raw, stmts, _record_steps(stmts, ref, ordered))
+    steps = _record_steps(stmts, ref, ordered, message)
+    verdict: Verdict = await run_steps_async(raw, stmts, steps)
     return verdict
 
 
@@ -247,7 +307,8 @@ def receive(
     """Record ``message`` as processed by ``consumer`` in ``target``'s transaction.
 
     Returns True when the caller must apply the effect now (in the same transaction), False
-    for a duplicate (or, with ``ordered``, a stale message): apply nothing, commit, ack.
+    for a duplicate (or, with ``ordered``, a stale message, or one parked behind a held dead
+    message of its key): apply nothing, commit, ack.
     A duplicate is never an exception. With ``ordered``, a message ahead of a gap raises
     :class:`~inbox.OutOfOrderError` (nothing recorded): roll back and redeliver later.
     ``target``: SQLAlchemy Session/Connection or psycopg Connection, inside a transaction.

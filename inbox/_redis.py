@@ -37,7 +37,7 @@ class RedisStreamConsumer(BrokerConsumer):
         self.stream, self.group, self.name, self.url = stream, group, name, url
         self.batch, self.block_ms, self.claim_idle_ms = batch, block_ms, claim_idle_ms
 
-    async def run(self) -> None:
+    async def _consume(self) -> None:
         import redis.asyncio as aioredis
         from redis.exceptions import ResponseError
 

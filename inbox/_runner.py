@@ -6,22 +6,33 @@ only opens the transaction and awaits (or not) the handler.
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
+from inbox._hold import (
+    held_envelope,
+    release_done_steps,
+    release_failure_steps,
+    release_steps,
+    runner_actor,
+)
+from inbox._metrics import InboxMetrics
 from inbox._receive import (
     MessageRef,
     Steps,
     Verdict,
     _record_steps,
     as_ref,
+    held_params,
     run_steps,
     run_steps_async,
 )
@@ -60,6 +71,8 @@ class Outcome(enum.Enum):
     OUT_OF_ORDER = "out_of_order"
     FAILED = "failed"
     DEAD = "dead"
+    #: kept in the database behind its key's held dead message (on_dead="hold"); acknowledged
+    PARKED = "parked"
 
     @property
     def ack(self) -> bool:
@@ -72,7 +85,11 @@ _FROM_VERDICT = {
     Verdict.DUPLICATE: Outcome.DUPLICATE,
     Verdict.STALE: Outcome.STALE,
     Verdict.OUT_OF_ORDER: Outcome.OUT_OF_ORDER,
+    Verdict.PARKED: Outcome.PARKED,
 }
+
+#: what becomes of an ordered key when one of its messages goes dead
+ON_DEAD = ("skip", "hold")
 
 
 @dataclass(frozen=True)
@@ -83,6 +100,8 @@ class Result:
     message_id: uuid.UUID
     attempts: int | None = None
     error: BaseException | None = None
+    #: seconds the handler ran, to its return or its exception (None when it did not run)
+    handler_seconds: float | None = None
 
 
 # Server states that mean the session is gone (class 08 too): the next delivery may succeed.
@@ -117,14 +136,18 @@ def _describe(exc: BaseException) -> str:
 
 
 def _failure_steps(
-    stmts: InboxStatements, ref: MessageRef, exc: BaseException, max_attempts: int, ordered: bool
+    stmts: InboxStatements, ref: MessageRef, exc: BaseException, cfg: _Config, message: Any
 ) -> Steps:
-    row = yield stmts.record_failure, ref.params(error=_describe(exc), max_attempts=max_attempts)
+    params = ref.params(error=_describe(exc), max_attempts=cfg.max_attempts)
+    row = yield stmts.record_failure, params
     if row is None:  # processed concurrently by another delivery
         return None, "processed"
     attempts, status = int(row[0]), str(row[1])
-    if status == "dead" and ordered:
-        yield stmts.position_skip, ref.params()
+    if status == "dead" and cfg.ordered:
+        if cfg.on_dead == "hold":
+            yield stmts.hold_key, held_params(ref, message)
+        else:
+            yield stmts.position_skip, ref.params()
     return attempts, status
 
 
@@ -144,17 +167,34 @@ class _Config:
     ordered: bool
     max_attempts: int
     stmts: InboxStatements
+    on_dead: str = "skip"
 
 
-def _config(consumer: str, ordered: bool, max_attempts: int | None, schema: str | None) -> _Config:
+class _NotNow(Exception):
+    """Raised inside a release transaction to roll it back: not this message's turn."""
+
+
+def _config(
+    consumer: str, ordered: bool, max_attempts: int | None, schema: str | None, on_dead: str
+) -> _Config:
     if not isinstance(consumer, str) or not consumer:
         raise ConfigurationError(f"consumer must be a non-empty name, not {consumer!r}")
+    if on_dead not in ON_DEAD:
+        raise ConfigurationError(
+            f"on_dead must be 'skip' (the key moves on past a dead message) or 'hold' (the "
+            f"key waits until an operator retries or purges it), not {on_dead!r}"
+        )
+    if on_dead == "hold" and not ordered:
+        raise ConfigurationError(
+            "on_dead='hold' needs ordered=True: a key is held in the order the outbox gave "
+            "its messages (seq), which only an ordered consumer follows"
+        )
     if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
         raise ConfigurationError(
             f"max_attempts must be a positive int (or None: never dead), not {max_attempts!r}"
         )
     limit = 2**31 - 1 if max_attempts is None else max_attempts
-    return _Config(consumer, ordered, limit, inbox_statements(schema))
+    return _Config(consumer, ordered, limit, inbox_statements(schema), on_dead)
 
 
 class _RunnerBase:
@@ -172,14 +212,45 @@ class _RunnerBase:
         ordered: bool = False,
         max_attempts: int | None = 5,
         schema: str | None = None,
+        on_dead: str = "skip",
+        metrics: InboxMetrics | None = None,
     ) -> None:
-        self._cfg = _config(consumer, ordered, max_attempts, schema)
+        self._cfg = _config(consumer, ordered, max_attempts, schema, on_dead)
         self._transactions = type(self)._factory(transactions)
         self._handler = handler
+        #: counts outcomes, times handlers, and the gauges of blocked and held keys
+        self.metrics = metrics or InboxMetrics.disabled()
 
     @property
     def consumer(self) -> str:
         return self._cfg.consumer
+
+    def _observed(self, result: Result, message: Any) -> Result:
+        self.metrics.delivered(
+            self._cfg.consumer, result.outcome.value, result.handler_seconds, message
+        )
+        return result
+
+    def _gauges(self, row: tuple[Any, ...] | None) -> tuple[int, int]:
+        blocked, held = (int(row[0]), int(row[1])) if row else (0, 0)
+        self.metrics.blocked_keys.labels(self._cfg.consumer).set(blocked)
+        self.metrics.held_keys.labels(self._cfg.consumer).set(held)
+        return blocked, held
+
+    @property
+    def holds(self) -> bool:
+        """True when a dead message holds its key (on_dead="hold"): call ``resolve_held``."""
+        return self._cfg.on_dead == "hold"
+
+    def _release_result(
+        self, ref: MessageRef, exc: BaseException, row: tuple[int | None, str]
+    ) -> Result:
+        if row[1] == "dead":
+            log.error("inbox: released %s is dead and holds key %r: %s", ref.id, ref.key, exc)
+            return Result(Outcome.DEAD, ref.id, row[0], exc)
+        if row[1] == "processed":
+            return Result(Outcome.DUPLICATE, ref.id)
+        return Result(Outcome.FAILED, ref.id, row[0], exc)
 
 
 class HandlerRunner(_RunnerBase):
@@ -190,6 +261,11 @@ class HandlerRunner(_RunnerBase):
     effect (:data:`Handler`). After ``max_attempts`` failed deliveries (handler exceptions; not
     concurrency conflicts) the message is recorded dead with its error and reported DEAD, to be
     acknowledged; ``None`` retries forever.
+
+    ``on_dead`` (ordered only): ``"skip"`` moves the key on past a dead message; ``"hold"``
+    parks the key's later messages (recorded, kept, acknowledged, not applied) until an
+    operator retries or purges the dead message (``outbox inbox dead retry|purge``); then
+    :meth:`resolve_held` applies the decision and the parked messages in seq order.
     """
 
     _factory = staticmethod(sync_transactions)
@@ -198,28 +274,118 @@ class HandlerRunner(_RunnerBase):
 
     def handle(self, message: Any, *, also: Also | None = None) -> Result:
         """Process one delivery of ``message``; never raises for a handler failure."""
+        return self._observed(self._handle(message, also), message)
+
+    def refresh_key_gauges(
+        self, min_age: dt.timedelta = dt.timedelta(minutes=1)
+    ) -> tuple[int, int]:
+        """Count this consumer's blocked keys (waiting at least ``min_age``) and held keys into
+        the metrics' gauges; returns both counts."""
+        params = {"consumer": self._cfg.consumer, "min_age": min_age}
+        with self._transactions() as target:
+            row = resolve_sync(target).execute(self._cfg.stmts.key_gauges, params).fetchone()
+        return self._gauges(row)
+
+    def _handle(self, message: Any, also: Also | None) -> Result:
         cfg = self._cfg
         ref = as_ref(cfg.consumer, message, ordered=cfg.ordered)
+        started = took = None
         try:
             with self._transactions() as target:
                 raw = resolve_sync(target)
-                verdict = run_steps(raw, cfg.stmts, _record_steps(cfg.stmts, ref, cfg.ordered))
+                steps = _record_steps(cfg.stmts, ref, cfg.ordered, message)
+                verdict = run_steps(raw, cfg.stmts, steps)
                 if verdict is Verdict.PROCESS:
+                    started = time.perf_counter()
                     self._handler(target, message)
+                    took = time.perf_counter() - started
                 if also is not None and verdict is not Verdict.OUT_OF_ORDER:
                     also(target)
         except Exception as exc:
-            return self._fail(ref, exc, also)
+            if started is not None and took is None:  # the handler raised
+                took = time.perf_counter() - started
+            return replace(self._fail(ref, message, exc, also), handler_seconds=took)
+        return Result(_FROM_VERDICT[verdict], ref.id, handler_seconds=took)
+
+    def resolve_held(self, *, limit: int = 100) -> list[Result]:
+        """Apply operators' decisions on held dead messages, then every parked message whose
+        turn has come, in seq order, each in its own transaction. Returns their results."""
+        cfg = self._cfg
+        params = {"consumer": cfg.consumer, "limit": limit}
+        results: list[Result] = []
+        with self._transactions() as target:
+            decided = resolve_sync(target).execute(cfg.stmts.held_decided, params).fetchall()
+        for row in decided:
+            if row[9] == "purge":
+                self._purge(held_envelope(row))
+            elif (result := self._release(message := held_envelope(row), "dead")) is not None:
+                results.append(self._observed(result, message))
+        tried: set[uuid.UUID] = set()
+        while True:  # a released message makes its successor ready: ask again until none
+            with self._transactions() as target:
+                rows = resolve_sync(target).execute(cfg.stmts.parked_ready, params).fetchall()
+            ready = [held_envelope(r) for r in rows if r[0] not in tried]
+            if not ready:
+                return results
+            for message in ready:
+                tried.add(message.id)
+                if (result := self._release(message, "parked")) is not None:
+                    results.append(self._observed(result, message))
+
+    def _purge(self, message: Any) -> None:
+        cfg = self._cfg
+        ref = as_ref(cfg.consumer, message, ordered=True)
+        with self._transactions() as target:
+            raw = resolve_sync(target)
+            done = raw.execute(cfg.stmts.purge_apply, ref.params()).fetchone()
+            if done is not None:
+                audit = ref.params(
+                    actor=runner_actor(cfg.consumer), action="purged", error=None, reason=None
+                )
+                raw.execute(cfg.stmts.audit, audit)
+        if done is None:
+            log.warning("inbox: purge of %s found its key no longer held at it", ref.id)
+
+    def _release(self, message: Any, from_status: str) -> Result | None:
+        cfg = self._cfg
+        ref = as_ref(cfg.consumer, message, ordered=True)
+        actor = runner_actor(cfg.consumer)
+        try:
+            with self._transactions() as target:
+                raw = resolve_sync(target)
+                steps = release_steps(cfg.stmts, ref, message, from_status)
+                verdict = run_steps(raw, cfg.stmts, steps)
+                if verdict not in (Verdict.PROCESS, Verdict.STALE):
+                    raise _NotNow  # roll back: not its turn, or released elsewhere
+                if verdict is Verdict.PROCESS:
+                    self._handler(target, message)
+                run_steps(raw, cfg.stmts, release_done_steps(cfg.stmts, ref, from_status, actor))
+        except _NotNow:
+            return None
+        except Exception as exc:
+            if _is_transient(exc):
+                return Result(Outcome.FAILED, ref.id, error=exc)
+            try:
+                with self._transactions() as target:
+                    error = _describe(exc)
+                    steps = release_failure_steps(
+                        cfg.stmts, ref, message, error, cfg.max_attempts, from_status, actor
+                    )
+                    row = run_steps(resolve_sync(target), cfg.stmts, steps)
+            except Exception as record_exc:
+                log.warning("inbox: could not record the failure of %s: %s", ref.id, record_exc)
+                return Result(Outcome.FAILED, ref.id, error=exc)
+            return self._release_result(ref, exc, row)
         return Result(_FROM_VERDICT[verdict], ref.id)
 
-    def _fail(self, ref: MessageRef, exc: Exception, also: Also | None) -> Result:
+    def _fail(self, ref: MessageRef, message: Any, exc: Exception, also: Also | None) -> Result:
         if _is_transient(exc):
             return Result(Outcome.FAILED, ref.id, error=exc)
         cfg = self._cfg
         try:
             with self._transactions() as target:
                 raw = resolve_sync(target)
-                steps = _failure_steps(cfg.stmts, ref, exc, cfg.max_attempts, cfg.ordered)
+                steps = _failure_steps(cfg.stmts, ref, exc, cfg, message)
                 row = run_steps(raw, cfg.stmts, steps)
                 if also is not None and row[1] == "dead":
                     also(target)
@@ -244,29 +410,141 @@ class AsyncHandlerRunner(_RunnerBase):
 
     async def handle(self, message: Any, *, also: AsyncAlso | None = None) -> Result:
         """Process one delivery of ``message``; never raises for a handler failure."""
+        return self._observed(await self._handle(message, also), message)
+
+    async def refresh_key_gauges(
+        self, min_age: dt.timedelta = dt.timedelta(minutes=1)
+    ) -> tuple[int, int]:
+        """Async twin of :meth:`HandlerRunner.refresh_key_gauges`."""
+        params = {"consumer": self._cfg.consumer, "min_age": min_age}
+        async with self._transactions() as target:
+            raw = await resolve_async(target)
+            row = await (await raw.execute(self._cfg.stmts.key_gauges, params)).fetchone()
+        return self._gauges(row)
+
+    async def _handle(self, message: Any, also: AsyncAlso | None) -> Result:
         cfg = self._cfg
         ref = as_ref(cfg.consumer, message, ordered=cfg.ordered)
+        started = took = None
         try:
             async with self._transactions() as target:
                 raw = await resolve_async(target)
-                steps = _record_steps(cfg.stmts, ref, cfg.ordered)
+                steps = _record_steps(cfg.stmts, ref, cfg.ordered, message)
                 verdict = await run_steps_async(raw, cfg.stmts, steps)
                 if verdict is Verdict.PROCESS:
+                    started = time.perf_counter()
                     await self._handler(target, message)
+                    took = time.perf_counter() - started
                 if also is not None and verdict is not Verdict.OUT_OF_ORDER:
                     await also(target)
         except Exception as exc:
-            return await self._fail(ref, exc, also)
+            if started is not None and took is None:  # the handler raised
+                took = time.perf_counter() - started
+            return replace(await self._fail(ref, message, exc, also), handler_seconds=took)
+        return Result(_FROM_VERDICT[verdict], ref.id, handler_seconds=took)
+
+    async def settle_invalid(
+        self, ref: MessageRef, message: Any, exc: BaseException, *, also: AsyncAlso | None = None
+    ) -> Result:
+        """Record a message that is not a valid envelope as dead at once, with the reason, and
+        apply the consumer's ``on_dead`` to its key when its seq is known (no retry can fix
+        it). Commits ``also`` with it (Kafka offsets). A message that could not be decoded at
+        all (``message`` None) keeps nothing to retry, so under ``hold`` its key is not held
+        but stays where it is: ``outbox inbox blocked`` shows it waiting behind this message."""
+        cfg = self._cfg
+        moves = ref.seq is not None and not (cfg.on_dead == "hold" and message is None)
+        dead = replace(cfg, max_attempts=1, ordered=cfg.ordered and moves)
+        async with self._transactions() as target:
+            raw = await resolve_async(target)
+            steps = _failure_steps(cfg.stmts, ref, exc, dead, message)
+            row = await run_steps_async(raw, cfg.stmts, steps)
+            if also is not None:
+                await also(target)
+        return _failure_result(ref, exc, row)
+
+    async def resolve_held(self, *, limit: int = 100) -> list[Result]:
+        """Async twin of :meth:`HandlerRunner.resolve_held`."""
+        cfg = self._cfg
+        params = {"consumer": cfg.consumer, "limit": limit}
+        results: list[Result] = []
+        async with self._transactions() as target:
+            raw = await resolve_async(target)
+            decided = await (await raw.execute(cfg.stmts.held_decided, params)).fetchall()
+        for row in decided:
+            if row[9] == "purge":
+                await self._purge(held_envelope(row))
+            elif (result := await self._release(message := held_envelope(row), "dead")):
+                results.append(self._observed(result, message))
+        tried: set[uuid.UUID] = set()
+        while True:  # a released message makes its successor ready: ask again until none
+            async with self._transactions() as target:
+                raw = await resolve_async(target)
+                rows = await (await raw.execute(cfg.stmts.parked_ready, params)).fetchall()
+            ready = [held_envelope(r) for r in rows if r[0] not in tried]
+            if not ready:
+                return results
+            for message in ready:
+                tried.add(message.id)
+                if (result := await self._release(message, "parked")) is not None:
+                    results.append(self._observed(result, message))
+
+    async def _purge(self, message: Any) -> None:
+        cfg = self._cfg
+        ref = as_ref(cfg.consumer, message, ordered=True)
+        async with self._transactions() as target:
+            raw = await resolve_async(target)
+            done = await (await raw.execute(cfg.stmts.purge_apply, ref.params())).fetchone()
+            if done is not None:
+                audit = ref.params(
+                    actor=runner_actor(cfg.consumer), action="purged", error=None, reason=None
+                )
+                await raw.execute(cfg.stmts.audit, audit)
+        if done is None:
+            log.warning("inbox: purge of %s found its key no longer held at it", ref.id)
+
+    async def _release(self, message: Any, from_status: str) -> Result | None:
+        cfg = self._cfg
+        ref = as_ref(cfg.consumer, message, ordered=True)
+        actor = runner_actor(cfg.consumer)
+        try:
+            async with self._transactions() as target:
+                raw = await resolve_async(target)
+                steps = release_steps(cfg.stmts, ref, message, from_status)
+                verdict = await run_steps_async(raw, cfg.stmts, steps)
+                if verdict not in (Verdict.PROCESS, Verdict.STALE):
+                    raise _NotNow  # roll back: not its turn, or released elsewhere
+                if verdict is Verdict.PROCESS:
+                    await self._handler(target, message)
+                done = release_done_steps(cfg.stmts, ref, from_status, actor)
+                await run_steps_async(raw, cfg.stmts, done)
+        except _NotNow:
+            return None
+        except Exception as exc:
+            if _is_transient(exc):
+                return Result(Outcome.FAILED, ref.id, error=exc)
+            try:
+                async with self._transactions() as target:
+                    error = _describe(exc)
+                    steps = release_failure_steps(
+                        cfg.stmts, ref, message, error, cfg.max_attempts, from_status, actor
+                    )
+                    row = await run_steps_async(await resolve_async(target), cfg.stmts, steps)
+            except Exception as record_exc:
+                log.warning("inbox: could not record the failure of %s: %s", ref.id, record_exc)
+                return Result(Outcome.FAILED, ref.id, error=exc)
+            return self._release_result(ref, exc, row)
         return Result(_FROM_VERDICT[verdict], ref.id)
 
-    async def _fail(self, ref: MessageRef, exc: Exception, also: AsyncAlso | None) -> Result:
+    async def _fail(
+        self, ref: MessageRef, message: Any, exc: Exception, also: AsyncAlso | None
+    ) -> Result:
         if _is_transient(exc):
             return Result(Outcome.FAILED, ref.id, error=exc)
         cfg = self._cfg
         try:
             async with self._transactions() as target:
                 raw = await resolve_async(target)
-                steps = _failure_steps(cfg.stmts, ref, exc, cfg.max_attempts, cfg.ordered)
+                steps = _failure_steps(cfg.stmts, ref, exc, cfg, message)
                 row = await run_steps_async(raw, cfg.stmts, steps)
                 if also is not None and row[1] == "dead":
                     await also(target)

@@ -13,6 +13,8 @@ from functools import lru_cache
 from psycopg import sql
 
 from outbox.schema import (
+    INBOX_DEAD_AUDIT,
+    INBOX_HELD,
     INBOX_KAFKA_OFFSETS,
     INBOX_MESSAGES,
     INBOX_POSITIONS,
@@ -49,26 +51,33 @@ RETURNING i.attempts
 # row is already locked by inbox_record, so this waits for nobody. inbox_record returned no
 # row, so the message is settled (processed, stale or dead): this delivery is a duplicate, and
 # only here is `duplicates` counted (`attempts` also counts failed handler attempts).
+# The status comes back: a 'parked' message (on_dead="hold") is kept in inbox_held and applied
+# from there, so its redelivery must neither apply it nor move the key on. A parked message's
+# attempts count only its handler's tries (max_attempts applies to them), not redeliveries.
 _NOTE_DUPLICATE = """
-UPDATE {messages} SET attempts = attempts + 1, duplicates = duplicates + 1
+UPDATE {messages}
+SET attempts = attempts + (status <> 'parked')::int, duplicates = duplicates + 1
 WHERE consumer = %(consumer)s AND message_id = %(id)s
-RETURNING attempts
+RETURNING attempts, status
 """
 
 # inbox_position_lock: read the key's last applied seq *and lock it* until commit. The no-op
 # DO UPDATE locks the existing row (under READ COMMITTED it reads the latest committed version
 # after waiting), so two messages of one key are decided one after the other, never on the
-# same stale position. A new key starts at 0: its first message must be seq 1.
+# same stale position. A new key starts at 0: its first message must be seq 1. held_seq is
+# the dead message holding the key (on_dead="hold"): from that seq on, messages are parked.
 _POSITION_LOCK = """
 INSERT INTO {positions} AS p (consumer, topic, key, last_seq)
 VALUES (%(consumer)s, %(topic)s, %(key)s, 0)
 ON CONFLICT ON CONSTRAINT {positions_pkey} DO UPDATE SET last_seq = p.last_seq
-RETURNING p.last_seq
+RETURNING p.last_seq, p.held_seq
 """
 
 # inbox_position_advance: the message is next in line; it is applied in this transaction.
+# The key is no longer waiting for it (blocked_since cleared; see inbox_forget).
 _POSITION_ADVANCE = """
-UPDATE {positions} SET last_seq = %(seq)s, updated_at = clock_timestamp()
+UPDATE {positions}
+SET last_seq = %(seq)s, updated_at = clock_timestamp(), blocked_since = NULL
 WHERE consumer = %(consumer)s AND topic = %(topic)s AND key = %(key)s
 """
 
@@ -81,7 +90,17 @@ WHERE consumer = %(consumer)s AND message_id = %(id)s
 # inbox_forget: a message ahead of a gap is not processed now. Its record must not survive, or
 # the redelivery would be taken for a duplicate; the caller's transaction holds the row's lock,
 # so a concurrent delivery waiting on it inserts afresh once this transaction ends.
+# The same round trip notes on the key's position (already locked by inbox_position_lock, so
+# this waits for nobody) that the key is waiting: the early seq, since when (kept from the
+# first refusal until the key moves on) and one more refused delivery, for `outbox inbox
+# blocked`. Only when the caller commits the OUT_OF_ORDER verdict, as the runners do.
 _FORGET = """
+WITH noted AS (
+    UPDATE {positions}
+    SET waiting_seq = %(seq)s, out_of_order = out_of_order + 1,
+        blocked_since = coalesce(blocked_since, clock_timestamp())
+    WHERE consumer = %(consumer)s AND topic = %(topic)s AND key = %(key)s
+)
 DELETE FROM {messages} WHERE consumer = %(consumer)s AND message_id = %(id)s
 """
 
@@ -102,12 +121,209 @@ RETURNING i.attempts, i.status
 
 # inbox_position_skip: a dead message of an ordered key moves the key on (its successors are
 # not blocked forever). Only if the position is exactly before it: a concurrent advance wins.
+# Always exactly one input row: an existing position at seq - 1 moves to seq; a key with no
+# position row yet (its first message died, and the failed transaction that created the row
+# rolled back) starts at seq when seq is 1, else at 0, which is what inbox_position_lock would
+# create. (A SELECT ... WHERE seq = 1 here once gave no input row for seq > 1, so the DO UPDATE
+# never ran and the key stayed stuck behind its dead message.)
 _POSITION_SKIP = """
 INSERT INTO {positions} AS p (consumer, topic, key, last_seq)
-SELECT %(consumer)s, %(topic)s, %(key)s, %(seq)s WHERE %(seq)s = 1
+VALUES (%(consumer)s, %(topic)s, %(key)s, CASE WHEN %(seq)s = 1 THEN 1 ELSE 0 END)
 ON CONFLICT ON CONSTRAINT {positions_pkey} DO UPDATE
-    SET last_seq = excluded.last_seq, updated_at = clock_timestamp()
-    WHERE p.last_seq = excluded.last_seq - 1
+    SET last_seq = %(seq)s, updated_at = clock_timestamp(), blocked_since = NULL
+    WHERE p.last_seq = %(seq)s - 1
+"""
+
+# --- Key-aware dead letters (on_dead="hold") ---------------------------------------------
+# A held key's dead message and later messages are kept whole in inbox_held; the consumer
+# applies them, in seq order, once an operator has retried or purged the dead message.
+
+# inbox_hold_key: in the failure transaction, when an ordered message goes dead under hold:
+# the key is held at its seq (only if the position is exactly before it, as for the skip) and
+# the message is kept to be retried. A parked message that goes dead when released becomes the
+# key's dead message (role 'dead', any earlier decision cleared).
+_HOLD_KEY = """
+WITH held_key AS (
+    INSERT INTO {positions} AS p (consumer, topic, key, last_seq, held_seq)
+    VALUES (%(consumer)s, %(topic)s, %(key)s, 0, %(seq)s)
+    ON CONFLICT ON CONSTRAINT {positions_pkey} DO UPDATE
+        SET held_seq = %(seq)s, updated_at = clock_timestamp()
+        WHERE p.last_seq = %(seq)s - 1
+)
+INSERT INTO {held} AS h (consumer, message_id, topic, key, seq, role, payload, content_type,
+                         headers, traceparent, created_at)
+VALUES (%(consumer)s, %(id)s, %(topic)s, %(key)s, %(seq)s, 'dead', %(payload)s,
+        %(content_type)s, %(headers)s, %(traceparent)s, %(created_at)s)
+ON CONFLICT ON CONSTRAINT {held_pkey} DO UPDATE
+    SET role = 'dead', decision = NULL, held_at = clock_timestamp()
+"""
+
+# inbox_park: a message of a held key at or after the held seq, in its delivery transaction
+# (inbox_record inserted its row and the position is locked): kept whole and marked 'parked',
+# then acknowledged at the broker. A redelivery finds the 'parked' row: a duplicate. Parking
+# is no attempt of the handler: attempts start at 0 and count the releases that failed.
+_PARK = """
+WITH kept AS (
+    INSERT INTO {held} (consumer, message_id, topic, key, seq, role, payload, content_type,
+                        headers, traceparent, created_at)
+    VALUES (%(consumer)s, %(id)s, %(topic)s, %(key)s, %(seq)s, 'parked', %(payload)s,
+            %(content_type)s, %(headers)s, %(traceparent)s, %(created_at)s)
+    ON CONFLICT ON CONSTRAINT {held_pkey} DO NOTHING
+)
+UPDATE {messages} SET status = 'parked', processed_at = NULL, attempts = 0
+WHERE consumer = %(consumer)s AND message_id = %(id)s
+"""
+
+# inbox_unsettle: the first statement of a release transaction: a parked (or, for a retry, the
+# dead) record becomes 'processing' again, so the ordinary inbox_record that follows in the
+# same transaction takes it as a first delivery. Locks the row: a concurrent redelivery waits
+# and then finds the outcome. No row: someone else released it first.
+_UNSETTLE = """
+UPDATE {messages} SET status = 'processing'
+WHERE consumer = %(consumer)s AND message_id = %(id)s AND status = %(from_status)s
+RETURNING attempts
+"""
+
+# inbox_unhold: a retried dead message frees its key in the transaction that applies it.
+_UNHOLD = """
+UPDATE {positions} SET held_seq = NULL, updated_at = clock_timestamp()
+WHERE consumer = %(consumer)s AND topic = %(topic)s AND key = %(key)s AND held_seq = %(seq)s
+"""
+
+# inbox_release_done: the held copy is gone once the message is applied (or found stale).
+_RELEASE_DONE = """
+DELETE FROM {held} WHERE consumer = %(consumer)s AND message_id = %(id)s
+"""
+
+# inbox_repark: a released message's handler failed but it is not dead yet: back to 'parked'
+# (the broker will not deliver it again; the next release tries it again).
+_REPARK = """
+UPDATE {messages} SET status = 'parked'
+WHERE consumer = %(consumer)s AND message_id = %(id)s AND status = 'processing'
+"""
+
+# inbox_audit: one audit row (who, what, why) in the transaction of the change it describes.
+_AUDIT = """
+INSERT INTO {audit} (actor, action, consumer, message_id, topic, key, seq, last_error, reason)
+VALUES (%(actor)s, %(action)s, %(consumer)s, %(id)s, %(topic)s, %(key)s, %(seq)s,
+        %(error)s, %(reason)s)
+"""
+
+# inbox_retry_failed: a retried dead message failed again: it stays dead and holds its key;
+# the decision is cleared (an operator decides again), the attempt and the error are kept.
+_RETRY_FAILED = """
+WITH undecided AS (
+    UPDATE {held} SET decision = NULL
+    WHERE consumer = %(consumer)s AND message_id = %(id)s
+)
+UPDATE {messages} SET attempts = attempts + 1, last_error = %(error)s
+WHERE consumer = %(consumer)s AND message_id = %(id)s
+"""
+
+# inbox_purge_apply: a dead message the operator purged: the key moves on past it (as with the
+# skip) and is no longer held; its held copy is dropped; the record stays 'dead'. Guarded by
+# the hold itself, so applying one decision twice changes nothing the second time.
+_PURGE_APPLY = """
+WITH moved AS (
+    UPDATE {positions}
+    SET last_seq = %(seq)s, held_seq = NULL, blocked_since = NULL,
+        updated_at = clock_timestamp()
+    WHERE consumer = %(consumer)s AND topic = %(topic)s AND key = %(key)s
+      AND held_seq = %(seq)s AND last_seq = %(seq)s - 1
+    RETURNING 1
+)
+DELETE FROM {held} AS h
+WHERE h.consumer = %(consumer)s AND h.message_id = %(id)s AND h.decision = 'purge'
+  AND EXISTS (SELECT 1 FROM moved)
+RETURNING h.message_id
+"""
+
+_HELD_COLUMNS = """h.message_id, h.topic, h.key, h.seq, h.payload, h.content_type, h.headers,
+       h.traceparent, h.created_at"""
+
+# inbox_held_decided: dead messages an operator has decided on, for the consumer to apply.
+# Driven by the primary key's consumer prefix; inbox_held only has held keys' messages.
+_HELD_DECIDED = (
+    """
+SELECT """
+    + _HELD_COLUMNS
+    + """, h.decision
+FROM {held} AS h
+WHERE h.consumer = %(consumer)s AND h.role = 'dead' AND h.decision IS NOT NULL
+ORDER BY h.held_at
+LIMIT %(limit)s
+"""
+)
+
+# inbox_parked_ready: parked messages whose key is no longer held and whose turn has come (or
+# passed: those are released as stale), in key and seq order.
+_PARKED_READY = (
+    """
+SELECT """
+    + _HELD_COLUMNS
+    + """
+FROM {held} AS h
+JOIN {positions} AS p ON p.consumer = h.consumer AND p.topic = h.topic AND p.key = h.key
+WHERE h.consumer = %(consumer)s AND h.role = 'parked' AND p.held_seq IS NULL
+  AND h.seq <= p.last_seq + 1
+ORDER BY h.topic, h.key, h.seq
+LIMIT %(limit)s
+"""
+)
+
+# inbox_held_list: held keys for operators: the dead message holding each, its error, since
+# when, the pending decision and how many messages are parked behind it.
+_HELD_LIST = """
+SELECT h.consumer, h.topic, h.key, h.seq, h.message_id, m.last_error, m.attempts, h.held_at,
+       h.decision,
+       (SELECT count(*) FROM {held} AS x
+        WHERE x.consumer = h.consumer AND x.topic = h.topic AND x.key = h.key
+          AND x.role = 'parked') AS parked
+FROM {held} AS h
+LEFT JOIN {messages} AS m ON m.consumer = h.consumer AND m.message_id = h.message_id
+WHERE h.role = 'dead'
+  AND (%(consumer)s::text IS NULL OR h.consumer = %(consumer)s::text)
+  AND (%(topic)s::text IS NULL OR h.topic = %(topic)s::text)
+  AND (%(key)s::text IS NULL OR h.key = %(key)s::text)
+  AND (cardinality(%(ids)s::uuid[]) = 0 OR h.message_id = ANY(%(ids)s::uuid[]))
+ORDER BY h.held_at, h.consumer, h.topic, h.key
+LIMIT %(limit)s
+"""
+
+# inbox_dead_decide: an operator's retry or purge of held dead messages, and its audit row, in
+# one statement. FOR UPDATE: two operators deciding at once audit each message once (the
+# second waits, then finds the decision already taken and skips it).
+_DEAD_DECIDE = """
+WITH chosen AS (
+    SELECT h.consumer, h.message_id, h.topic, h.key, h.seq, m.last_error
+    FROM {held} AS h
+    LEFT JOIN {messages} AS m ON m.consumer = h.consumer AND m.message_id = h.message_id
+    WHERE h.role = 'dead' AND h.decision IS DISTINCT FROM %(decision)s
+      AND (%(consumer)s::text IS NULL OR h.consumer = %(consumer)s::text)
+      AND (%(topic)s::text IS NULL OR h.topic = %(topic)s::text)
+      AND (%(key)s::text IS NULL OR h.key = %(key)s::text)
+      AND (cardinality(%(ids)s::uuid[]) = 0 OR h.message_id = ANY(%(ids)s::uuid[]))
+    ORDER BY h.consumer, h.topic, h.key, h.seq
+    LIMIT %(limit)s
+    FOR UPDATE OF h
+), decided AS (
+    UPDATE {held} AS h SET decision = %(decision)s
+    FROM chosen AS c
+    WHERE h.consumer = c.consumer AND h.message_id = c.message_id
+)
+INSERT INTO {audit} (actor, action, consumer, message_id, topic, key, seq, last_error, reason)
+SELECT %(actor)s, %(decision)s, consumer, message_id, topic, key, seq, last_error, %(reason)s
+FROM chosen
+RETURNING message_id
+"""
+
+# inbox_dead_audit_list: the newest audit rows first.
+_DEAD_AUDIT_LIST = """
+SELECT at, actor, action, consumer, message_id, topic, key, seq, reason, last_error
+FROM {audit}
+WHERE (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s
 """
 
 # inbox_purge_batch: delete one batch of old finished records. SKIP LOCKED: a record locked by
@@ -131,6 +347,35 @@ _FINISHED = """
 SELECT message_id FROM {messages}
 WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)s::uuid[])
   AND status IN ('processed', 'stale', 'dead')
+"""
+
+# inbox_blocked_keys: keys that have waited at least %(min_age)s for a predecessor, oldest
+# wait first, with the dead message at the head of the gap if there is one (a consumer with
+# on-dead skip never stops there; one whose predecessor was never delivered does). A scan of
+# the positions table: an operator's query, not a hot path.
+_BLOCKED_KEYS = """
+SELECT p.consumer, p.topic, p.key, p.last_seq, p.waiting_seq, p.blocked_since,
+       p.out_of_order, clock_timestamp() - p.blocked_since AS waited,
+       d.message_id AS dead_id, d.last_error AS dead_error
+FROM {positions} AS p
+LEFT JOIN {messages} AS d
+  ON d.consumer = p.consumer AND d.topic = p.topic AND d.key = p.key
+ AND d.seq = p.last_seq + 1 AND d.status = 'dead'
+WHERE p.blocked_since IS NOT NULL
+  AND p.blocked_since <= clock_timestamp() - %(min_age)s::interval
+  AND (%(consumer)s::text IS NULL OR p.consumer = %(consumer)s::text)
+ORDER BY p.blocked_since, p.consumer, p.topic, p.key
+LIMIT %(limit)s
+"""
+
+# inbox_key_gauges: how many of this consumer's keys have waited at least %(min_age)s for a
+# predecessor, and how many are held behind a dead message: the consumer's gauges. Both read
+# only small partial sets (the partial index of waiting positions; held keys' dead messages).
+_KEY_GAUGES = """
+SELECT (SELECT count(*) FROM {positions}
+        WHERE consumer = %(consumer)s AND blocked_since IS NOT NULL
+          AND blocked_since <= clock_timestamp() - %(min_age)s::interval),
+       (SELECT count(*) FROM {held} WHERE consumer = %(consumer)s AND role = 'dead')
 """
 
 # inbox_kafka_offset_store: in the transaction of the effect, so the offset and the effect
@@ -165,6 +410,22 @@ class InboxStatements:
     finished: bytes
     kafka_offset_store: bytes
     kafka_offsets_read: bytes
+    blocked_keys: bytes
+    key_gauges: bytes
+    hold_key: bytes
+    park: bytes
+    unsettle: bytes
+    unhold: bytes
+    release_done: bytes
+    repark: bytes
+    audit: bytes
+    retry_failed: bytes
+    purge_apply: bytes
+    held_decided: bytes
+    parked_ready: bytes
+    held_list: bytes
+    dead_decide: bytes
+    dead_audit_list: bytes
     messages_name: str
 
 
@@ -184,6 +445,9 @@ def inbox_statements(schema: str | None) -> InboxStatements:
         "positions_pkey": sql.Identifier(f"{INBOX_POSITIONS}_pkey"),
         "kafka_offsets": _qualified(schema, INBOX_KAFKA_OFFSETS),
         "kafka_offsets_pkey": sql.Identifier(f"{INBOX_KAFKA_OFFSETS}_pkey"),
+        "held": _qualified(schema, INBOX_HELD),
+        "held_pkey": sql.Identifier(f"{INBOX_HELD}_pkey"),
+        "audit": _qualified(schema, INBOX_DEAD_AUDIT),
     }
 
     def render(text: str) -> bytes:
@@ -202,5 +466,21 @@ def inbox_statements(schema: str | None) -> InboxStatements:
         finished=render(_FINISHED),
         kafka_offset_store=render(_KAFKA_OFFSET_STORE),
         kafka_offsets_read=render(_KAFKA_OFFSETS_READ),
+        blocked_keys=render(_BLOCKED_KEYS),
+        key_gauges=render(_KEY_GAUGES),
+        hold_key=render(_HOLD_KEY),
+        park=render(_PARK),
+        unsettle=render(_UNSETTLE),
+        unhold=render(_UNHOLD),
+        release_done=render(_RELEASE_DONE),
+        repark=render(_REPARK),
+        audit=render(_AUDIT),
+        retry_failed=render(_RETRY_FAILED),
+        purge_apply=render(_PURGE_APPLY),
+        held_decided=render(_HELD_DECIDED),
+        parked_ready=render(_PARKED_READY),
+        held_list=render(_HELD_LIST),
+        dead_decide=render(_DEAD_DECIDE),
+        dead_audit_list=render(_DEAD_AUDIT_LIST),
         messages_name=names["messages"].as_string(None),
     )

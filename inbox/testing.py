@@ -120,7 +120,7 @@ class InMemoryConsumer(BrokerConsumer):
         super().__init__(runner, redeliver_delay=redeliver_delay, on_result=on_result)
         self._queue = queue
 
-    async def run(self) -> None:
+    async def _consume(self) -> None:
         self.ready.set()
         loop = asyncio.get_running_loop()
         while not self.stopping:

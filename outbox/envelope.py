@@ -86,14 +86,29 @@ class Envelope:
                 "published by the outbox relay",
                 missing=missing,
             )
+        # What is known of the message rides on the error, so a consumer can record it dead.
+        known: dict[str, object] = {"topic": lowered[HEADER_TOPIC], "key": lowered[HEADER_KEY]}
         try:
-            msg_id = uuid.UUID(lowered[HEADER_ID])
-            seq = int(lowered[HEADER_SEQ])
+            known["message_id"] = msg_id = uuid.UUID(lowered[HEADER_ID])
         except ValueError as exc:
             raise InvalidMessageError(
-                f"malformed outbox header: id={lowered[HEADER_ID]!r} seq={lowered[HEADER_SEQ]!r}"
+                f"malformed outbox header {HEADER_ID}={lowered[HEADER_ID]!r}: not a UUID", **known
             ) from exc
+        raw_seq = lowered[HEADER_SEQ]
+        if not (raw_seq.isascii() and raw_seq.isdigit()):
+            raise InvalidMessageError(
+                f"malformed outbox header {HEADER_SEQ}={raw_seq!r}: not a positive integer",
+                **known,
+            )
+        known["seq"] = seq = int(raw_seq)
         created = lowered.get(HEADER_CREATED_AT)
+        try:
+            created_at = dt.datetime.fromisoformat(created) if created else None
+        except ValueError as exc:
+            raise InvalidMessageError(
+                f"malformed outbox header {HEADER_CREATED_AT}={created!r}: not an ISO 8601 time",
+                **known,
+            ) from exc
         return cls(
             id=msg_id,
             topic=lowered[HEADER_TOPIC],
@@ -103,5 +118,5 @@ class Envelope:
             content_type=lowered.get(HEADER_CONTENT_TYPE, "application/json"),
             headers={k: v for k, v in headers.items() if not is_reserved_header(k)},
             traceparent=lowered.get(HEADER_TRACEPARENT),
-            created_at=dt.datetime.fromisoformat(created) if created else None,
+            created_at=created_at,
         )

@@ -36,6 +36,8 @@ from sqlalchemy.types import DateTime, UserDefinedType
 from outbox.exceptions import ConfigurationError
 
 __all__ = [
+    "INBOX_DEAD_AUDIT",
+    "INBOX_HELD",
     "INBOX_KAFKA_OFFSETS",
     "INBOX_MESSAGES",
     "INBOX_POSITIONS",
@@ -57,6 +59,8 @@ OUTBOX_SEQUENCES = "outbox_key_sequences"
 INBOX_MESSAGES = "inbox_messages"
 INBOX_POSITIONS = "inbox_key_positions"
 INBOX_KAFKA_OFFSETS = "inbox_kafka_offsets"
+INBOX_HELD = "inbox_held"
+INBOX_DEAD_AUDIT = "inbox_dead_audit"
 RECONCILIATION_RUNS = "outbox_reconciliation_runs"
 OUTBOX_RELAYS = "outbox_relays"
 OUTBOX_DEAD_AUDIT = "outbox_dead_audit"
@@ -187,8 +191,10 @@ def make_metadata(schema: str | None = None) -> MetaData:
         Column("duplicates", Integer, nullable=False, server_default=text("0")),
         PrimaryKeyConstraint("consumer", "message_id"),
         CheckConstraint("consumer <> ''", name="consumer_not_empty"),
+        # 'parked' (outbox_0008): a later message of a key held behind a dead message.
         CheckConstraint(
-            "status IN ('processing', 'processed', 'stale', 'dead')", name="status_valid"
+            "status IN ('processing', 'processed', 'stale', 'dead', 'parked')",
+            name="status_valid",
         ),
         # Retention purges processed records older than a window, in batches.
         Index(None, "received_at"),
@@ -206,7 +212,19 @@ def make_metadata(schema: str | None = None) -> MetaData:
         Column(
             "updated_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
         ),
+        # A key waiting for a predecessor (outbox_0007): the seq that last arrived too early,
+        # since when the key has waited (cleared when it moves on), and how many early
+        # deliveries it refused. ``outbox inbox blocked`` lists the keys that wait too long.
+        Column("waiting_seq", BigInteger, nullable=True),
+        Column("blocked_since", _TIMESTAMPTZ, nullable=True),
+        Column("out_of_order", BigInteger, nullable=False, server_default=text("0")),
+        # The seq of the dead message that holds the key (on_dead="hold", outbox_0008): no
+        # later message of the key is applied until an operator retries or purges it.
+        Column("held_seq", BigInteger, nullable=True),
         PrimaryKeyConstraint("consumer", "topic", "key"),
+        # The few waiting keys of a consumer, for `outbox inbox blocked` and the consumers'
+        # blocked-keys gauge, without reading every position of the consumer (outbox_0007).
+        Index(None, "consumer", postgresql_where=text("blocked_since IS NOT NULL")),
     )
     _inbox_tables(md)
     _relay_tables(md)
@@ -215,7 +233,57 @@ def make_metadata(schema: str | None = None) -> MetaData:
 
 
 def _inbox_tables(md: MetaData) -> None:
-    """Tables the inbox adds (migration outbox_0003)."""
+    """Tables the inbox adds (migrations outbox_0003 and outbox_0008)."""
+    Table(
+        INBOX_HELD,
+        md,
+        # Key-aware dead letters (on_dead="hold"): the dead message that holds a key and the
+        # key's later messages parked behind it, kept whole so the consumer can apply them
+        # once an operator decides (decision: 'retry' or 'purge' the dead message).
+        Column("consumer", Text, nullable=False),
+        Column("message_id", UUID(as_uuid=True), nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("key", Text, nullable=False),
+        Column("seq", BigInteger, nullable=False),
+        Column("role", Text, nullable=False),
+        Column("payload", LargeBinary, nullable=False),
+        Column("content_type", Text, nullable=False),
+        Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+        Column("traceparent", Text, nullable=True),
+        Column("created_at", _TIMESTAMPTZ, nullable=True),
+        Column("held_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")),
+        Column("decision", Text, nullable=True),
+        PrimaryKeyConstraint("consumer", "message_id"),
+        CheckConstraint("role IN ('dead', 'parked')", name="role_valid"),
+        CheckConstraint(
+            "decision IS NULL OR (role = 'dead' AND decision IN ('retry', 'purge'))",
+            name="decision_valid",
+        ),
+        Index(None, "consumer", "topic", "key", "seq"),
+    )
+    Table(
+        INBOX_DEAD_AUDIT,
+        md,
+        # Who decided what about a held dead message, when and why, and what the consumer made
+        # of it (retried, retry_failed, purged); written with the change it describes.
+        Column("id", BigInteger, Identity(always=True), nullable=False),
+        Column("at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")),
+        Column("actor", Text, nullable=False),
+        Column("action", Text, nullable=False),
+        Column("consumer", Text, nullable=False),
+        Column("message_id", UUID(as_uuid=True), nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("key", Text, nullable=False),
+        Column("seq", BigInteger, nullable=False),
+        Column("last_error", Text, nullable=True),
+        Column("reason", Text, nullable=True),
+        PrimaryKeyConstraint("id"),
+        CheckConstraint(
+            "action IN ('retry', 'purge', 'retried', 'retry_failed', 'purged')",
+            name="action_valid",
+        ),
+        Index(None, "message_id"),
+    )
     Table(
         INBOX_KAFKA_OFFSETS,
         md,

@@ -23,9 +23,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from broker_fixtures import BROKERS, Broker, Kafka, reachable
+from broker_fixtures import BROKERS, Broker, Kafka
 from inbox_helpers import FailOnce, effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool
+from services import require_port
 
 from inbox import AsyncHandlerRunner, Outcome
 from inbox.testing import ResultLog, wait_until_processed
@@ -38,8 +39,8 @@ class Crash(Exception):
 
 def _broker(name: str) -> Broker:
     broker = BROKERS[name]()
-    if broker.port and not reachable(broker.port):
-        pytest.skip(f"{name} is not reachable on 127.0.0.1:{broker.port}")
+    if broker.port:
+        require_port(broker.port, name)
     return broker
 
 

@@ -68,6 +68,58 @@ def test_runner_ordered_dead_message_moves_the_key_on(
     assert [row[3] for row in effects(effects_url, "c")] == [2]
 
 
+@pytest.mark.parametrize("dead_seq", [1, 2, 3])
+def test_runner_ordered_dead_message_at_any_seq_moves_the_key_on(
+    pool: ConnectionPool, effects_url: str, dead_seq: int
+) -> None:
+    """A dead message at seq N > 1 once left the key stuck: its successor was OUT_OF_ORDER on
+    every redelivery, forever (the skip statement had no input row unless seq = 1)."""
+
+    def handler(conn: Any, msg: Any) -> None:
+        if msg.payload == b"poison":
+            raise ValueError("cannot parse")
+        apply_effect(conn, "c", msg)
+
+    runner = HandlerRunner(pool, handler, consumer="c", ordered=True, max_attempts=3)
+    msgs = [
+        make_envelope(key="B", seq=s, payload=b"poison" if s == dead_seq else b"ok")
+        for s in range(1, 5)
+    ]
+    for msg in msgs[: dead_seq - 1]:
+        assert runner.handle(msg).outcome is Outcome.PROCESSED
+    poison = msgs[dead_seq - 1]
+    outcomes = [runner.handle(poison).outcome for _ in range(3)]
+    assert outcomes == [Outcome.FAILED, Outcome.FAILED, Outcome.DEAD]
+    for msg in msgs[dead_seq:]:
+        assert runner.handle(msg).outcome is Outcome.PROCESSED
+    assert runner.handle(poison).outcome is Outcome.DUPLICATE  # redelivered after: no retry
+    expected = [s for s in range(1, 5) if s != dead_seq]
+    assert [row[3] for row in effects(effects_url, "c")] == expected
+
+
+def test_async_runner_ordered_dead_message_after_seq_1_moves_the_key_on(effects_url: str) -> None:
+    async def handler(conn: Any, msg: Any) -> None:
+        if msg.payload == b"poison":
+            raise ValueError("cannot parse")
+        await conn.execute(
+            "INSERT INTO effects (consumer, message_id, key, seq) VALUES ('c', %s, %s, %s)",
+            (msg.id, msg.key, msg.seq),
+        )
+
+    async def main() -> list[Outcome]:
+        async with AsyncConnectionPool(effects_url, min_size=1, max_size=2) as apool:
+            runner = AsyncHandlerRunner(
+                apool, handler, consumer="c", ordered=True, max_attempts=2
+            )
+            msgs = [make_envelope(key="B", seq=1), make_envelope(key="B", seq=2, payload=b"poison")]
+            msgs.append(make_envelope(key="B", seq=3))
+            return [(await runner.handle(m)).outcome for m in (msgs[0], msgs[1], msgs[1], msgs[2])]
+
+    outcomes = asyncio.run(main())
+    assert outcomes == [Outcome.PROCESSED, Outcome.FAILED, Outcome.DEAD, Outcome.PROCESSED]
+    assert [row[3] for row in effects(effects_url, "c")] == [1, 3]
+
+
 def test_runner_concurrency_conflict_is_not_counted(pool: ConnectionPool, effects_url: str) -> None:
     def handler(conn: Any, msg: Any) -> None:
         raise psycopg.errors.SerializationFailure("could not serialize access")
