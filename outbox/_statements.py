@@ -102,8 +102,8 @@ RETURNING m.id, m.seq, m.tx_id::text, true
 _GUARD = "WHERE NOT EXISTS (SELECT 1 FROM {messages} AS e WHERE e.id = %(id)s)"
 
 # outbox_idempotency_lock: only for batches with idempotency keys. A transaction-scoped
-# advisory lock per derived id (two-key form, class 0x0B0C reserved for outbox-inbox), taken in
-# sorted order so two batches cannot deadlock. Released at commit or rollback.
+# advisory lock per derived id (two-key form, class 3084 = 0x0C0C reserved for outbox-inbox),
+# taken in sorted order so two batches cannot deadlock. Released at commit or rollback.
 #
 # Lock order: the batch's counter rows first (all its keys, in (topic, key) order, as the
 # insert takes them), then the advisory locks. Taken the other way round, a writer that

@@ -1,0 +1,95 @@
+"""The least privilege each part needs, as GRANT statements (``outbox migrate grants``).
+
+Three roles, each with only what its statements touch:
+
+* **producer** (your service, calling ``publish()``): inserts messages and bumps the per-key
+  counters. It reads back only the columns ``publish()`` returns (id, seq, tx_id) and cannot
+  read or change the relay's state: no UPDATE or DELETE on ``outbox_messages``, no access to
+  the leases' columns, ``outbox_relays`` or the dead-letter audit. Its INSERT is limited to the
+  message columns, so it cannot write a row already marked published or leased.
+* **relay** (the daemon, and operators running ``outbox status``, ``outbox dead ...`` and
+  ``outbox retention``): reads, leases, marks and deletes messages; registers itself; audits.
+* **consumer** (the inbox, and operators running ``outbox inbox ...``): its own tables only.
+
+Role names and the schema are composed as identifiers, never formatted into the text.
+"""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from outbox.schema import (
+    INBOX_DEAD_AUDIT,
+    INBOX_HELD,
+    INBOX_KAFKA_OFFSETS,
+    INBOX_MESSAGES,
+    INBOX_POSITIONS,
+    OUTBOX_DEAD_AUDIT,
+    OUTBOX_MESSAGES,
+    OUTBOX_RELAYS,
+    OUTBOX_SEQUENCES,
+    check_identifier,
+)
+
+__all__ = ["ROLE_KINDS", "grant_statements"]
+
+#: (privilege, table, columns or None for all): what each kind of role needs.
+_NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
+    "producer": [
+        ("SELECT", OUTBOX_MESSAGES, ("id", "seq", "tx_id")),
+        (
+            "INSERT",
+            OUTBOX_MESSAGES,
+            (
+                "id",
+                "topic",
+                "key",
+                "seq",
+                "headers",
+                "payload",
+                "content_type",
+                "traceparent",
+                "available_at",
+            ),
+        ),
+        ("SELECT, INSERT, UPDATE", OUTBOX_SEQUENCES, None),
+    ],
+    "relay": [
+        ("SELECT, UPDATE, DELETE", OUTBOX_MESSAGES, None),
+        ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_RELAYS, None),
+        ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),
+    ],
+    "consumer": [
+        ("SELECT, INSERT, UPDATE, DELETE", INBOX_MESSAGES, None),
+        ("SELECT, INSERT, UPDATE", INBOX_POSITIONS, None),
+        ("SELECT, INSERT, UPDATE, DELETE", INBOX_HELD, None),
+        ("SELECT, INSERT, UPDATE", INBOX_KAFKA_OFFSETS, None),
+        ("SELECT, INSERT", INBOX_DEAD_AUDIT, None),
+    ],
+}
+
+ROLE_KINDS = tuple(_NEEDS)
+
+
+def grant_statements(kind: str, role: str, *, schema: str | None = None) -> list[str]:
+    """The GRANT statements that give ``role`` what a ``kind`` of role needs, as SQL text."""
+    if kind not in _NEEDS:
+        raise ValueError(f"unknown role kind {kind!r}: one of {', '.join(ROLE_KINDS)}")
+    if schema is not None:
+        check_identifier(schema)
+    grantee = sql.Identifier(role)
+    out: list[sql.Composable] = []
+    if schema is not None:
+        usage = sql.SQL("GRANT USAGE ON SCHEMA {} TO {}")
+        out.append(usage.format(sql.Identifier(schema), grantee))
+    for privileges, table, columns in _NEEDS[kind]:
+        name = sql.Identifier(schema, table) if schema else sql.Identifier(table)
+        target: sql.Composable
+        if columns is None:
+            target = sql.SQL(privileges)
+        else:
+            target = sql.SQL("{} ({})").format(
+                sql.SQL(privileges), sql.SQL(", ").join(map(sql.Identifier, columns))
+            )
+        out.append(sql.SQL("GRANT {} ON TABLE {} TO {}").format(target, name, grantee))
+    return [s.as_string(None) for s in out]
