@@ -7,8 +7,10 @@ import os
 import sys
 
 import click
+import psycopg
 
 from outbox import _migrate
+from outbox._errors import describe_database_error, missing_extra
 from outbox.exceptions import OutboxError
 
 __all__ = ["database_url", "main"]
@@ -30,7 +32,7 @@ def database_url(url: str | None) -> str:
 
 
 class _Group(click.Group):
-    """Turns library errors into one clear line and exit status 2."""
+    """Turns library and database errors into one clear line and exit status 2."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -38,9 +40,23 @@ class _Group(click.Group):
         except OutboxError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        except psycopg.Error as exc:
+            click.echo(f"error: {describe_database_error(exc)}", err=True)
+            sys.exit(2)
+        except ModuleNotFoundError as exc:
+            extra = missing_extra(exc)
+            if extra is None:
+                raise  # not an optional extra of ours: shown as it is
+            click.echo(
+                f"error: this command needs the {extra!r} extra ({exc.name} is not installed): "
+                f"pip install 'outbox-inbox[{extra}]'",
+                err=True,
+            )
+            sys.exit(2)
 
 
 @click.group(cls=_Group)
+@click.version_option(package_name="outbox-inbox", prog_name="outbox")
 def main() -> None:
     """outbox-inbox: transactional outbox and inbox for PostgreSQL."""
 
@@ -96,6 +112,42 @@ def migrate_sql(revision: str, from_revision: str | None, schema: str | None) ->
     click.echo(_migrate.sql(revision, schema=schema, from_revision=from_revision))
 
 
+@migrate.command("grants")
+@click.option("--producer", "producers", multiple=True, help="Role of services that publish.")
+@click.option("--relay", "relays", multiple=True, help="Role of the relay and its operators.")
+@click.option("--consumer", "consumers", multiple=True, help="Role of inbox consumers.")
+@click.option("--apply", "apply_to", is_flag=True, help="Run them (needs --url), not print.")
+@_url
+@_schema
+def migrate_grants(
+    producers: tuple[str, ...],
+    relays: tuple[str, ...],
+    consumers: tuple[str, ...],
+    apply_to: bool,
+    url: str | None,
+    schema: str | None,
+) -> None:
+    """Print (or --apply) the least-privilege GRANTs for each role (see docs/security.md)."""
+    from outbox._grants import grant_statements
+
+    wanted = {"producer": producers, "relay": relays, "consumer": consumers}
+    statements = [
+        stmt
+        for kind, roles in wanted.items()
+        for role in roles
+        for stmt in grant_statements(kind, role, schema=schema)
+    ]
+    if not statements:
+        raise click.UsageError("name at least one role: --producer, --relay, --consumer ...")
+    if not apply_to:
+        click.echo(";\n".join(statements) + ";")
+        return
+    with _migrate._connected(database_url(url)) as conn:  # one transaction
+        for stmt in statements:
+            conn.exec_driver_sql(stmt)
+    click.echo(f"granted: {len(statements)} statement(s)")
+
+
 def _load_plugins() -> None:
     """Add the subcommands other packages register under the ``outbox.cli`` entry point group
     (``relay``, ``status``, ``dead``, ``reconcile``...). ``outbox`` itself imports none of them."""
@@ -104,11 +156,33 @@ def _load_plugins() -> None:
     for ep in entry_points(group="outbox.cli"):
         try:
             commands = ep.load()
-        except ModuleNotFoundError as exc:  # that package's optional dependencies are missing
-            log.debug("outbox: subcommands %s unavailable: %s", ep.name, exc)
+        except ModuleNotFoundError as exc:
+            extra = missing_extra(exc)
+            if extra is None:
+                raise  # not an optional extra of ours: a real error, shown as it is
+            main.add_command(_needs_extra(ep.name, extra, exc))
             continue
         for command in commands:
             main.add_command(command)
+
+
+def _needs_extra(name: str, extra: str, exc: ModuleNotFoundError) -> click.Command:
+    """A stand-in for a subcommand whose optional dependencies are not installed."""
+
+    @click.command(
+        name,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        help=f"(needs: pip install 'outbox-inbox[{extra}]')",
+    )
+    def stand_in() -> None:
+        click.echo(
+            f"error: `outbox {name}` needs the {extra!r} extra ({exc.name} is not installed): "
+            f"pip install 'outbox-inbox[{extra}]'",
+            err=True,
+        )
+        sys.exit(2)
+
+    return stand_in
 
 
 _load_plugins()

@@ -7,8 +7,6 @@ their audit rows in the same statement as the change.
 from __future__ import annotations
 
 import datetime as dt
-import getpass
-import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from outbox._actor import default_actor
 from relay._queries import relay_statements
 
 __all__ = [
@@ -76,14 +75,14 @@ class RelayStatus:
     topics: list[dict[str, Any]] = field(default_factory=list)
     relays: list[dict[str, Any]] = field(default_factory=list)
 
-
-def default_actor() -> str:
-    """Who is acting, for the audit: user@host."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # pragma: no cover - no user name in some containers
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+    @property
+    def paused_destinations(self) -> list[dict[str, Any]]:
+        """Topics a live relay has paused because their destination refuses messages."""
+        return [
+            {"topic": topic, "relay_id": r["relay_id"], **pause}
+            for r in self.relays
+            for topic, pause in sorted((r.get("paused_destinations") or {}).items())
+        ]
 
 
 def relay_status(url: str, *, schema: str | None = None) -> RelayStatus:

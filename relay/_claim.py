@@ -20,7 +20,12 @@ import psycopg
 from outbox.envelope import Envelope
 from relay._config import RelayConfig
 from relay._queries import RelayStatements
-from relay.exceptions import BrokerUnreachableError, NotSentError, PermanentPublishError
+from relay.exceptions import (
+    BrokerUnreachableError,
+    DestinationUnavailableError,
+    NotSentError,
+    PermanentPublishError,
+)
 
 __all__ = [
     "Claim",
@@ -76,14 +81,16 @@ async def claim_batch(
     stmts: RelayStatements,
     config: RelayConfig,
     after: tuple[str, str] = ("", ""),
+    paused: Sequence[str] = (),
 ) -> Claim | None:
     """Lease the next batch (see outbox_claim_batch), or None when nothing is claimable.
 
     Keys are visited in (topic, key) order starting after ``after``, wrapping around once.
+    Topics in ``paused`` (their destination refuses messages for now) are not claimed.
     """
-    claim = await _claim_from(conn, stmts, config, after)
+    claim = await _claim_from(conn, stmts, config, after, paused)
     if claim is None and after != ("", ""):
-        claim = await _claim_from(conn, stmts, config, ("", ""))
+        claim = await _claim_from(conn, stmts, config, ("", ""), paused)
     return claim
 
 
@@ -107,6 +114,7 @@ async def _claim_from(
     stmts: RelayStatements,
     config: RelayConfig,
     after: tuple[str, str],
+    paused: Sequence[str],
 ) -> Claim | None:
     token = uuid.uuid4()
     started = time.monotonic()
@@ -118,6 +126,7 @@ async def _claim_from(
         "owner": config.relay_id,
         "token": token,
         "lease_seconds": config.lease_seconds,
+        "paused": list(paused),
         **config.dead_policy_params(),
     }
     cur = await conn.execute(stmts.claim, params)
@@ -198,9 +207,10 @@ def decide(
     is retried later (or dead after max attempts, at once if permanent). Rows of the same key
     after a retried row, or after a dead row under 'hold', are released untried-as-far-as-we-
     count: they go out again after the failed one, never before it. A row the adapter did not
-    send (NotSentError) or whose ack was lost with the connection (BrokerUnreachableError) is
-    released too, with the rest of its key: it had no attempt to count, so under 'skip' it
-    cannot be dead-lettered without ever being sent.
+    send (NotSentError), whose ack was lost with the connection (BrokerUnreachableError) or
+    whose destination refuses messages for now (DestinationUnavailableError: a configuration
+    to fix, its topic is paused) is released too, with the rest of its key: it had no attempt
+    to count, so under 'skip' it cannot be dead-lettered without ever being sent.
     """
     outcomes: list[Outcome] = []
     blocked: tuple[str, str] | None = None
@@ -213,7 +223,8 @@ def decide(
         if result is None:
             outcomes.append(Outcome(env.id, "published"))
             continue
-        if isinstance(result, NotSentError | BrokerUnreachableError):
+        untried = NotSentError | BrokerUnreachableError | DestinationUnavailableError
+        if isinstance(result, untried):
             outcomes.append(Outcome(env.id, "release"))
             blocked = key
             continue

@@ -40,8 +40,11 @@ class TopicPolicy:
     * ``max_attempts``: failed attempts before a message becomes dead.
     """
 
+    #: at-least-once (marked after the broker's ack, retried) or at-most-once (marked before)
     semantics: Semantics = "at-least-once"
+    #: hold (the key waits behind a dead message) or skip (the key goes on past it)
     on_dead: DeadPolicy = "hold"
+    #: failed attempts before a message becomes dead
     max_attempts: int = 10
 
     def __post_init__(self) -> None:
@@ -71,9 +74,13 @@ def _default_relay_id() -> str:
 class RelayConfig:
     """Settings of one relay process. See docs/relay.md for each one."""
 
+    #: the outbox's PostgreSQL (libpq URL)
     database_url: str
+    #: where to publish (nats://, amqp://, kafka://, redis://, mqtt://, memory://, stdout://)
     broker_url: str | None = None
+    #: schema of the outbox tables (None: the search_path)
     schema: str | None = None
+    #: this process's name in outbox_relays: unique among live relays (default: host-pid-random)
     relay_id: str = field(default_factory=_default_relay_id)
     #: rows leased per claim (heads of keys first, then the runs behind them)
     batch_size: int = 500
@@ -87,18 +94,29 @@ class RelayConfig:
     publish_timeout: float = 10.0
     #: fallback poll when no notification arrives (notifications are lost across reconnects)
     poll_interval: float = 1.0
+    #: LISTEN for the producers' wake-ups (off: poll only)
     listen: bool = True
+    #: first wait after a failure; doubles per consecutive failure, with jitter
     backoff_base: float = 0.5
+    #: longest wait between retries of a failing message or an unreachable broker
     backoff_max: float = 300.0
+    #: how often the relay refreshes its outbox_relays row and the backlog gauges
     heartbeat_interval: float = 5.0
+    #: on SIGTERM, how long claims in flight may take to finish before the relay exits
     shutdown_timeout: float = 15.0
     #: delete published rows older than this many seconds (None: keep them; another job may)
     retention_seconds: float | None = None
+    #: how often retention runs (with retention_seconds)
     retention_interval: float = 60.0
+    #: rows deleted per retention transaction
     retention_batch: int = 1000
+    #: serve Prometheus /metrics and /healthz on this port (None: no server)
     metrics_port: int | None = None
+    #: address the metrics server binds to
     metrics_host: str = "127.0.0.1"
+    #: the TopicPolicy of topics not listed in ``topics`` (TOML: [default])
     default_policy: TopicPolicy = field(default_factory=TopicPolicy)
+    #: per-topic TopicPolicy (TOML: [topics.NAME])
     topics: Mapping[str, TopicPolicy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

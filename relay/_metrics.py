@@ -44,6 +44,7 @@ class RelayMetrics:
             self.published = self.failed = self.dead = self.fenced = noop
             self.claim_seconds = self.batch_seconds = noop
             self.backlog = self.oldest_pending = self.dead_rows = noop
+            self.destination_paused = self.destination_errors = noop
             return
         from prometheus_client import Counter, Gauge, Histogram
 
@@ -69,6 +70,18 @@ class RelayMetrics:
             "outbox_oldest_pending_seconds", "Age of the oldest pending message", ["topic"], **kw
         )
         self.dead_rows = Gauge("outbox_dead_messages", "Dead messages", ["topic"], **kw)
+        self.destination_paused = Gauge(
+            "outbox_relay_destination_paused",
+            "1 while the topic's destination refuses messages (the topic is paused)",
+            ["topic"],
+            **kw,
+        )
+        self.destination_errors = Counter(
+            "outbox_relay_destination_errors",
+            "Batches in which the topic's destination refused messages",
+            ["topic"],
+            **kw,
+        )
 
     @classmethod
     def disabled(cls) -> RelayMetrics:

@@ -77,9 +77,19 @@ WITH RECURSIVE keys AS (
     UNION ALL
     SELECT n.topic, n.key FROM keys AS k
     CROSS JOIN LATERAL (
-        SELECT m.topic, m.key FROM {messages} AS m
-        WHERE m.status <> 'published' AND (m.topic, m.key) > (k.topic, k.key)
-        ORDER BY m.topic, m.key, m.seq LIMIT 1
+        -- The next key; from a key of a paused topic (its destination refuses messages, see
+        -- relay/_destinations.py), straight past that topic's last key in one probe, so a
+        -- paused topic's keys are never walked one by one. The two branches' conditions on
+        -- k are one-time filters: exactly one branch probes the index.
+        (SELECT m.topic, m.key FROM {messages} AS m
+         WHERE k.topic <> ALL(%(paused)s::text[])
+           AND m.status <> 'published' AND (m.topic, m.key) > (k.topic, k.key)
+         ORDER BY m.topic, m.key, m.seq LIMIT 1)
+        UNION ALL
+        (SELECT m.topic, m.key FROM {messages} AS m
+         WHERE k.topic = ANY(%(paused)s::text[])
+           AND m.status <> 'published' AND m.topic > k.topic
+         ORDER BY m.topic, m.key, m.seq LIMIT 1)
     ) AS n
 ),
 heads AS MATERIALIZED (
@@ -114,6 +124,8 @@ heads AS MATERIALIZED (
           AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
         FOR UPDATE SKIP LOCKED
     ) AS h
+    -- A paused topic's first key (reached by the walk) takes no head.
+    WHERE k.topic <> ALL(%(paused)s::text[])
     -- The nested loop is pulled row by row, so the sub-select above runs (and locks) only
     -- until LIMIT has its rows.
     LIMIT %(limit)s
@@ -283,6 +295,7 @@ GROUP BY topic ORDER BY topic
 _STATUS_RELAYS = """
 SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
        extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS silent_s,
+       coalesce(r.config->'paused_destinations', '{{}}'::jsonb) AS paused_destinations,
        (SELECT count(*) FROM {messages} AS m
         WHERE m.status = 'pending' AND m.lease_owner = r.relay_id
           AND m.lease_until > clock_timestamp()) AS leased,

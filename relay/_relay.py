@@ -30,11 +30,17 @@ from relay._claim import (
     resume_point,
 )
 from relay._config import RelayConfig
+from relay._destinations import PausedDestinations
 from relay._metrics import RelayMetrics
 from relay._queries import relay_statements
 from relay._tracing import publish_span
 from relay.brokers.base import Publisher
-from relay.exceptions import BrokerUnreachableError, RelayIdInUseError, RetryablePublishError
+from relay.exceptions import (
+    BrokerUnreachableError,
+    DestinationUnavailableError,
+    RelayIdInUseError,
+    RetryablePublishError,
+)
 
 __all__ = ["Relay"]
 
@@ -70,6 +76,8 @@ class Relay:
         self._failing_keys: set[tuple[str, str]] = set()
         self._db_failures = 0
         self._paused_until = 0.0
+        #: topics whose destination refuses messages: skipped by claims until their backoff ends
+        self._destinations = PausedDestinations(config, self.metrics)
         self._after = ("", "")  # the claim rotates over keys from here
         #: tells this process's outbox_relays row from another process's with the same id
         self._instance = uuid.uuid4().hex
@@ -251,7 +259,8 @@ class Relay:
         try:
             async with pool.connection(timeout=self.config.poll_interval * 5) as conn:
                 started = time.perf_counter()
-                claim = await claim_batch(conn, self._stmts, self.config, self._after)
+                paused = self._destinations.paused()
+                claim = await claim_batch(conn, self._stmts, self.config, self._after, paused)
                 self._after = resume_point(claim, self.config)
                 self.metrics.claim_seconds.observe(time.perf_counter() - started)
         except (psycopg.Error, Exception) as exc:
@@ -295,7 +304,16 @@ class Relay:
         alo_results = [by_id[e.id] for e in alo.envelopes]
         if any(r is None for r in results):
             self._failing_keys.clear()  # the broker acknowledged something: it is up
-        if alo.envelopes and (unreachable or self._outage(alo, alo_results)):
+        self._note_destinations(to_send, results)
+        # A destination that refuses messages is one topic's configuration, not an outage:
+        # those rows are released by decide() and only their topic is paused.
+        rest = [
+            (e, r)
+            for e, r in zip(alo.envelopes, alo_results, strict=True)
+            if not isinstance(r, DestinationUnavailableError)
+        ]
+        outage = bool(rest) and self._outage([e for e, _ in rest], [r for _, r in rest])
+        if alo.envelopes and (unreachable or outage):
             # The broker is down: give every row back untried and pause claiming, so an
             # outage never counts towards max_attempts or dead-letters anything.
             await self._mark(pool, claim, [Outcome(e.id, "release") for e in alo.envelopes])
@@ -310,6 +328,19 @@ class Relay:
             self._pause(lost[0])
         else:
             self._broker_failures = 0
+
+    def _note_destinations(
+        self, sent: Sequence[Envelope], results: Sequence[BaseException | None]
+    ) -> None:
+        """Pause the topics whose destination refused messages; resume those that took one."""
+        refused: dict[str, BaseException] = {}
+        for env, result in zip(sent, results, strict=True):
+            if result is None:
+                self._destinations.accepted(env.topic)
+            elif isinstance(result, DestinationUnavailableError):
+                refused.setdefault(env.topic, result)
+        for topic, error in refused.items():
+            self._destinations.refused(topic, error)
 
     def _pause(self, reason: BaseException | None) -> None:
         """Stop claiming for a while (exponential backoff): the broker is unreachable."""
@@ -333,7 +364,9 @@ class Relay:
     def _amo(self, topic: str) -> bool:
         return self.config.policy(topic).semantics == "at-most-once"
 
-    def _outage(self, claim: Claim, results: Sequence[BaseException | None]) -> bool:
+    def _outage(
+        self, envelopes: Sequence[Envelope], results: Sequence[BaseException | None]
+    ) -> bool:
         """The broker, not the messages: every message of this claim failed retryably, and so
         did every message of the claims before it since the last acknowledgement, over two or
         more keys together.
@@ -344,7 +377,7 @@ class Relay:
         """
         if not all(isinstance(r, RetryablePublishError) for r in results):
             return False
-        self._failing_keys.update((e.topic, e.key) for e in claim.envelopes)
+        self._failing_keys.update((e.topic, e.key) for e in envelopes)
         return len(self._failing_keys) > 1
 
     async def _publish(
@@ -474,6 +507,8 @@ class Relay:
             "batch_size": cfg.batch_size,
             "lease_seconds": cfg.lease_seconds,
             "instance": self._instance,
+            # topics whose destination refuses messages: `outbox status` shows them
+            "paused_destinations": self._destinations.snapshot(),
         }
         return {
             "relay_id": cfg.relay_id,

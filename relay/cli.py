@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from outbox._errors import one_line
 from outbox.exceptions import ConfigurationError
 from relay._admin import (
     DeadFilter,
@@ -150,7 +151,12 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
     """Backlog per topic, oldest pending age, dead count, live relays and what they hold."""
     status = relay_status(database_url(url), schema=schema)
     if as_json:
-        click.echo(json.dumps({"topics": status.topics, "relays": status.relays}, default=str))
+        document = {
+            "topics": status.topics,
+            "relays": status.relays,
+            "paused_destinations": status.paused_destinations,
+        }
+        click.echo(json.dumps(document, default=str))
         return
     click.echo(f"{'topic':<24} {'pending':>8} {'leased':>7} {'dead':>6} {'oldest pending':>15}")
     for t in status.topics:
@@ -165,6 +171,16 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
         click.echo(
             f"{r['relay_id']:<36} {r['pid']:>7} {r['silent_s']:>9.1f}s {r['leased']:>7}  {topics}"
         )
+    paused = status.paused_destinations
+    if paused:
+        click.echo("")
+        click.echo("paused topics (their destination refuses messages; the others flow):")
+        for p in paused:
+            reason = " ".join(str(p["reason"]).split())
+            click.echo(
+                f"{p['topic']:<24} since {p['since']} ({p['refusals']} refusals, relay "
+                f"{p['relay_id']}): {reason}"
+            )
 
 
 def _filters(fn: Any) -> Any:
@@ -214,12 +230,22 @@ def dead_group() -> None:
 @dead_group.command("list")
 @_filters
 @click.option("--limit", type=int, default=100)
-def dead_list_cmd(url: str | None, schema: str | None, limit: int, **f: Any) -> None:
-    """List dead messages matching the filters."""
-    for m in dead_list(database_url(url), _dead_filter(**f), limit=limit, schema=schema):
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def dead_list_cmd(
+    url: str | None, schema: str | None, limit: int, as_json: bool, **f: Any
+) -> None:
+    """List dead messages matching the filters, one line each (or --json)."""
+    found = dead_list(database_url(url), _dead_filter(**f), limit=limit, schema=schema)
+    if as_json:
+        fields = ("id", "topic", "key", "seq", "attempts", "created_at", "last_error")
+        rows = [{name: getattr(m, name) for name in fields} for m in found]
+        click.echo(json.dumps(rows, default=str))
+        return
+    for m in found:
         click.echo(
-            f"{m.id}  {m.topic}  {m.key}  seq={m.seq}  attempts={m.attempts}  "
-            f"{m.created_at:%Y-%m-%d %H:%M:%S}  {m.last_error or ''}"
+            f"{m.id}  {one_line(m.topic)}  {one_line(m.key)}  seq={m.seq}  "
+            f"attempts={m.attempts}  {m.created_at:%Y-%m-%d %H:%M:%S}  "
+            f"{one_line(m.last_error or '')}"
         )
 
 
@@ -295,13 +321,18 @@ dead_group.add_command(_change_cmd("purge", dead_purge, "Delete matching dead me
 @_url
 @_schema
 @click.option("--limit", type=int, default=50)
-def dead_audit_cmd(url: str | None, schema: str | None, limit: int) -> None:
-    """Who re-queued or purged what, newest first."""
-    for at, actor, action, mid, topic, key, seq, reason in audit_log(
-        database_url(url), limit=limit, schema=schema
-    ):
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def dead_audit_cmd(url: str | None, schema: str | None, limit: int, as_json: bool) -> None:
+    """Who re-queued or purged what, newest first, one line each (or --json)."""
+    rows = audit_log(database_url(url), limit=limit, schema=schema)
+    if as_json:
+        names = ("at", "actor", "action", "message_id", "topic", "key", "seq", "reason")
+        click.echo(json.dumps([dict(zip(names, r, strict=True)) for r in rows], default=str))
+        return
+    for at, actor, action, mid, topic, key, seq, reason in rows:
         click.echo(
-            f"{at:%Y-%m-%d %H:%M:%S}  {actor}  {action}  {mid}  {topic}/{key}#{seq}  {reason or ''}"
+            f"{at:%Y-%m-%d %H:%M:%S}  {one_line(actor)}  {action}  {mid}  "
+            f"{one_line(topic)}/{one_line(key)}#{seq}  {one_line(reason or '')}"
         )
 
 

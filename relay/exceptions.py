@@ -6,6 +6,7 @@ from outbox.exceptions import ConfigurationError, OutboxError
 
 __all__ = [
     "BrokerUnreachableError",
+    "DestinationUnavailableError",
     "NotSentError",
     "PermanentPublishError",
     "RelayError",
@@ -41,6 +42,16 @@ class BrokerUnreachableError(RetryablePublishError):
     sending anything, and returns it for a message whose acknowledgement was lost with the
     connection. The relay gives such rows back without counting an attempt, so an outage
     never dead-letters anything, and pauses claiming with backoff.
+    """
+
+
+class DestinationUnavailableError(RetryablePublishError):
+    """The broker is up, but this message's destination refuses it for now: no JetStream
+    stream for the subject, a RabbitMQ exchange that does not exist, a Kafka topic unknown or
+    not authorized, a Redis key that is not a stream or not permitted. A configuration to fix,
+    not the message's fault and not an outage: the row is released untried (no attempt
+    counted, nothing dead-lettered), its topic is paused with backoff, and every other topic
+    keeps flowing. ``outbox status`` and the metrics show the paused topic and the reason.
     """
 
 

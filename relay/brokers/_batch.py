@@ -19,12 +19,13 @@ from typing import Any
 from outbox.envelope import Envelope
 from relay.exceptions import (
     BrokerUnreachableError,
+    DestinationUnavailableError,
     NotSentError,
     PermanentPublishError,
     RetryablePublishError,
 )
 
-__all__ = ["Batch", "check_size", "permanent", "retryable", "unreachable"]
+__all__ = ["Batch", "check_size", "permanent", "retryable", "unavailable", "unreachable"]
 
 PublishError = RetryablePublishError | PermanentPublishError
 
@@ -53,6 +54,15 @@ def unreachable(
 ) -> RetryablePublishError:
     """A BrokerUnreachableError for a message lost with the connection (released, not counted)."""
     return retryable(reason, env, destination, cause, kind=BrokerUnreachableError)
+
+
+def unavailable(
+    reason: str, env: Envelope, destination: str, cause: BaseException | None = None
+) -> RetryablePublishError:
+    """A DestinationUnavailableError: this destination refuses messages until an operator fixes
+    its configuration (released untried; the relay pauses that topic only). ``reason`` should
+    say what to fix."""
+    return retryable(reason, env, destination, cause, kind=DestinationUnavailableError)
 
 
 def permanent(

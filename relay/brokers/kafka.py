@@ -23,7 +23,14 @@ from typing import Any
 
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
-from relay.brokers._batch import Batch, PublishError, check_size, permanent, retryable
+from relay.brokers._batch import (
+    Batch,
+    PublishError,
+    check_size,
+    permanent,
+    retryable,
+    unavailable,
+)
 from relay.brokers._lazy import require
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 from relay.exceptions import RetryablePublishError
@@ -39,10 +46,15 @@ _PERMANENT_ERRORS = (
     "INVALID_RECORD",
     "CORRUPT_MESSAGE",
     "RECORD_LIST_TOO_LARGE",
-    "TOPIC_AUTHORIZATION_FAILED",
     "TOPIC_EXCEPTION",
     "_INVALID_ARG",
     "INVALID_REQUIRED_ACKS",
+)
+#: errors of the destination, not of the message: the topic is paused until it is fixed
+_DESTINATION_ERRORS = (
+    "UNKNOWN_TOPIC_OR_PART",
+    "_UNKNOWN_TOPIC",
+    "TOPIC_AUTHORIZATION_FAILED",
 )
 _ENFORCED = {"enable.idempotence": True, "acks": "all"}
 
@@ -208,6 +220,17 @@ class KafkaPublisher:
         permanent_codes = {
             getattr(kafka_error, n) for n in _PERMANENT_ERRORS if hasattr(kafka_error, n)
         }
+        destination_codes = {
+            getattr(kafka_error, n) for n in _DESTINATION_ERRORS if hasattr(kafka_error, n)
+        }
+        if error.code() in destination_codes:
+            return unavailable(
+                f"Kafka topic {dest!r} cannot be written: {error.str()} (create the topic, or "
+                "grant the relay's principal WRITE on it)",
+                env,
+                dest,
+                exc,
+            )
         if error.code() in permanent_codes:
             return permanent(f"Kafka rejected the message: {error.str()}", env, dest, exc)
         return retryable(f"Kafka delivery failed: {error.str()}", env, dest, exc)

@@ -27,6 +27,7 @@ from relay.brokers._batch import (
     check_size,
     permanent,
     retryable,
+    unavailable,
     unreachable,
 )
 from relay.brokers._lazy import require
@@ -239,8 +240,15 @@ class NatsPublisher:
         if isinstance(exc, errors.BadSubjectError | errors.BadHeaderError):
             return permanent(f"invalid NATS subject or header ({exc!r})", env, dest, exc)
         if isinstance(exc, js_errors.NoStreamResponseError):
-            # also seen while a stream's leader is being elected: retry, do not dead-letter
-            return retryable(f"no JetStream stream answered for subject {dest!r}", env, dest, exc)
+            # A configuration to fix (or, briefly, a stream's leader being elected): this
+            # subject's topic is paused with backoff, the others flow, nothing is dead-lettered.
+            return unavailable(
+                f"no JetStream stream answered for subject {dest!r}: create a stream whose "
+                "subjects cover it, or map the topic to a covered subject (destinations)",
+                env,
+                dest,
+                exc,
+            )
         if isinstance(exc, js_errors.APIError) and 400 <= (exc.code or 0) < 500:
             return permanent(f"JetStream rejected the message: {exc.description}", env, dest, exc)
         return retryable(f"{type(exc).__name__}: {exc}", env, dest, exc)

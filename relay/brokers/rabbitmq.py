@@ -20,7 +20,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from outbox.envelope import Envelope
-from relay.brokers._batch import Batch, PublishError, check_size, permanent, retryable
+from relay.brokers._batch import (
+    Batch,
+    PublishError,
+    check_size,
+    permanent,
+    retryable,
+    unavailable,
+)
 from relay.brokers._lazy import require
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 from relay.exceptions import RetryablePublishError
@@ -134,8 +141,13 @@ class RabbitMQPublisher:
     def _refusal(
         self, env: Envelope, dest: str, exchange: str, routing_key: str, missing: set[str]
     ) -> PublishError | None:
-        if exchange in missing:
-            return permanent(f"RabbitMQ exchange {exchange!r} does not exist", env, dest)
+        if exchange in missing:  # a configuration to fix: the topic waits, nothing dead
+            return unavailable(
+                f"RabbitMQ exchange {exchange!r} does not exist: declare it, or map the topic "
+                "to an existing exchange (destinations)",
+                env,
+                dest,
+            )
         if len(routing_key.encode()) > 255:
             return permanent("routing key longer than 255 bytes", env, dest)
         return check_size(env, dest, self.features.max_payload_bytes, "RabbitMQ max_message_size")

@@ -13,7 +13,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from outbox.envelope import Envelope
-from relay.brokers._batch import Batch, PublishError, check_size, permanent, retryable
+from relay.brokers._batch import (
+    Batch,
+    PublishError,
+    check_size,
+    permanent,
+    retryable,
+    unavailable,
+)
 from relay.brokers._lazy import require
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 from relay.exceptions import RetryablePublishError
@@ -25,6 +32,8 @@ DEFAULT_MAX_BULK = 512 * 1024 * 1024  # proto-max-bulk-len
 #: error replies that say "later", not "never"
 _TRANSIENT_PREFIXES = ("OOM", "LOADING", "BUSY", "READONLY", "MASTERDOWN", "TRYAGAIN",
                        "CLUSTERDOWN", "NOREPLICAS", "MOVED", "ASK")  # fmt: skip
+#: error replies about the destination key, not the message: the topic waits until fixed
+_DESTINATION_PREFIXES = ("WRONGTYPE", "NOPERM")
 
 
 class RedisPublisher:
@@ -131,6 +140,15 @@ class RedisPublisher:
 
     def _classify(self, env: Envelope, dest: str, exc: BaseException) -> PublishError:
         exceptions = require("redis.exceptions", "redis")
+        if isinstance(exc, exceptions.ResponseError) and str(exc).startswith(_DESTINATION_PREFIXES):
+            # the key is not a stream, or this user may not write it: a configuration to fix
+            return unavailable(
+                f"Redis refused XADD to {dest!r}: {exc} (use a key that is a stream, or grant "
+                "the relay's user XADD on it)",
+                env,
+                dest,
+                exc,
+            )
         if isinstance(exc, exceptions.ResponseError) and not str(exc).startswith(
             _TRANSIENT_PREFIXES
         ):

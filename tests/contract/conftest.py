@@ -22,8 +22,8 @@ from contract_harness import (
     RabbitHarness,
     RedisHarness,
     StdoutHarness,
-    reachable,
 )
+from services import import_or_missing, missing, require_port
 
 ADAPTERS = ["memory", "stdout", "file", "nats", "rabbitmq", "kafka", "redis", "mqtt"]
 
@@ -48,7 +48,7 @@ def kafka_mock() -> Iterator[str]:
     Its bootstrap address only appears in librdkafka's log line ``Mock cluster enabled: ...
     replaced with 127.0.0.1:NNNNN``, so a logger catches it.
     """
-    confluent_kafka = pytest.importorskip("confluent_kafka")
+    confluent_kafka: Any = import_or_missing("confluent_kafka", "kafka")
     handler = _MockAddress()
     logger = logging.getLogger(f"tests.kafka_mock.{id(handler)}")
     logger.addHandler(handler)
@@ -62,7 +62,7 @@ def kafka_mock() -> Iterator[str]:
         if handler.found.is_set():
             break
     if handler.address is None:
-        pytest.skip("librdkafka did not report a mock cluster address")
+        missing("librdkafka's mock cluster", "librdkafka did not report its address")
     try:
         yield handler.address
     finally:
@@ -81,8 +81,8 @@ def _make(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
         harness.bootstrap = request.getfixturevalue("kafka_mock")
         return harness
     cls = classes[name]
-    if cls.port is not None and not reachable(cls.port):
-        pytest.skip(f"{name} is not reachable on 127.0.0.1:{cls.port}; start it to run this test")
+    if cls.port is not None:
+        require_port(cls.port, name)
     harness: Harness = cls()
     return harness
 

@@ -61,6 +61,11 @@ class Harness:
         return self.ns
 
     def bad_destination(self) -> str | None:
+        """A destination the broker refuses for good (the message is dead-lettered)."""
+        return None
+
+    def unavailable_destination(self) -> str | None:
+        """A destination that does not exist (yet): a configuration to fix, the topic waits."""
         return None
 
     def destinations(self) -> dict[str, str]:
@@ -68,6 +73,9 @@ class Harness:
         bad = self.bad_destination()
         if bad is not None:
             out["bad"] = bad
+        gone = self.unavailable_destination()
+        if gone is not None:
+            out["gone"] = gone
         return out
 
     async def open(self) -> None:
@@ -159,6 +167,9 @@ class NatsHarness(Harness):
     def dest(self) -> str:
         return f"{self.ns}.t"
 
+    def unavailable_destination(self) -> str:
+        return f"{self.ns}-nostream.t"  # no JetStream stream covers this subject
+
     async def open(self) -> None:
         import nats
 
@@ -208,6 +219,9 @@ class RabbitHarness(Harness):
 
     def bad_destination(self) -> str:
         return f"{self.ns}-unbound"  # default exchange, no such queue: unroutable
+
+    def unavailable_destination(self) -> str:
+        return f"{self.ns}-no-such-exchange/rk"  # an exchange nobody declared
 
     async def open(self) -> None:
         import aio_pika
@@ -293,17 +307,17 @@ class RedisHarness(Harness):
     name = "redis"
     port = 6379
 
-    def bad_destination(self) -> str:
+    def unavailable_destination(self) -> str:
         return f"{self.ns}-string"  # a string key: XADD fails with WRONGTYPE
 
     async def open(self) -> None:
         import redis.asyncio
 
         self.client = redis.asyncio.Redis(host="127.0.0.1", port=6379)
-        await self.client.set(self.bad_destination(), "not a stream")
+        await self.client.set(self.unavailable_destination(), "not a stream")
 
     async def cleanup(self) -> None:
-        await self.client.delete(self.ns, self.bad_destination())
+        await self.client.delete(self.ns, self.unavailable_destination())
         await self.client.aclose()
 
     def publisher(self, **options: Any) -> Publisher:

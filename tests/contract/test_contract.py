@@ -15,7 +15,11 @@ from contract_harness import DEADLINE, Harness
 
 from outbox.envelope import Envelope
 from relay.brokers import Publisher
-from relay.exceptions import PermanentPublishError, RetryablePublishError
+from relay.exceptions import (
+    DestinationUnavailableError,
+    PermanentPublishError,
+    RetryablePublishError,
+)
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -96,9 +100,10 @@ def test_contract_keeps_key_order_in_a_large_batch(adapter: Harness) -> None:
 def test_contract_permanent_error_fails_only_that_message(adapter: Harness) -> None:
     if adapter.bad_destination() is not None:
         bad = make_envelope(topic="bad", key="bad-key")
-    else:
-        assert adapter.bad_payload is not None
+    elif adapter.bad_payload is not None:
         bad = make_envelope(key="bad-key", payload=b"x" * adapter.bad_payload)
+    else:
+        pytest.skip(f"{adapter.name}: refuses no message for good that a test can send")
     good = [make_envelope(key=f"g{i}", seq=i) for i in range(4)]
     batch = [good[0], good[1], bad, good[2], good[3]]
 
@@ -108,6 +113,27 @@ def test_contract_permanent_error_fails_only_that_message(adapter: Harness) -> N
         assert str(bad.id) in str(results[2])
         assert results[:2] + results[3:] == [None] * 4
         assert by_id(await adapter.read(4)) == by_id(good)
+
+    run(adapter, body)
+
+
+def test_contract_unavailable_destination_fails_only_its_messages(adapter: Harness) -> None:
+    """A destination that does not exist is the topic's configuration, not the message's fault
+    and not an outage: DestinationUnavailableError for its messages, saying what to fix, and
+    every other message goes through (the relay pauses only that topic)."""
+    if adapter.unavailable_destination() is None:
+        pytest.skip(f"{adapter.name}: no destination a test can make unavailable")
+    gone = [make_envelope(topic="gone", key=f"x{i}") for i in range(2)]
+    good = [make_envelope(key=f"g{i}", seq=i) for i in range(3)]
+    batch = [good[0], gone[0], good[1], gone[1], good[2]]
+
+    async def body() -> None:
+        results = await publish(adapter.publisher(), batch)
+        for i in (1, 3):
+            assert isinstance(results[i], DestinationUnavailableError), results[i]
+            assert str(batch[i].id) in str(results[i])
+        assert [results[i] for i in (0, 2, 4)] == [None] * 3
+        assert by_id(await adapter.read(3)) == by_id(good)
 
     run(adapter, body)
 

@@ -5,12 +5,16 @@ connection (failing every message in flight), so the adapter refuses the one mes
 from __future__ import annotations
 
 import pytest
-from contract_harness import NatsHarness, reachable
+from contract_harness import NatsHarness
+from services import require_port
 from test_contract import make_envelope, publish, run
 
 from relay.exceptions import PermanentPublishError
 
-pytestmark = pytest.mark.skipif(not reachable(4222), reason="NATS is not reachable on 4222")
+
+@pytest.fixture(autouse=True)
+def _nats() -> None:
+    require_port(4222, "NATS")
 
 
 @pytest.mark.parametrize(

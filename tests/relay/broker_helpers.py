@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 import uuid
 from typing import Any
 
-import pytest
+from services import require_port
 
 
 def need(port: int, name: str) -> None:
-    """Skip the test when the broker on ``port`` is not running."""
-    with socket.socket() as sock:
-        sock.settimeout(1)
-        if sock.connect_ex(("127.0.0.1", port)) != 0:
-            pytest.skip(f"{name} is not reachable on 127.0.0.1:{port}; start it to run this test")
+    """The test needs the broker on ``port`` (skipped locally, failed under CI, if missing)."""
+    require_port(port, name)
 
 
 class _Link:

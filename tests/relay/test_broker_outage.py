@@ -17,9 +17,14 @@ from relay.brokers import publisher_for_url
 
 
 def _rows(url: str) -> list[tuple[str, int, str, int]]:
+    """(key, seq, status, attempts charged). A claim counts its attempt when it leases the row
+    and a release gives it back, both in the statement that sets or clears the lease; so a row
+    read while a claim is in flight shows that claim's attempt. Reading the lease in the same
+    snapshot leaves it out: this read once raced a claim under load and saw 1 for an outage."""
     with psycopg.connect(url) as conn:
         return conn.execute(  # type: ignore[return-value]
-            "SELECT key, seq, status, attempts FROM outbox_messages ORDER BY key, seq"
+            "SELECT key, seq, status, attempts - (lease_token IS NOT NULL)::int "
+            "FROM outbox_messages ORDER BY key, seq"
         ).fetchall()
 
 

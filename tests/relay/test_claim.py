@@ -163,6 +163,7 @@ def test_claim_locks_at_most_limit_heads_with_nested_loops(url: str) -> None:
             "owner": "r",
             "token": uuid.uuid4(),
             "lease_seconds": 5,
+            "paused": [],
             **config(url).dead_policy_params(),
         }
         rows = conn.execute(S.claim, params).fetchall()
@@ -180,6 +181,7 @@ def _claim_params(url: str, **kw: Any) -> dict[str, Any]:
         "owner": "r",
         "token": uuid.uuid4(),
         "lease_seconds": 5,
+        "paused": [],
         **config(url).dead_policy_params(),
         **kw,
     }
@@ -334,9 +336,11 @@ def test_relay_claim_after_a_batch_that_was_not_full_is_one_statement(
     starts: list[tuple[str, str]] = []
     real = _claim_module._claim_from
 
-    async def counting(conn: Any, stmts: Any, cfg: Any, after: tuple[str, str]) -> Any:
+    async def counting(
+        conn: Any, stmts: Any, cfg: Any, after: tuple[str, str], paused: Any
+    ) -> Any:
         starts.append(after)
-        return await real(conn, stmts, cfg, after)
+        return await real(conn, stmts, cfg, after, paused)
 
     monkeypatch.setattr(_claim_module, "_claim_from", counting)
 
@@ -356,3 +360,43 @@ def test_relay_claim_after_a_batch_that_was_not_full_is_one_statement(
         assert starts == [("", "")]
 
     asyncio.run(go())
+
+
+def _keys_visited(plan: Any) -> int:
+    """Rows produced by the claim's walk over keys (the `keys` CTE), from EXPLAIN ANALYZE."""
+    if isinstance(plan, dict):
+        if plan.get("Node Type") == "CTE Scan" and plan.get("CTE Name") == "keys":
+            return int(plan["Actual Rows"]) * int(plan.get("Actual Loops", 1))
+        return max((_keys_visited(v) for v in plan.values()), default=0)
+    if isinstance(plan, list):
+        return max((_keys_visited(v) for v in plan), default=0)
+    return 0
+
+
+def test_a_paused_topic_is_skipped_without_walking_its_keys(url: str) -> None:
+    """A topic whose destination refuses messages is paused: the claim takes none of its rows
+    and jumps past all its keys in one probe, so a large paused backlog costs nothing."""
+    write(url, [("a-paused", f"k{i:04d}") for i in range(400)] + [("b", "k1"), ("b", "k2")])
+    write(url, [("0-first", "k1")])
+    with psycopg.connect(url, autocommit=True) as conn:
+        params = {
+            "limit": 50,
+            "after_topic": "",
+            "after_key": "",
+            "per_key": 5,
+            "owner": "r",
+            "token": uuid.uuid4(),
+            "lease_seconds": 5,
+            "paused": ["a-paused"],
+            **config(url).dead_policy_params(),
+        }
+        explain = b"EXPLAIN (ANALYZE, FORMAT JSON) " + S.claim
+        [(plan,)] = conn.execute(explain, params).fetchall()
+        conn.execute("UPDATE outbox_messages SET lease_token = NULL, lease_until = NULL")
+        rows = conn.execute(S.claim, {**params, "token": uuid.uuid4()}).fetchall()
+        without = conn.execute(
+            S.claim, {**params, "token": uuid.uuid4(), "paused": [], "limit": 500}
+        ).fetchall()
+    assert sorted((r[1], r[2]) for r in rows) == [("0-first", "k1"), ("b", "k1"), ("b", "k2")]
+    assert _keys_visited(plan) <= 6  # 0-first, a-paused's first key, b's two, the ends
+    assert len(without) == 400  # not paused: its heads are claimed as usual
