@@ -1,0 +1,521 @@
+"""The fault-injection suite: a real workload under a nemesis, then a check of the history.
+
+Workload (each scenario on fresh infrastructure of its own, see infra.py):
+* producer threads commit an ``orders`` row and its message with ``publish()`` in one
+  transaction, over a few hundred keys; about 10 % roll back, some re-publish an idempotency key
+  (a no-op), about 1 % carry a poison payload (their consumer handler always fails), some try an
+  oversized payload (refused by ``publish()``, nothing written), and in the late-commit scenario
+  some hold their transaction open for seconds before committing;
+* two relay processes (``outbox relay``) publish to NATS JetStream through a TCP proxy;
+* two ordered consumer processes (inbox, ``on_dead="skip"``) apply one ``effects`` row per
+  message in the inbox's transaction.
+
+A nemesis injects one kind of fault while the producers run; then the fault is healed, the
+producers stop, and the suite waits for the consumers to apply everything committed.
+
+The check, from the databases alone: **lost** (committed, never applied by a consumer),
+**duplicates** (one consumer applied one message twice), **order violations** (a consumer
+applied a key's messages out of seq order), **phantoms** (applied, never committed), dead
+letters expected (poison) or not, and the seconds from the heal until every committed message
+was applied. A commit whose outcome the producer could not know (its connection was cut
+mid-commit) counts as committed exactly when its row is in the outbox afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from infra import NatsServer, PgCluster, Proxy
+
+from outbox import PayloadTooLargeError, publish
+from outbox._migrate import upgrade
+
+HERE = Path(__file__).resolve().parent
+STREAM, TOPIC = "FAULTS", "orders"
+CONSUMERS = ("billing", "shipping")
+LEASE = 4.0
+PUBLISH_TIMEOUT = 2.5  # < the lease; the relay gives its adapter 80 % of it
+
+SCHEMA = """
+CREATE TABLE orders (id uuid PRIMARY KEY, key text NOT NULL);
+CREATE TABLE effects (
+    n bigserial PRIMARY KEY, consumer text NOT NULL, message_id uuid NOT NULL,
+    topic text NOT NULL, key text NOT NULL, seq bigint NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+"""
+
+
+@dataclass
+class History:
+    """What the producers know: committed ids, rolled-back ids, commits of unknown outcome."""
+
+    committed: set[uuid.UUID] = field(default_factory=set)
+    rolled_back: set[uuid.UUID] = field(default_factory=set)
+    unknown: set[uuid.UUID] = field(default_factory=set)
+    poison: set[uuid.UUID] = field(default_factory=set)
+    refused_oversized: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class Result:
+    scenario: str
+    committed: int
+    unknown_outcome: int
+    lost: int
+    duplicates: int
+    order_violations: int
+    phantoms: int
+    dead_expected: int
+    dead_unexpected: int
+    recovery_seconds: float
+    unclean_exits: int = 0
+    notes: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicates or self.order_violations or self.phantoms
+                    or self.dead_unexpected or self.unclean_exits)  # fmt: skip
+
+
+class World:
+    """The private infrastructure, the relays and the consumers of one scenario."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.pg = PgCluster()
+        self.nats = NatsServer()
+        self.pg_proxy = Proxy(self.pg.port)  # producers reach the database through it
+        self.broker_proxy = Proxy(self.nats.port)  # relays reach the broker through it
+        with psycopg.connect(self.pg.admin_url, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE app")
+        self.url = self.pg.url("app")
+        self.producer_url = f"postgresql://postgres@127.0.0.1:{self.pg_proxy.port}/app"
+        upgrade(self.url)
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(SCHEMA)
+        self._streams()
+        self.relays: list[subprocess.Popen[bytes] | None] = [None, None]
+        self.consumers: list[subprocess.Popen[bytes] | None] = [None, None]
+        self.crash_probability = 0.0
+        self.supervise = True
+        #: relays that did not exit 0 within their shutdown bound after a SIGTERM
+        self.unclean_exits = 0
+        self._stop = threading.Event()
+        for i in range(2):
+            self.start_relay(i)
+            self.start_consumer(i)
+        self._watch = threading.Thread(target=self._supervisor, daemon=True)
+        self._watch.start()
+
+    def _streams(self) -> None:
+        import asyncio
+
+        import nats
+        from nats.js.api import ConsumerConfig
+
+        async def make() -> None:
+            nc = await nats.connect(self.nats.url)
+            js = nc.jetstream()
+            await js.add_stream(name=STREAM, subjects=[TOPIC], duplicate_window=120)
+            for name in CONSUMERS:  # a short ack_wait: a crashed consumer's messages return soon
+                await js.add_consumer(
+                    STREAM, ConsumerConfig(durable_name=name, ack_wait=2.0, ack_policy="explicit")
+                )
+            await nc.close()
+
+        asyncio.run(make())
+
+    def _spawn(
+        self, args: list[str], name: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        with open(self.log_dir / f"{name}.log", "ab") as log:  # the child keeps its own copy
+            return subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
+
+    def start_relay(self, i: int) -> None:
+        self.relays[i] = self._spawn(
+            [sys.executable, "-m", "outbox.cli", "relay", "--url", self.url,
+             "--broker", f"nats://127.0.0.1:{self.broker_proxy.port}",
+             "--lease-seconds", str(LEASE), "--poll-interval", "0.2", "--batch-size", "100"],
+            f"relay{i}",
+            {"OUTBOX_RELAY_PUBLISH_TIMEOUT": str(PUBLISH_TIMEOUT),
+             "OUTBOX_RELAY_SHUTDOWN_TIMEOUT": "5", "OUTBOX_RELAY_HEARTBEAT_INTERVAL": "1"},
+        )  # fmt: skip
+
+    def start_consumer(self, i: int) -> None:
+        self.consumers[i] = self._spawn(
+            [sys.executable, str(HERE / "consumer_proc.py"), self.url, self.nats.url, STREAM,
+             CONSUMERS[i], str(self.crash_probability)],
+            f"consumer{i}",
+        )  # fmt: skip
+
+    def _supervisor(self) -> None:
+        """Restart a relay or consumer that died (killed, or exited on a lost broker)."""
+        while not self._stop.wait(0.3):
+            if not self.supervise:
+                continue
+            for i, proc in enumerate(self.relays):
+                if proc is None or proc.poll() is not None:
+                    self.start_relay(i)
+            for i, proc in enumerate(self.consumers):
+                if proc is None or proc.poll() is not None:
+                    self.start_consumer(i)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._watch.join(5)
+        for proc in [*self.relays, *self.consumers]:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        self.pg_proxy.close()
+        self.broker_proxy.close()
+        self.nats.stop()
+        self.pg.stop()
+
+
+# ---- the workload ------------------------------------------------------------------------
+
+
+def _produce(world: World, history: History, stop: threading.Event, seed: int,
+             late_commits: bool) -> None:  # fmt: skip
+    rng = random.Random(seed)
+    keys = [f"order-{seed}-{i}" for i in range(40)]
+    idem: list[tuple[str, str]] = []
+    conn: psycopg.Connection[Any] | None = None
+    while not stop.is_set():
+        try:
+            if conn is None or conn.closed:
+                conn = psycopg.connect(world.producer_url, connect_timeout=3)
+            key = rng.choice(keys)
+            order_id = uuid.uuid4()
+            poison = rng.random() < 0.01
+            roll = rng.random()
+            payload = {"order": str(order_id), "poison": poison}
+            if roll < 0.03:  # oversized: refused before anything is written
+                try:
+                    publish(conn, topic=TOPIC, key=key, payload={"blob": "x" * 2_000_000})
+                except PayloadTooLargeError:
+                    with history.lock:
+                        history.refused_oversized += 1
+                conn.rollback()
+                continue
+            conn.execute("INSERT INTO orders (id, key) VALUES (%s, %s)", (order_id, key))
+            if roll < 0.08 and idem:  # re-publish an earlier idempotency key: a no-op
+                ikey_topic_key = rng.choice(idem)
+                msg_id = publish(conn, topic=TOPIC, key=ikey_topic_key[1], payload=payload,
+                                 idempotency_key=ikey_topic_key[0])  # fmt: skip
+                published_again = True
+            elif roll < 0.15:
+                ikey = f"idem-{uuid.uuid4()}"
+                msg_id = publish(conn, topic=TOPIC, key=key, payload=payload, idempotency_key=ikey)
+                idem.append((ikey, key))
+                published_again = False
+            else:
+                msg_id = publish(conn, topic=TOPIC, key=key, payload=payload)
+                published_again = False
+            if rng.random() < 0.10:
+                conn.rollback()
+                if not published_again:
+                    with history.lock:
+                        history.rolled_back.add(msg_id)
+                continue
+            if late_commits and rng.random() < 0.05:
+                time.sleep(rng.uniform(1.0, 4.0))  # holds its key's counter row meanwhile
+            try:
+                conn.commit()
+            except psycopg.OperationalError:
+                with history.lock:
+                    history.unknown.add(msg_id)
+                conn.close()
+                conn = None
+                continue
+            with history.lock:
+                history.committed.add(msg_id)
+                if poison and not published_again:
+                    history.poison.add(msg_id)
+            time.sleep(rng.uniform(0.0, 0.01))
+        except psycopg.Error:
+            if conn is not None:  # the database is away (crash, cut): reconnect and go on
+                conn.close()
+            conn = None
+            time.sleep(0.2)
+    if conn is not None:
+        conn.close()
+
+
+# ---- the nemeses ---------------------------------------------------------------------------
+
+
+def _relay_kill9(world: World, stop: threading.Event) -> str:
+    n = 0
+    while not stop.wait(random.uniform(1.0, 2.5)):
+        proc = world.relays[random.randrange(2)]
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            n += 1
+    return f"{n} relay kill -9"
+
+
+def _relay_pause(world: World, stop: threading.Event) -> str:
+    n = 0
+    while not stop.wait(1.0):
+        proc = world.relays[n % 2]
+        if proc is None or proc.poll() is not None:
+            continue
+        proc.send_signal(signal.SIGSTOP)  # past its lease: its rows are taken over
+        stop.wait(LEASE * 2)
+        proc.send_signal(signal.SIGCONT)  # wakes up holding stale leases: must be fenced
+        n += 1
+    return f"{n} relay SIGSTOP for {LEASE * 2:g}s (lease {LEASE:g}s)"
+
+
+def _broker_kill9(world: World, stop: threading.Event) -> str:
+    n = 0
+    while not stop.wait(3.0):
+        world.nats.kill()
+        time.sleep(1.5)
+        world.nats.start()
+        n += 1
+    return f"{n} nats-server kill -9 and restart"
+
+
+def _broker_blackhole(world: World, stop: threading.Event) -> str:
+    n = 0
+    while not stop.wait(2.0):
+        world.broker_proxy.blackhole()
+        time.sleep(4.0)
+        world.broker_proxy.heal()
+        world.broker_proxy.cut()  # the stuck connections go; clients reconnect
+        n += 1
+    return f"{n} relay-broker black-holes of 4s"
+
+
+def _postgres_crash(world: World, stop: threading.Event) -> str:
+    n = 0
+    while not stop.wait(4.0):
+        world.pg.crash()
+        time.sleep(1.0)
+        world.pg.start()
+        n += 1
+    return f"{n} PostgreSQL immediate stops and restarts"
+
+
+def _producer_cut(world: World, stop: threading.Event) -> str:
+    n = 0
+    while not stop.wait(random.uniform(0.3, 1.0)):
+        world.pg_proxy.cut()  # commits in flight: outcome unknown to the producer
+        n += 1
+    return f"{n} cuts of the producers' connections"
+
+
+def _consumer_crash(world: World, stop: threading.Event) -> str:
+    stop.wait()
+    return "consumers SIGKILL themselves after 2% of commits, before the ack"
+
+
+def _sigterm_broker_down(world: World, stop: threading.Event) -> str:
+    exits: list[str] = []
+    while not stop.wait(3.0):
+        world.nats.kill()
+        world.supervise = False
+        for i, proc in enumerate(world.relays):
+            if proc is None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = -9
+            exits.append(f"relay{i}:{code}")
+            world.unclean_exits += code != 0
+        world.nats.start()
+        world.supervise = True
+    clean = all(e.endswith(":0") for e in exits)
+    verdict = "clean" if clean else "NOT clean"
+    return f"SIGTERM with the broker down: exits {', '.join(exits)} ({verdict})"
+
+
+def _nothing(world: World, stop: threading.Event) -> str:
+    stop.wait()
+    return "no fault"
+
+
+def _late_commits(world: World, stop: threading.Event) -> str:
+    stop.wait()  # the producers hold the commits open themselves (Scenario.late_commits)
+    return "5% of producer commits held open 1-4 s"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    nemesis: Callable[[World, threading.Event], str]
+    crash_probability: float = 0.0
+    late_commits: bool = False
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario("baseline", _nothing),
+        Scenario("relay-kill-9", _relay_kill9),
+        Scenario("relay-paused-past-lease", _relay_pause),
+        Scenario("broker-kill-9", _broker_kill9),
+        Scenario("relay-broker-blackhole", _broker_blackhole),
+        Scenario("postgres-crash", _postgres_crash),
+        Scenario("producer-cut-mid-commit", _producer_cut),
+        Scenario("consumer-kill-9-after-commit", _consumer_crash, crash_probability=0.02),
+        Scenario("late-commits", _late_commits, late_commits=True),
+        Scenario("sigterm-broker-down", _sigterm_broker_down),
+    )
+}
+SHORT = ("relay-kill-9", "consumer-kill-9-after-commit", "broker-kill-9")
+
+
+# ---- running and checking ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _world(log_dir: Path) -> Iterator[World]:
+    world = World(log_dir)
+    try:
+        yield world
+    finally:
+        world.close()
+
+
+def _applied(url: str) -> dict[str, list[tuple[uuid.UUID, str, int]]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT consumer, message_id, key, seq FROM effects ORDER BY n"
+        ).fetchall()
+    out: dict[str, list[tuple[uuid.UUID, str, int]]] = {c: [] for c in CONSUMERS}
+    for consumer, message_id, key, seq in rows:
+        out[consumer].append((message_id, key, int(seq)))
+    return out
+
+
+def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0) -> Result:
+    """One scenario: workload under its nemesis for ``seconds``, heal, settle, check."""
+    scenario = SCENARIOS[name]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    history = History()
+    with _world(log_dir) as world:
+        world.crash_probability = scenario.crash_probability
+        if scenario.crash_probability:
+            for i in range(2):
+                proc = world.consumers[i]
+                if proc is not None:
+                    proc.kill()  # the supervisor restarts them with the crash probability
+        stop = threading.Event()
+        producers = [
+            threading.Thread(target=_produce, args=(world, history, stop, seed,
+                                                    scenario.late_commits))
+            for seed in range(3)
+        ]  # fmt: skip
+        for t in producers:
+            t.start()
+        notes: list[str] = []
+        nemesis = threading.Thread(target=lambda: notes.append(scenario.nemesis(world, stop)))
+        nemesis.start()
+        time.sleep(seconds)
+        stop.set()
+        nemesis.join(60)
+        for t in producers:
+            t.join(60)
+        world.broker_proxy.heal()
+        world.crash_probability = 0.0
+        healed = time.monotonic()
+        # the truth about commits of unknown outcome, from the database
+        with psycopg.connect(world.url) as conn:
+            in_outbox = {r[0] for r in conn.execute("SELECT id FROM outbox_messages")}
+        committed = history.committed | (history.unknown & in_outbox)
+        expected = committed - history.poison
+        deadline = time.monotonic() + settle_timeout
+        recovered = float("nan")
+        while time.monotonic() < deadline:
+            applied = _applied(world.url)
+            if all(expected <= {m for m, _, _ in applied[c]} for c in CONSUMERS):
+                recovered = time.monotonic() - healed
+                break
+            time.sleep(0.5)
+        applied = _applied(world.url)
+        with psycopg.connect(world.url) as conn:
+            dead = {
+                (r[0], r[1])
+                for r in conn.execute(
+                    "SELECT consumer, message_id FROM inbox_messages WHERE status = 'dead'"
+                )
+            }
+            outbox_ids = {r[0] for r in conn.execute("SELECT id FROM outbox_messages")}
+        unclean = world.unclean_exits
+    lost = duplicates = order = phantoms = 0
+    for consumer in CONSUMERS:
+        ids = [m for m, _, _ in applied[consumer]]
+        lost += len(expected - set(ids))
+        duplicates += len(ids) - len(set(ids))
+        # a committed message is a row of the outbox (nothing is deleted here): any other id
+        # applied is a phantom, a rolled-back message or one nobody wrote
+        phantoms += len({m for m in ids if m not in outbox_ids})
+        last: dict[str, int] = {}
+        for _, key, seq in applied[consumer]:
+            if seq <= last.get(key, 0):
+                order += 1
+            last[key] = seq
+    dead_expected = sum(1 for c, m in dead if m in history.poison)
+    dead_unexpected = len(dead) - dead_expected
+    return Result(
+        scenario=name,
+        committed=len(committed),
+        unknown_outcome=len(history.unknown),
+        lost=lost,
+        duplicates=duplicates,
+        order_violations=order,
+        phantoms=phantoms,
+        dead_expected=dead_expected,
+        dead_unexpected=dead_unexpected,
+        recovery_seconds=round(recovered, 1),
+        unclean_exits=unclean,
+        notes="; ".join([*notes, f"{history.refused_oversized} oversized refused at publish"]),
+    )
+
+
+def table(results: list[Result]) -> str:
+    head = (
+        "| scenario | committed | unknown outcome | lost | duplicate effects | order violations "
+        "| phantoms | dead (expected / unexpected) | recovery s | faults injected |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [
+        f"| {r.scenario} | {r.committed} | {r.unknown_outcome} | {r.lost} | {r.duplicates} | "
+        f"{r.order_violations} | {r.phantoms} | {r.dead_expected} / {r.dead_unexpected} | "
+        f"{r.recovery_seconds} | {r.notes} |"
+        for r in results
+    ]
+    return "\n".join([head, *rows])
+
+
+def as_json(results: list[Result]) -> str:
+    return json.dumps([{**r.__dict__, "ok": r.ok} for r in results], indent=2)
+
+
+if __name__ == "__main__":  # pragma: no cover - see run.py
+    print(os.path.basename(__file__), "is a library: python tests/faults/run.py --help")
