@@ -15,7 +15,7 @@ Record the message first, in the transaction that applies its effect; a redelive
 from __future__ import annotations
 
 from inbox._blocked import BlockedKey, blocked_keys
-from inbox._consumer import BrokerConsumer
+from inbox._consumer import Batching, BrokerConsumer
 from inbox._dead import HeldFilter, HeldKey, dead_audit, dead_purge, dead_retry, held_keys
 from inbox._kafka import KafkaConsumer
 from inbox._metrics import InboxMetrics
@@ -30,6 +30,7 @@ from inbox.exceptions import ConcurrentDeliveryError, InboxError, OutOfOrderErro
 
 __all__ = [
     "AsyncHandlerRunner",
+    "Batching",
     "BlockedKey",
     "BrokerConsumer",
     "ConcurrentDeliveryError",

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from inbox._receive import invalid_ref
@@ -20,12 +22,50 @@ from inbox._runner import AsyncAlso, AsyncHandlerRunner, Result
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError, InvalidMessageError
 
-__all__ = ["BrokerConsumer", "ResultCallback"]
+__all__ = ["Batching", "BrokerConsumer", "Delivery", "ResultCallback"]
 
 log = logging.getLogger("inbox.consumer")
 
 #: ``on_result(envelope, result)``, called after each delivery is settled in the database.
 ResultCallback = Callable[[Envelope, Result], object]
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How a broker consumer groups deliveries into transactions and spreads them over workers.
+
+    ``size``: at most this many messages per transaction (``runner.handle_batch``); a worker
+    takes what has arrived, waiting up to ``wait`` seconds for more once it has one.
+    ``workers``: tasks applying batches side by side; a message goes to the worker of its
+    (topic, key) hash, so one key's messages stay in order while other keys proceed. Each
+    worker buffers at most ``2 * size`` messages: when a key is slow, its worker's buffer
+    fills and the consumer stops taking messages from the broker (bounded memory).
+    """
+
+    size: int = 100
+    wait: float = 0.005
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or not 1 <= self.size <= 10_000:
+            raise ConfigurationError(f"Batching.size must be 1..10000, not {self.size!r}")
+        if not isinstance(self.workers, int) or not 1 <= self.workers <= 256:
+            raise ConfigurationError(f"Batching.workers must be 1..256, not {self.workers!r}")
+        if not 0 <= self.wait <= 10:
+            raise ConfigurationError(f"Batching.wait must be 0..10 seconds, not {self.wait!r}")
+
+
+#: one message at a time, one transaction each, in arrival order
+SINGLE = Batching(size=1, wait=0.0, workers=1)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One broker message on its way to the inbox: how to decode it, and how to settle it at
+    the broker once its outcome is committed (``None``: not a valid outbox envelope)."""
+
+    decode: Callable[[], Envelope]
+    settle: Callable[[Result | None], Awaitable[object]]
 
 
 class BrokerConsumer:
@@ -39,6 +79,7 @@ class BrokerConsumer:
         redeliver_delay: float = 1.0,
         on_result: ResultCallback | None = None,
         hold_interval: float = 1.0,
+        batching: Batching | None = None,
     ) -> None:
         if not isinstance(runner, AsyncHandlerRunner):
             raise ConfigurationError(
@@ -48,8 +89,17 @@ class BrokerConsumer:
             raise ConfigurationError(f"redeliver_delay must be >= 0, not {redeliver_delay!r}")
         if not hold_interval > 0:
             raise ConfigurationError(f"hold_interval must be > 0 seconds, not {hold_interval!r}")
+        if batching is not None and not isinstance(batching, Batching):
+            raise ConfigurationError(
+                f"batching must be an inbox.Batching, not {type(batching).__name__}"
+            )
         self.runner = runner
         self.redeliver_delay = redeliver_delay
+        self.batching = batching or SINGLE
+        self._queues: list[asyncio.Queue[tuple[Envelope, Delivery]]] = []
+        self._workers: list[asyncio.Task[None]] = []
+        self._busy: list[asyncio.Lock] = []
+        self._crash: BaseException | None = None
         #: seconds between looks for decided held messages and parked ones whose turn came
         self.hold_interval = hold_interval
         #: seconds between refreshes of the blocked and held keys gauges (with metrics)
@@ -74,13 +124,95 @@ class BrokerConsumer:
         blocked and held keys gauges every ``gauge_interval`` (a runner with metrics)."""
         needed = self.runner.holds or self.runner.metrics.enabled
         keeper = asyncio.create_task(self._upkeep()) if needed else None
+        self._start_workers()
         try:
             await self._consume()
         finally:
+            await self._finish_workers()  # a no-op when the subclass finished them already
             if keeper is not None:
                 keeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await keeper
+        if self._crash is not None:
+            raise self._crash
+
+    # ---- workers: batches, parallel by key ------------------------------------------------
+
+    def _start_workers(self) -> None:
+        n, size = self.batching.workers, self.batching.size
+        self._queues = [asyncio.Queue(maxsize=2 * size) for _ in range(n)]
+        self._busy = [asyncio.Lock() for _ in range(n)]
+        self._workers = [asyncio.create_task(self._work(i)) for i in range(n)]
+
+    async def _submit(self, delivery: Delivery) -> None:
+        """Hand one broker message to the worker of its key; waits while that worker's buffer
+        is full. A message that is not a valid envelope is settled here at once."""
+        try:
+            envelope = delivery.decode()
+            self.runner.check(envelope)
+        except (InvalidMessageError, UnicodeDecodeError) as exc:
+            log.error("inbox: a broker message is not a valid outbox envelope: %s", exc)
+            await self._settle_invalid(None if isinstance(exc, UnicodeDecodeError) else
+                                       _decoded(delivery), exc, None)  # fmt: skip
+            await delivery.settle(None)
+            return
+        route = zlib.crc32(f"{envelope.topic}\x00{envelope.key}".encode()) % len(self._queues)
+        await self._queues[route].put((envelope, delivery))
+
+    async def _work(self, index: int) -> None:
+        queue, loop = self._queues[index], asyncio.get_running_loop()
+        while True:
+            batch = [await queue.get()]
+            deadline = loop.time() + self.batching.wait
+            while len(batch) < self.batching.size:
+                try:
+                    batch.append(queue.get_nowait())
+                    continue
+                except asyncio.QueueEmpty:
+                    pass
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(queue.get(), remaining))
+                except TimeoutError:
+                    break
+            async with self._busy[index]:
+                try:
+                    await self._settle_batch(batch)
+                except Exception as exc:  # not a handler failure (a broker ack): stop, surface
+                    log.error("inbox: consumer worker failed: %s", exc)
+                    self._crash = self._crash or exc
+                    self.stop()
+                    return
+
+    async def _settle_batch(self, batch: list[tuple[Envelope, Delivery]]) -> None:
+        envelopes = [envelope for envelope, _ in batch]
+        if len(batch) == 1:
+            results = [await self.runner.handle(envelopes[0])]
+        else:
+            results = await self.runner.handle_batch(envelopes)
+        for envelope, result in zip(envelopes, results, strict=True):
+            if self._on_result is not None:
+                self._on_result(envelope, result)
+        settled = [d.settle(r) for (_, d), r in zip(batch, results, strict=True)]
+        await asyncio.gather(*settled)  # redelivery delays overlap instead of adding up
+
+    async def _finish_workers(self) -> None:
+        """Let every worker finish the batch in hand (committed, then settled at the broker),
+        then stop them; messages still buffered are not settled, so the broker redelivers
+        them. Subclasses call it before they close the broker connection."""
+        workers, self._workers = self._workers, []
+        for index, task in enumerate(workers):
+            async with self._busy[index]:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for _ in range(3):  # release producers blocked on a full buffer; what they put is dropped
+            for queue in self._queues:
+                while not queue.empty():
+                    queue.get_nowait()
+            await asyncio.sleep(0)
 
     async def _consume(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -146,6 +278,14 @@ class BrokerConsumer:
         """Wait up to ``seconds``, returning early when stop() is called."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
+
+
+def _decoded(delivery: Delivery) -> Envelope | None:
+    """The envelope of a delivery whose decoding succeeded but whose fields are invalid."""
+    try:
+        return delivery.decode()
+    except (InvalidMessageError, UnicodeDecodeError):
+        return None
 
 
 def settle_later(delay: float, callback: Callable[..., Any], *args: Any) -> None:

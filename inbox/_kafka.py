@@ -14,11 +14,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from inbox._consumer import BrokerConsumer, ResultCallback
-from inbox._runner import AsyncAlso, AsyncHandlerRunner
+from inbox._consumer import Batching, BrokerConsumer, ResultCallback
+from inbox._runner import AsyncAlso, AsyncBatchAlso, AsyncHandlerRunner, Result
 from inbox._wire import decode_kafka
 from outbox._connections import resolve_async
-from outbox.exceptions import ConfigurationError
+from outbox.envelope import Envelope
+from outbox.exceptions import ConfigurationError, InvalidMessageError
 
 __all__ = ["KafkaConsumer"]
 
@@ -26,11 +27,15 @@ log = logging.getLogger("inbox.consumer")
 
 
 class KafkaConsumer(BrokerConsumer):
-    """Consume ``topics`` in the consumer group of ``config["group.id"]``, one message at a time.
+    """Consume ``topics`` in the consumer group of ``config["group.id"]``.
 
-    A failed or out-of-order message is not committed: the consumer seeks back to it and polls
-    it again after ``redeliver_delay`` (later messages of its partition wait behind it).
-    ``enable.auto.commit`` and ``enable.auto.offset.store`` are forced off.
+    One message per transaction by default; with ``batching`` up to ``batching.size`` polled
+    messages per transaction (Kafka's parallelism is the partition: run more members of the
+    group, so ``batching.workers`` must be 1). Offsets are committed after the database commit,
+    per partition up to its first message not settled. A failed or out-of-order message is not
+    committed: the consumer seeks back to it and polls it again after ``redeliver_delay``
+    (later messages of its partition wait behind it, and come back as duplicates if they were
+    applied). ``enable.auto.commit`` and ``enable.auto.offset.store`` are forced off.
     """
 
     def __init__(
@@ -44,8 +49,17 @@ class KafkaConsumer(BrokerConsumer):
         redeliver_delay: float = 1.0,
         on_result: ResultCallback | None = None,
         schema: str | None = None,
+        batching: Batching | None = None,
     ) -> None:
-        super().__init__(runner, redeliver_delay=redeliver_delay, on_result=on_result)
+        super().__init__(
+            runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
+        )
+        if self.batching.workers != 1:
+            raise ConfigurationError(
+                "KafkaConsumer takes batching.workers=1: offsets are committed per partition in "
+                "order, so a partition cannot be applied by several workers; run more members "
+                "of the consumer group (more partitions) to apply in parallel"
+            )
         missing = [k for k in ("bootstrap.servers", "group.id") if k not in config]
         if missing or not topics:
             raise ConfigurationError(
@@ -80,7 +94,17 @@ class KafkaConsumer(BrokerConsumer):
                 if msg.error():
                     log.warning("inbox: kafka error: %s", msg.error())
                     continue
-                await self._one(loop, consumer, msg)
+                if self.batching.size == 1:
+                    await self._one(loop, consumer, msg)
+                    continue
+                more = await loop.run_in_executor(
+                    None, consumer.consume, self.batching.size - 1, self.batching.wait
+                )
+                for extra in more:
+                    if extra.error():
+                        log.warning("inbox: kafka error: %s", extra.error())
+                batch = [msg, *(m for m in more if not m.error())]
+                await self._batch(loop, consumer, batch)
         finally:
             await loop.run_in_executor(None, consumer.close)
 
@@ -128,3 +152,64 @@ class KafkaConsumer(BrokerConsumer):
         else:
             consumer.seek(TopicPartition(msg.topic(), msg.partition(), msg.offset()))
             await self._wait_stopping(self.redeliver_delay)
+
+    async def _batch(self, loop: asyncio.AbstractEventLoop, consumer: Any, msgs: list[Any]) -> None:
+        from confluent_kafka import TopicPartition
+
+        acks = [True] * len(msgs)  # an invalid message is settled (recorded dead) at once
+        valid: list[int] = []
+        envelopes: list[Envelope] = []
+        for i, msg in enumerate(msgs):
+            envelope: Envelope | None = None
+            try:
+                envelope = decode_kafka(msg.headers(), msg.value())
+                self.runner.check(envelope)
+            except (InvalidMessageError, UnicodeDecodeError) as exc:
+                log.error("inbox: a broker message is not a valid outbox envelope: %s", exc)
+                await self._settle_invalid(envelope, exc, None)
+                continue
+            valid.append(i)
+            envelopes.append(envelope)
+        results: list[Result] = []
+        if envelopes:
+            also = self._store_offsets(msgs, valid) if self.offsets_in_db else None
+            results = await self.runner.handle_batch(envelopes, also=also)
+        for i, envelope, result in zip(valid, envelopes, results, strict=True):
+            acks[i] = result.outcome.ack
+            if self._on_result is not None:
+                self._on_result(envelope, result)
+        positions = _next_offsets(msgs, acks)
+        commit = [TopicPartition(t, p, offset) for (t, p), (offset, _) in positions.items()]
+        await loop.run_in_executor(
+            None, functools.partial(consumer.commit, offsets=commit, asynchronous=False)
+        )
+        behind = [TopicPartition(t, p, o) for (t, p), (o, redo) in positions.items() if redo]
+        for partition in behind:
+            consumer.seek(partition)
+        if behind:
+            await self._wait_stopping(self.redeliver_delay)
+
+    def _store_offsets(self, msgs: list[Any], valid: list[int]) -> AsyncBatchAlso:
+        async def store(target: Any, acks: list[bool]) -> None:
+            full = [True] * len(msgs)
+            for i, ack in zip(valid, acks, strict=True):
+                full[i] = ack
+            raw = await resolve_async(target)
+            for (topic, partition), (offset, _) in _next_offsets(msgs, full).items():
+                params = {"consumer": self.runner.consumer, "topic": topic,
+                          "partition": partition, "next_offset": offset}  # fmt: skip
+                await raw.execute(self._stmts.kafka_offset_store, params)
+
+        return store
+
+
+def _next_offsets(msgs: list[Any], acks: list[bool]) -> dict[tuple[str, int], tuple[int, bool]]:
+    """Per partition, the offset to resume from (its first message not acknowledged, else one
+    past its last) and whether the consumer must seek back to it."""
+    out: dict[tuple[str, int], tuple[int, bool]] = {}
+    for msg, ack in zip(msgs, acks, strict=True):
+        where = (msg.topic(), msg.partition())
+        if out.get(where, (0, False))[1]:
+            continue  # behind an earlier message of its partition that was not settled
+        out[where] = (msg.offset() + 1, False) if ack else (msg.offset(), True)
+    return out

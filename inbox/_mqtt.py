@@ -8,10 +8,11 @@ persistent session (same ``client_id``, ``clean_start=False``) reconnects.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
-from inbox._consumer import BrokerConsumer, ResultCallback
-from inbox._runner import AsyncHandlerRunner
+from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
+from inbox._runner import AsyncHandlerRunner, Result
 from inbox._wire import decode_mqtt
 from outbox.exceptions import ConfigurationError
 
@@ -33,8 +34,11 @@ class MqttConsumer(BrokerConsumer):
         redeliver_delay: float = 1.0,
         connect_timeout: float = 10.0,
         on_result: ResultCallback | None = None,
+        batching: Batching | None = None,
     ) -> None:
-        super().__init__(runner, redeliver_delay=redeliver_delay, on_result=on_result)
+        super().__init__(
+            runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
+        )
         if not client_id:
             raise ConfigurationError("client_id is required: it names the persistent session")
         self.topic, self.client_id, self.host, self.port = topic, client_id, host, port
@@ -74,6 +78,8 @@ class MqttConsumer(BrokerConsumer):
         client = self._client(loop, queue)
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = self.session_expiry
+        # the broker sends at most this many unacknowledged messages: the local buffer's bound
+        props.ReceiveMaximum = 4 * self.batching.size * self.batching.workers + 16
         await loop.run_in_executor(
             None,
             lambda: client.connect(self.host, self.port, clean_start=False, properties=props),
@@ -88,13 +94,19 @@ class MqttConsumer(BrokerConsumer):
                     continue
                 await self._one(client, queue, msg)
         finally:
+            await self._finish_workers()
             client.disconnect()
             await loop.run_in_executor(None, client.loop_stop)
 
     async def _one(self, client: Any, queue: asyncio.Queue[Any], msg: Any) -> None:
         properties = getattr(msg.properties, "UserProperty", None) if msg.properties else None
-        result = await self._dispatch(lambda: decode_mqtt(properties, msg.payload))
+        decode = functools.partial(decode_mqtt, properties, msg.payload)
+        await self._submit(Delivery(decode, functools.partial(self._settle, client, queue, msg)))
+
+    async def _settle(
+        self, client: Any, queue: asyncio.Queue[Any], msg: Any, result: Result | None
+    ) -> None:
         if result is None or result.outcome.ack:
             client.ack(msg.mid, msg.qos)
-        else:
+        else:  # no nack in MQTT: try it again here after the delay
             asyncio.get_running_loop().call_later(self.redeliver_delay, queue.put_nowait, msg)

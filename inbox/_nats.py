@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from inbox._consumer import BrokerConsumer, ResultCallback
-from inbox._runner import AsyncHandlerRunner
+from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
+from inbox._runner import AsyncHandlerRunner, Result
 from inbox._wire import decode_nats
 
 __all__ = ["NatsConsumer"]
@@ -32,10 +33,15 @@ class NatsConsumer(BrokerConsumer):
         fetch_timeout: float = 1.0,
         redeliver_delay: float = 1.0,
         on_result: ResultCallback | None = None,
+        batching: Batching | None = None,
     ) -> None:
-        super().__init__(runner, redeliver_delay=redeliver_delay, on_result=on_result)
+        super().__init__(
+            runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
+        )
         self.stream, self.durable, self.subject = stream, durable, subject
-        self.servers, self.batch, self.fetch_timeout = servers, batch, fetch_timeout
+        self.servers, self.fetch_timeout = servers, fetch_timeout
+        #: messages per fetch: at least a whole transaction batch
+        self.batch = max(batch, self.batching.size)
 
     async def _consume(self) -> None:
         import nats
@@ -54,12 +60,13 @@ class NatsConsumer(BrokerConsumer):
                 except (NatsTimeout, TimeoutError):  # nats-py raises either
                     continue
                 for msg in msgs:
-                    await self._one(msg)
+                    decode = functools.partial(decode_nats, msg.headers, msg.data)
+                    await self._submit(Delivery(decode, functools.partial(self._settle, msg)))
         finally:
+            await self._finish_workers()
             await nc.close()
 
-    async def _one(self, msg: Any) -> None:
-        result = await self._dispatch(lambda: decode_nats(msg.headers, msg.data))
+    async def _settle(self, msg: Any, result: Result | None) -> None:
         if result is None:
             await msg.term()  # not an outbox message: never redeliver it
         elif result.outcome.ack:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from typing import Any
 
-from inbox._consumer import BrokerConsumer, ResultCallback
-from inbox._runner import AsyncHandlerRunner
+from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
+from inbox._runner import AsyncHandlerRunner, Result
 from inbox._wire import decode_rabbitmq
 
 __all__ = ["RabbitMQConsumer"]
@@ -28,11 +28,14 @@ class RabbitMQConsumer(BrokerConsumer):
         prefetch: int = 10,
         redeliver_delay: float = 1.0,
         on_result: ResultCallback | None = None,
+        batching: Batching | None = None,
     ) -> None:
-        super().__init__(runner, redeliver_delay=redeliver_delay, on_result=on_result)
-        self.queue, self.url, self.prefetch = queue, url, prefetch
-        self._inflight: set[asyncio.Task[None]] = set()
-        self._crash: BaseException | None = None
+        super().__init__(
+            runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
+        )
+        self.queue, self.url = queue, url
+        #: unacknowledged messages in flight: at least a whole transaction batch per worker
+        self.prefetch = max(prefetch, self.batching.size * self.batching.workers)
 
     async def _consume(self) -> None:
         import aio_pika
@@ -46,28 +49,15 @@ class RabbitMQConsumer(BrokerConsumer):
             self.ready.set()
             await self._stopping.wait()
             await queue.cancel(tag)  # no new deliveries; unacked ones return to the queue
-            if self._inflight:
-                await asyncio.gather(*self._inflight, return_exceptions=True)
+            await self._finish_workers()
         finally:
             await connection.close()  # unacknowledged deliveries return to the queue
-        if self._crash is not None:
-            raise self._crash
 
     async def _on_message(self, message: Any) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._inflight.add(task)
-        try:
-            await self._settle(message)
-        except Exception as exc:  # unexpected (not a handler failure): stop, surface from run()
-            self._crash = self._crash or exc
-            self.stop()
-        finally:
-            if task is not None:
-                self._inflight.discard(task)
+        decode = functools.partial(decode_rabbitmq, message.headers, message.body)
+        await self._submit(Delivery(decode, functools.partial(self._settle, message)))
 
-    async def _settle(self, message: Any) -> None:
-        result = await self._dispatch(lambda: decode_rabbitmq(message.headers, message.body))
+    async def _settle(self, message: Any, result: Result | None) -> None:
         if result is None:
             await message.reject(requeue=False)
         elif result.outcome.ack:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from inbox._consumer import BrokerConsumer, ResultCallback
-from inbox._runner import AsyncHandlerRunner
+from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
+from inbox._runner import AsyncHandlerRunner, Result
 from inbox._wire import decode_redis
 
 __all__ = ["RedisStreamConsumer"]
@@ -32,10 +33,15 @@ class RedisStreamConsumer(BrokerConsumer):
         block_ms: int = 1000,
         claim_idle_ms: int = 30_000,
         on_result: ResultCallback | None = None,
+        batching: Batching | None = None,
     ) -> None:
-        super().__init__(runner, redeliver_delay=claim_idle_ms / 1000, on_result=on_result)
+        super().__init__(
+            runner, redeliver_delay=claim_idle_ms / 1000, on_result=on_result, batching=batching
+        )
         self.stream, self.group, self.name, self.url = stream, group, name, url
-        self.batch, self.block_ms, self.claim_idle_ms = batch, block_ms, claim_idle_ms
+        self.block_ms, self.claim_idle_ms = block_ms, claim_idle_ms
+        #: entries per read: at least a whole transaction batch
+        self.batch = max(batch, self.batching.size)
 
     async def _consume(self) -> None:
         import redis.asyncio as aioredis
@@ -58,6 +64,7 @@ class RedisStreamConsumer(BrokerConsumer):
                     for entry_id, fields in entries:
                         await self._one(client, entry_id, fields)
         finally:
+            await self._finish_workers()
             await client.aclose()
 
     async def _reclaim(self, client: Any) -> None:
@@ -74,6 +81,10 @@ class RedisStreamConsumer(BrokerConsumer):
                 await self._one(client, entry_id, fields)
 
     async def _one(self, client: Any, entry_id: Any, fields: Any) -> None:
-        result = await self._dispatch(lambda: decode_redis(fields))
+        decode = functools.partial(decode_redis, fields)
+        await self._submit(Delivery(decode, functools.partial(self._settle, client, entry_id)))
+
+    async def _settle(self, client: Any, entry_id: Any, result: Result | None) -> None:
         if result is None or result.outcome.ack:
             await client.xack(self.stream, self.group, entry_id)
+        # otherwise the entry stays pending: XAUTOCLAIM hands it out again once idle

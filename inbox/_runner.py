@@ -11,13 +11,14 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
+from inbox._batch import Plan, batch_steps, run_batch_steps, run_batch_steps_async
 from inbox._hold import (
     held_envelope,
     release_done_steps,
@@ -58,6 +59,13 @@ AsyncHandler = Callable[[Any, Any], Awaitable[object]]
 #: ``also(target)``: extra work committed with every acknowledged outcome (Kafka offsets).
 Also = Callable[[Any], object]
 AsyncAlso = Callable[[Any], Awaitable[object]]
+#: ``batch_handler(target, messages)``: apply the effects of a whole batch (a list) at once.
+BatchHandler = Callable[[Any, list[Any]], object]
+AsyncBatchHandler = Callable[[Any, list[Any]], Awaitable[object]]
+#: ``also(target, acks)``, committed with a batch: ``acks[i]`` says whether the batch's i-th
+#: message will be acknowledged (Kafka offsets).
+BatchAlso = Callable[[Any, list[bool]], object]
+AsyncBatchAlso = Callable[[Any, list[bool]], Awaitable[object]]
 
 _MAX_ERROR_CHARS = 4000
 
@@ -174,6 +182,45 @@ class _NotNow(Exception):
     """Raised inside a release transaction to roll it back: not this message's turn."""
 
 
+class _HandlerFailed(Exception):
+    """Raised inside a batch transaction to roll it back: the handler failed on one message."""
+
+    def __init__(self, index: int, error: Exception, took: float) -> None:
+        super().__init__(str(error))
+        self.index, self.error, self.took = index, error, took
+
+
+def _batch_order(cfg: _Config, refs: list[MessageRef], plan: Plan, pending: list[int]) -> list[int]:
+    """The batch's messages to apply, as positions in ``pending``: an ordered consumer's in seq
+    order per key (the order the plan decided them in), others in arrival order."""
+    chosen = [k for k, v in enumerate(plan.verdicts) if v is Verdict.PROCESS]
+    if cfg.ordered:
+        chosen.sort(key=lambda k: (refs[pending[k]].topic, refs[pending[k]].key,
+                                   refs[pending[k]].seq or 0))  # fmt: skip
+    return chosen
+
+
+def _batch_results(
+    refs: list[MessageRef], pending: list[int], plan: Plan, took: dict[int, float]
+) -> dict[int, Result]:
+    return {
+        i: Result(_FROM_VERDICT[v], refs[i].id, handler_seconds=took.get(k))
+        for k, (i, v) in enumerate(zip(pending, plan.verdicts, strict=True))
+    }
+
+
+def _acks(pending: list[int], plan: Plan, settled: dict[int, Result], size: int) -> list[bool]:
+    acks = [settled[i].outcome.ack if i in settled else False for i in range(size)]
+    for i, verdict in zip(pending, plan.verdicts, strict=True):
+        acks[i] = _FROM_VERDICT[verdict].ack
+    return acks
+
+
+def _culprits(refs: list[MessageRef], pending: list[int], index: int) -> list[int]:
+    """The failed message and its copies in the batch: they share its result."""
+    return [j for j in pending if refs[j].id == refs[index].id]
+
+
 def _config(
     consumer: str, ordered: bool, max_attempts: int | None, schema: str | None, on_dead: str
 ) -> _Config:
@@ -206,7 +253,7 @@ class _RunnerBase:
     def __init__(
         self,
         transactions: Any,
-        handler: Any,
+        handler: Any = None,
         *,
         consumer: str,
         ordered: bool = False,
@@ -214,16 +261,30 @@ class _RunnerBase:
         schema: str | None = None,
         on_dead: str = "skip",
         metrics: InboxMetrics | None = None,
+        batch_handler: Any = None,
     ) -> None:
         self._cfg = _config(consumer, ordered, max_attempts, schema, on_dead)
+        if (handler is None) == (batch_handler is None):
+            raise ConfigurationError(
+                "pass exactly one of handler (called once per message) and batch_handler "
+                "(called once per batch with the list of messages to apply)"
+            )
         self._transactions = type(self)._factory(transactions)
-        self._handler = handler
+        #: the batch handler, when given; a single message is a batch of one
+        self._batch_handler = batch_handler
+        self._handler = handler or (lambda target, message: batch_handler(target, [message]))
         #: counts outcomes, times handlers, and the gauges of blocked and held keys
         self.metrics = metrics or InboxMetrics.disabled()
 
     @property
     def consumer(self) -> str:
         return self._cfg.consumer
+
+    def check(self, message: Any) -> None:
+        """Raise :class:`~outbox.InvalidMessageError` when this runner cannot record
+        ``message`` (no UUID id, a blank or oversized topic or key, a bad or, when ordered,
+        missing seq)."""
+        as_ref(self._cfg.consumer, message, ordered=self._cfg.ordered)
 
     def _observed(self, result: Result, message: Any) -> Result:
         self.metrics.delivered(
@@ -275,6 +336,80 @@ class HandlerRunner(_RunnerBase):
     def handle(self, message: Any, *, also: Also | None = None) -> Result:
         """Process one delivery of ``message``; never raises for a handler failure."""
         return self._observed(self._handle(message, also), message)
+
+    def handle_batch(
+        self, messages: Sequence[Any], *, also: BatchAlso | None = None
+    ) -> list[Result]:
+        """Process a batch of deliveries in **one** transaction; one result per message, in
+        order. Never raises for a handler failure.
+
+        The inbox records of the whole batch are written in one statement each step;
+        duplicates, stale and (ordered) out-of-order messages are settled without reaching the
+        handler; the handler is called once per message to apply (an ordered consumer's in seq
+        order per key), or the batch handler once with their list; one commit. A message whose
+        handler raises is taken out (its attempt counted, dead after ``max_attempts``, as with
+        :meth:`handle`) and the rest of the batch is applied again without it. Any other
+        failure (a conflict, a lost connection, a batch handler's exception) falls back to one
+        transaction per message, which isolates the culprit. ``also(target, acks)`` is
+        committed with the batch. A message that is not a valid envelope raises
+        :class:`~outbox.InvalidMessageError` before anything is written.
+        """
+        cfg = self._cfg
+        refs = [as_ref(cfg.consumer, m, ordered=cfg.ordered) for m in messages]
+        results: dict[int, Result] = {}
+        pending = list(range(len(messages)))
+        while pending:
+            try:
+                results.update(self._batch(refs, messages, pending, results, also))
+                break
+            except _HandlerFailed as failed:
+                culprits = _culprits(refs, pending, failed.index)
+                result = self._fail(refs[failed.index], messages[failed.index], failed.error, None)
+                for j in culprits:
+                    results[j] = replace(result, handler_seconds=failed.took)
+                pending = [j for j in pending if j not in culprits]
+            except Exception as exc:
+                log.warning("inbox: a batch of %d failed, one by one now: %s", len(pending), exc)
+                for j in pending:
+                    results[j] = self._handle(messages[j], None)
+                break
+        return [self._observed(results[i], m) for i, m in enumerate(messages)]
+
+    def _batch(
+        self,
+        refs: list[MessageRef],
+        messages: Sequence[Any],
+        pending: list[int],
+        settled: dict[int, Result],
+        also: BatchAlso | None,
+    ) -> dict[int, Result]:
+        cfg = self._cfg
+        took: dict[int, float] = {}
+        with self._transactions() as target:
+            raw = resolve_sync(target)
+            steps = batch_steps(
+                cfg.stmts, cfg.consumer, [refs[i] for i in pending],
+                [messages[i] for i in pending], cfg.ordered,
+            )  # fmt: skip
+            plan = run_batch_steps(raw, cfg.stmts, steps)
+            order = _batch_order(cfg, refs, plan, pending)
+            if self._batch_handler is not None and order:
+                started = time.perf_counter()
+                self._batch_handler(target, [messages[pending[k]] for k in order])
+                took = dict.fromkeys(order, (time.perf_counter() - started) / len(order))
+            else:
+                for k in order:
+                    started = time.perf_counter()
+                    try:
+                        self._handler(target, messages[pending[k]])
+                    except Exception as exc:
+                        raise _HandlerFailed(
+                            pending[k], exc, time.perf_counter() - started
+                        ) from exc
+                    took[k] = time.perf_counter() - started
+            if also is not None:
+                also(target, _acks(pending, plan, settled, len(messages)))
+        return _batch_results(refs, pending, plan, took)
 
     def refresh_key_gauges(
         self, min_age: dt.timedelta = dt.timedelta(minutes=1)
@@ -412,6 +547,69 @@ class AsyncHandlerRunner(_RunnerBase):
         """Process one delivery of ``message``; never raises for a handler failure."""
         return self._observed(await self._handle(message, also), message)
 
+    async def handle_batch(
+        self, messages: Sequence[Any], *, also: AsyncBatchAlso | None = None
+    ) -> list[Result]:
+        """Async twin of :meth:`HandlerRunner.handle_batch`."""
+        cfg = self._cfg
+        refs = [as_ref(cfg.consumer, m, ordered=cfg.ordered) for m in messages]
+        results: dict[int, Result] = {}
+        pending = list(range(len(messages)))
+        while pending:
+            try:
+                results.update(await self._batch(refs, messages, pending, results, also))
+                break
+            except _HandlerFailed as failed:
+                culprits = _culprits(refs, pending, failed.index)
+                result = await self._fail(
+                    refs[failed.index], messages[failed.index], failed.error, None
+                )
+                for j in culprits:
+                    results[j] = replace(result, handler_seconds=failed.took)
+                pending = [j for j in pending if j not in culprits]
+            except Exception as exc:
+                log.warning("inbox: a batch of %d failed, one by one now: %s", len(pending), exc)
+                for j in pending:
+                    results[j] = await self._handle(messages[j], None)
+                break
+        return [self._observed(results[i], m) for i, m in enumerate(messages)]
+
+    async def _batch(
+        self,
+        refs: list[MessageRef],
+        messages: Sequence[Any],
+        pending: list[int],
+        settled: dict[int, Result],
+        also: AsyncBatchAlso | None,
+    ) -> dict[int, Result]:
+        cfg = self._cfg
+        took: dict[int, float] = {}
+        async with self._transactions() as target:
+            raw = await resolve_async(target)
+            steps = batch_steps(
+                cfg.stmts, cfg.consumer, [refs[i] for i in pending],
+                [messages[i] for i in pending], cfg.ordered,
+            )  # fmt: skip
+            plan = await run_batch_steps_async(raw, cfg.stmts, steps)
+            order = _batch_order(cfg, refs, plan, pending)
+            if self._batch_handler is not None and order:
+                started = time.perf_counter()
+                await self._batch_handler(target, [messages[pending[k]] for k in order])
+                took = dict.fromkeys(order, (time.perf_counter() - started) / len(order))
+            else:
+                for k in order:
+                    started = time.perf_counter()
+                    try:
+                        await self._handler(target, messages[pending[k]])
+                    except Exception as exc:
+                        raise _HandlerFailed(
+                            pending[k], exc, time.perf_counter() - started
+                        ) from exc
+                    took[k] = time.perf_counter() - started
+            if also is not None:
+                await also(target, _acks(pending, plan, settled, len(messages)))
+        return _batch_results(refs, pending, plan, took)
+
     async def refresh_key_gauges(
         self, min_age: dt.timedelta = dt.timedelta(minutes=1)
     ) -> tuple[int, int]:
@@ -473,7 +671,7 @@ class AsyncHandlerRunner(_RunnerBase):
         for row in decided:
             if row[9] == "purge":
                 await self._purge(held_envelope(row))
-            elif (result := await self._release(message := held_envelope(row), "dead")):
+            elif result := await self._release(message := held_envelope(row), "dead"):
                 results.append(self._observed(result, message))
         tried: set[uuid.UUID] = set()
         while True:  # a released message makes its successor ready: ask again until none

@@ -395,6 +395,73 @@ SELECT topic, partition, next_offset FROM {kafka_offsets}
 WHERE consumer = %(consumer)s AND topic = ANY(%(topics)s::text[])
 """
 
+# --- Batches (runner.handle_batch): one statement per step for the whole batch ---------------
+# The same decisions as the single-message statements above, taken for N messages at once.
+# Rows are inserted and locked in (message_id) and (topic, key) order, so two transactions
+# whose batches overlap take their row locks in one order and do not deadlock on them.
+
+# inbox_record_batch: inbox_record for every message of the batch. The rows returned are the
+# messages to decide on (new, or 'processing' after a failed attempt); the others are settled
+# duplicates, each locked by the DO UPDATE ... WHERE even though nothing is updated.
+_RECORD_BATCH = """
+INSERT INTO {messages} AS i (consumer, message_id, topic, key, seq, processed_at, status)
+SELECT %(consumer)s, m.id, m.topic, m.key, m.seq, clock_timestamp(), 'processed'
+FROM unnest(%(ids)s::uuid[], %(topics)s::text[], %(keys)s::text[], %(seqs)s::bigint[])
+     AS m(id, topic, key, seq)
+ORDER BY m.id
+ON CONFLICT ON CONSTRAINT {messages_pkey} DO UPDATE
+    SET status = 'processed', processed_at = excluded.processed_at, attempts = i.attempts + 1
+    WHERE i.status = 'processing'
+RETURNING i.message_id
+"""
+
+# inbox_note_duplicates: inbox_note_duplicate for the batch's duplicates (rows locked above).
+_NOTE_DUPLICATES = """
+UPDATE {messages}
+SET attempts = attempts + (status <> 'parked')::int, duplicates = duplicates + 1
+WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)s::uuid[])
+RETURNING message_id, status
+"""
+
+# inbox_positions_lock: inbox_position_lock for every key of the batch, in (topic, key) order.
+_POSITIONS_LOCK = """
+INSERT INTO {positions} AS p (consumer, topic, key, last_seq)
+SELECT %(consumer)s, k.topic, k.key, 0
+FROM unnest(%(topics)s::text[], %(keys)s::text[]) AS k(topic, key)
+ORDER BY k.topic, k.key
+ON CONFLICT ON CONSTRAINT {positions_pkey} DO UPDATE SET last_seq = p.last_seq
+RETURNING p.topic, p.key, p.last_seq, p.held_seq
+"""
+
+# inbox_positions_advance: inbox_position_advance for every key that moved (rows locked above;
+# the join is on the primary key).
+_POSITIONS_ADVANCE = """
+UPDATE {positions} AS p
+SET last_seq = v.seq, updated_at = clock_timestamp(), blocked_since = NULL
+FROM unnest(%(topics)s::text[], %(keys)s::text[], %(seqs)s::bigint[]) AS v(topic, key, seq)
+WHERE p.consumer = %(consumer)s AND p.topic = v.topic AND p.key = v.key
+"""
+
+# inbox_mark_stale_batch: inbox_mark_stale for the batch's stale messages.
+_MARK_STALE_BATCH = """
+UPDATE {messages} SET status = 'stale'
+WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)s::uuid[])
+"""
+
+# inbox_forget_batch: inbox_forget for the batch's messages ahead of a gap: their records go,
+# and each waiting key notes its lowest refused seq and how many were refused.
+_FORGET_BATCH = """
+WITH noted AS (
+    UPDATE {positions} AS p
+    SET waiting_seq = v.seq, out_of_order = p.out_of_order + v.refused,
+        blocked_since = coalesce(p.blocked_since, clock_timestamp())
+    FROM unnest(%(topics)s::text[], %(keys)s::text[], %(seqs)s::bigint[], %(refused)s::int[])
+         AS v(topic, key, seq, refused)
+    WHERE p.consumer = %(consumer)s AND p.topic = v.topic AND p.key = v.key
+)
+DELETE FROM {messages} WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)s::uuid[])
+"""
+
 
 @dataclass(frozen=True)
 class InboxStatements:
@@ -426,6 +493,12 @@ class InboxStatements:
     held_list: bytes
     dead_decide: bytes
     dead_audit_list: bytes
+    record_batch: bytes
+    note_duplicates: bytes
+    positions_lock: bytes
+    positions_advance: bytes
+    mark_stale_batch: bytes
+    forget_batch: bytes
     messages_name: str
 
 
@@ -482,5 +555,11 @@ def inbox_statements(schema: str | None) -> InboxStatements:
         held_list=render(_HELD_LIST),
         dead_decide=render(_DEAD_DECIDE),
         dead_audit_list=render(_DEAD_AUDIT_LIST),
+        record_batch=render(_RECORD_BATCH),
+        note_duplicates=render(_NOTE_DUPLICATES),
+        positions_lock=render(_POSITIONS_LOCK),
+        positions_advance=render(_POSITIONS_ADVANCE),
+        mark_stale_batch=render(_MARK_STALE_BATCH),
+        forget_batch=render(_FORGET_BATCH),
         messages_name=names["messages"].as_string(None),
     )

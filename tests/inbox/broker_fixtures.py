@@ -17,6 +17,7 @@ from typing import Any
 
 from inbox import (
     AsyncHandlerRunner,
+    Batching,
     BrokerConsumer,
     KafkaConsumer,
     MqttConsumer,
@@ -39,6 +40,8 @@ def reachable(port: int) -> bool:
 class Broker:
     name = ""
     port = 0
+    #: how the consumers group deliveries (None: one message per transaction)
+    batching: Batching | None = None
 
     def __init__(self, tag: str | None = None) -> None:
         self.tag = tag or uuid.uuid4().hex[:10]
@@ -111,6 +114,7 @@ class Nats(Broker):
             fetch_timeout=0.5,
             redeliver_delay=0.2,
             on_result=on_result,
+            batching=self.batching,
         )
 
     async def teardown(self) -> None:
@@ -153,6 +157,7 @@ class RabbitMQ(Broker):
             prefetch=5,
             redeliver_delay=0.1,
             on_result=on_result,
+            batching=self.batching,
         )
 
     async def teardown(self) -> None:
@@ -185,6 +190,7 @@ class Redis(Broker):
             block_ms=200,
             claim_idle_ms=300,
             on_result=on_result,
+            batching=self.batching,
         )
 
     async def teardown(self) -> None:
@@ -234,6 +240,7 @@ class Mqtt(Broker):
             client_id=client_id,
             redeliver_delay=0.1,
             on_result=on_result,
+            batching=self.batching,
         )
 
     async def teardown(self) -> None:
@@ -326,6 +333,7 @@ class Kafka(Broker):
             poll_timeout=0.2,
             redeliver_delay=0.1,
             on_result=on_result,
+            batching=self.batching,
         )
 
     async def teardown(self) -> None:

@@ -1,0 +1,210 @@
+"""The inbox's decisions for a whole batch of messages, in one transaction.
+
+:func:`batch_steps` takes the same decisions as the single-message steps of ``_receive`` (a
+duplicate, the order guard, a parked message), for N messages with one statement per step:
+record them all, note the duplicates, lock the batch's keys, then advance, mark stale and
+forget in bulk. Within a key the batch is decided in seq order, so a batch that holds seq 3
+before seq 2 applies both, in order. The generator yields ``(statement, params)`` and is sent
+every row the statement returned; the runners' twins only run it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from inbox._receive import MessageRef, Verdict, held_params, translate
+from inbox._statements import InboxStatements
+
+__all__ = ["BatchSteps", "Plan", "batch_steps", "run_batch_steps", "run_batch_steps_async"]
+
+Rows = list[tuple[Any, ...]]
+BatchSteps = Generator[tuple[bytes, dict[str, Any]], Rows, "Plan"]
+
+
+@dataclass
+class Plan:
+    """Per index of the batch, its verdict; copies of one id in a batch share its first
+    occurrence's verdict (a processed original makes its copies duplicates)."""
+
+    verdicts: list[Verdict]
+
+
+def _unique(refs: Sequence[MessageRef]) -> tuple[list[int], dict[int, int]]:
+    """Indexes of first occurrences, and each later copy's original index."""
+    first: dict[uuid.UUID, int] = {}
+    copies: dict[int, int] = {}
+    for i, ref in enumerate(refs):
+        if ref.id in first:
+            copies[i] = first[ref.id]
+        else:
+            first[ref.id] = i
+    return list(first.values()), copies
+
+
+def batch_steps(
+    stmts: InboxStatements,
+    consumer: str,
+    refs: Sequence[MessageRef],
+    messages: Sequence[Any],
+    ordered: bool,
+) -> BatchSteps:
+    """Record ``refs`` for ``consumer`` and decide each; returns the :class:`Plan`."""
+    unique, copies = _unique(refs)
+    base = {"consumer": consumer}
+    recorded = yield (
+        stmts.record_batch,
+        base
+        | {
+            "ids": [refs[i].id for i in unique],
+            "topics": [refs[i].topic for i in unique],
+            "keys": [refs[i].key for i in unique],
+            "seqs": [refs[i].seq for i in unique],
+        },
+    )
+    fresh = {row[0] for row in recorded}
+    verdicts: dict[int, Verdict] = {}
+    known = [i for i in unique if refs[i].id not in fresh]
+    parked: set[uuid.UUID] = set()
+    if known:
+        noted = yield stmts.note_duplicates, base | {"ids": [refs[i].id for i in known]}
+        parked = {row[0] for row in noted if row[1] == "parked"}
+    decide_later = []
+    for i in unique:
+        if refs[i].id in fresh:
+            if ordered:
+                decide_later.append(i)
+            else:
+                verdicts[i] = Verdict.PROCESS
+        elif not ordered or refs[i].id in parked:
+            verdicts[i] = Verdict.DUPLICATE
+        else:
+            decide_later.append(i)
+    if decide_later:
+        yield from _ordered(stmts, base, refs, messages, decide_later, fresh, verdicts)
+    return Plan(
+        [_copy(verdicts[copies[i]]) if i in copies else verdicts[i] for i in range(len(refs))]
+    )
+
+
+def _copy(original: Verdict) -> Verdict:
+    """A second copy of one id in a batch: applied (or kept) once, through its original."""
+    return Verdict.DUPLICATE if original in (Verdict.PROCESS, Verdict.PARKED) else original
+
+
+def run_batch_steps(
+    raw: psycopg.Connection[Any], stmts: InboxStatements, steps: BatchSteps
+) -> Plan:
+    """Run :func:`batch_steps` on a sync connection."""
+    try:
+        with raw.cursor() as cur:
+            step = next(steps)
+            while True:
+                cur.execute(step[0], step[1])
+                step = steps.send(cur.fetchall() if cur.description else [])
+    except StopIteration as done:
+        plan: Plan = done.value
+        return plan
+    except psycopg.Error as exc:
+        raise translate(exc, stmts) from exc
+
+
+async def run_batch_steps_async(
+    raw: psycopg.AsyncConnection[Any], stmts: InboxStatements, steps: BatchSteps
+) -> Plan:
+    """Async twin of :func:`run_batch_steps`."""
+    try:
+        async with raw.cursor() as cur:
+            step = next(steps)
+            while True:
+                await cur.execute(step[0], step[1])
+                step = steps.send(await cur.fetchall() if cur.description else [])
+    except StopIteration as done:
+        plan: Plan = done.value
+        return plan
+    except psycopg.Error as exc:
+        raise translate(exc, stmts) from exc
+
+
+def _ordered(
+    stmts: InboxStatements,
+    base: dict[str, Any],
+    refs: Sequence[MessageRef],
+    messages: Sequence[Any],
+    indexes: list[int],
+    fresh: set[uuid.UUID],
+    verdicts: dict[int, Verdict],
+) -> Generator[tuple[bytes, dict[str, Any]], Rows, None]:
+    """The order guard for the batch: lock every key once, walk each key's messages in seq
+    order from its position, then write what moved in one statement per kind."""
+    by_key: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i in indexes:
+        by_key[(refs[i].topic, refs[i].key)].append(i)
+    keys = sorted(by_key)
+    rows = yield (
+        stmts.positions_lock,
+        base
+        | {
+            "topics": [k[0] for k in keys],
+            "keys": [k[1] for k in keys],
+        },
+    )
+    positions = {(r[0], r[1]): (int(r[2]), r[3]) for r in rows}
+    advanced: dict[tuple[str, str], int] = {}
+    stale: list[uuid.UUID] = []
+    refused: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for key in keys:
+        last, held = positions[key]
+        for i in sorted(by_key[key], key=lambda j: refs[j].seq or 0):
+            seq = refs[i].seq
+            assert seq is not None  # as_ref(ordered=True) made sure
+            is_fresh = refs[i].id in fresh
+            if held is not None and seq >= int(held):
+                verdicts[i] = Verdict.PARKED if is_fresh else Verdict.DUPLICATE
+            elif seq <= last:
+                verdicts[i] = Verdict.STALE if is_fresh else Verdict.DUPLICATE
+                if is_fresh:
+                    stale.append(refs[i].id)
+            elif seq == last + 1:
+                # a known id at the next seq was re-created by the producer after outbox
+                # retention: applied already, but its seq still moves the key on
+                verdicts[i] = Verdict.PROCESS if is_fresh else Verdict.DUPLICATE
+                last = advanced[key] = seq
+            else:
+                verdicts[i] = Verdict.OUT_OF_ORDER
+                if is_fresh:
+                    refused[key].append(i)
+    if advanced:
+        moved = sorted(advanced)
+        yield (
+            stmts.positions_advance,
+            base
+            | {
+                "topics": [k[0] for k in moved],
+                "keys": [k[1] for k in moved],
+                "seqs": [advanced[k] for k in moved],
+            },
+        )
+    if stale:
+        yield stmts.mark_stale_batch, base | {"ids": stale}
+    if refused:
+        waiting = sorted(refused)
+        yield (
+            stmts.forget_batch,
+            base
+            | {
+                "topics": [k[0] for k in waiting],
+                "keys": [k[1] for k in waiting],
+                "seqs": [min(refs[i].seq or 0 for i in refused[k]) for k in waiting],
+                "refused": [len(refused[k]) for k in waiting],
+                "ids": [refs[i].id for k in waiting for i in refused[k]],
+            },
+        )
+    for i in indexes:
+        if verdicts[i] is Verdict.PARKED:
+            yield stmts.park, held_params(refs[i], messages[i])
