@@ -6,11 +6,13 @@ alone and against the batched consumer a user would write by hand.
 One run, NATS JetStream on 127.0.0.1:4222, PostgreSQL on 127.0.0.1:5432, one consumer process
 (this one), every variant in each round on a fresh database and stream:
 
-(a) relay alone: 20,000 committed messages over 200 keys published by one in-process relay
-    (default settings); rate = messages / (last published_at - start).
-(b) pipeline: the same backlog, the relay and an ordered ``NatsConsumer`` with
-    ``Batching(size=100)`` and the inbox running together; one effect row per message in the
-    inbox's transaction; rate = messages / (last effect committed - start).
+(a) relay alone: 20,000 committed messages over 200 keys published by ``outbox relay``
+    (default settings, its own process, as in production); rate = messages / (last
+    published_at - start).
+(b) pipeline: the same backlog, the relay process and, in this process, an ordered
+    ``NatsConsumer`` with ``Batching(size=100)`` and the inbox running together (a batch
+    handler writes the effect rows in the inbox's transaction); rate = messages / (last
+    effect committed - start).
 (c) naive batched consumer draining the stream (b) left: fetch 100, one transaction that
     inserts the effects and the ids ``ON CONFLICT DO NOTHING`` (no order guard), commit, ack.
 (d) our batched consumer draining the same stream on its own (no relay beside it).
@@ -38,8 +40,6 @@ from psycopg_pool import AsyncConnectionPool
 from bench.common import write_result
 from bench.relay_e2e import create_db, drop_db, fill
 from inbox import AsyncHandlerRunner, Batching, NatsConsumer
-from relay import Relay, RelayConfig
-from relay.brokers import publisher_for_url
 
 NATS = "nats://127.0.0.1:4222"
 EFFECTS = """
@@ -79,22 +79,29 @@ async def _stream(js: Any, subject: str) -> str:
     return name
 
 
-def _relay(url: str, stream: str, subject: str) -> Relay:
-    pub = publisher_for_url(NATS, destinations={"*": subject}, stream=stream, ack_timeout=8.0)
-    return Relay(RelayConfig(database_url=url), pub)
+async def _relay(url: str) -> asyncio.subprocess.Process:
+    """``outbox relay`` with default settings in its own process, as it runs in production
+    (the topic is the subject)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "outbox.cli", "relay", "--url", url, "--broker", NATS,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
 
 
-async def _relay_alone(url: str, n: int) -> float:
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    proc.terminate()
+    await proc.wait()
+
+
+async def _relay_alone(url: str, n: int, topic: str) -> float:
     import nats
 
     nc = await nats.connect(NATS)
     js = nc.jetstream()
-    subject = f"cb.{uuid.uuid4().hex[:8]}"
-    stream = await _stream(js, subject)
+    stream = await _stream(js, topic)
     try:
-        relay = _relay(url, stream, subject)
         started = time.time()
-        task = asyncio.create_task(relay.run())
+        relay = await _relay(url)
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             while True:
                 cur = await conn.execute(
@@ -106,8 +113,7 @@ async def _relay_alone(url: str, n: int) -> float:
                 if row[0] == 0:
                     break
                 await asyncio.sleep(0.05)
-        relay.stop()
-        await task
+        await _stop(relay)
         return n / (float(row[1]) - started)
     finally:
         await js.delete_stream(stream)
@@ -122,7 +128,9 @@ def _ours(url: str, pool: AsyncConnectionPool, stream: str, durable: str) -> Nat
     )  # fmt: skip
 
 
-async def _pipeline(url: str, n: int, keys: int) -> tuple[float, float, float, list[Any]]:
+async def _pipeline(
+    url: str, n: int, keys: int, topic: str
+) -> tuple[float, float, float, list[Any]]:
     """(b), then (c) and (d) on the stream it filled: their three rates and the checks of
     (b) and (d)."""
     import nats
@@ -130,8 +138,7 @@ async def _pipeline(url: str, n: int, keys: int) -> tuple[float, float, float, l
 
     nc = await nats.connect(NATS)
     js = nc.jetstream()
-    subject = f"cb.{uuid.uuid4().hex[:8]}"
-    stream = await _stream(js, subject)
+    stream = await _stream(js, topic)
     for durable in ("ours", "naive", "ours_alone"):
         config = ConsumerConfig(
             durable_name=durable, ack_policy="explicit", ack_wait=60, max_ack_pending=20_000
@@ -139,15 +146,15 @@ async def _pipeline(url: str, n: int, keys: int) -> tuple[float, float, float, l
         await js.add_consumer(stream, config)
     try:
         async with AsyncConnectionPool(url, min_size=2, max_size=4) as pool:
-            relay = _relay(url, stream, subject)
             consumer = _ours(url, pool, stream, "ours")
             started = time.time()
-            tasks = [asyncio.create_task(relay.run()), asyncio.create_task(consumer.run())]
+            relay = await _relay(url)
+            task = asyncio.create_task(consumer.run())
             done_at = await _count(url, "effects", n)
             pipeline = n / (done_at - started)
-            relay.stop()
             consumer.stop()
-            await asyncio.gather(*tasks)
+            await task
+            await _stop(relay)
             checks = [await asyncio.to_thread(_check, url, n, keys)]
             naive = n / await _naive(url, js, stream, n)
             async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
@@ -212,16 +219,18 @@ def _check(url: str, n: int, keys: int) -> dict[str, Any]:
 async def _round(n: int, keys: int) -> dict[str, Any]:
     name, url = create_db()
     try:
-        await asyncio.to_thread(fill, url, "orders", n, keys)
-        relay_alone = await _relay_alone(url, n)
+        topic = f"cb{uuid.uuid4().hex[:8]}"
+        await asyncio.to_thread(fill, url, topic, n, keys)
+        relay_alone = await _relay_alone(url, n, topic)
     finally:
         drop_db(name)
     name, url = create_db()
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(EFFECTS)
-        await asyncio.to_thread(fill, url, "orders", n, keys)
-        pipeline, naive, ours, checks = await _pipeline(url, n, keys)
+        topic = f"cb{uuid.uuid4().hex[:8]}"
+        await asyncio.to_thread(fill, url, topic, n, keys)
+        pipeline, naive, ours, checks = await _pipeline(url, n, keys, topic)
     finally:
         drop_db(name)
     return {"relay_alone": relay_alone, "pipeline": pipeline, "naive_batched": naive,

@@ -38,8 +38,9 @@ class Batching:
     takes what has arrived, waiting up to ``wait`` seconds for more once it has one.
     ``workers``: tasks applying batches side by side; a message goes to the worker of its
     (topic, key) hash, so one key's messages stay in order while other keys proceed. Each
-    worker buffers at most ``2 * size`` messages: when a key is slow, its worker's buffer
-    fills and the consumer stops taking messages from the broker (bounded memory).
+    worker buffers at most two fetches' worth of messages (push brokers: two messages) beside
+    the batch in hand: when a key is slow, its worker's buffer fills and the consumer stops
+    taking messages from the broker (bounded memory).
     """
 
     size: int = 100
@@ -66,6 +67,10 @@ class Delivery:
 
     decode: Callable[[], Envelope]
     settle: Callable[[Result | None], Awaitable[object]]
+
+
+#: decoded deliveries on their way to one worker
+Chunk = list[tuple[Envelope, Delivery]]
 
 
 class BrokerConsumer:
@@ -96,7 +101,7 @@ class BrokerConsumer:
         self.runner = runner
         self.redeliver_delay = redeliver_delay
         self.batching = batching or SINGLE
-        self._queues: list[asyncio.Queue[tuple[Envelope, Delivery]]] = []
+        self._queues: list[asyncio.Queue[Chunk]] = []
         self._workers: list[asyncio.Task[None]] = []
         self._busy: list[asyncio.Lock] = []
         self._crash: BaseException | None = None
@@ -139,34 +144,44 @@ class BrokerConsumer:
     # ---- workers: batches, parallel by key ------------------------------------------------
 
     def _start_workers(self) -> None:
-        n, size = self.batching.workers, self.batching.size
-        self._queues = [asyncio.Queue(maxsize=2 * size) for _ in range(n)]
+        n = self.batching.workers
+        # a worker's buffer holds at most two chunks (each one fetch's messages of its keys)
+        self._queues = [asyncio.Queue(maxsize=2) for _ in range(n)]
         self._busy = [asyncio.Lock() for _ in range(n)]
         self._workers = [asyncio.create_task(self._work(i)) for i in range(n)]
 
-    async def _submit(self, delivery: Delivery) -> None:
-        """Hand one broker message to the worker of its key; waits while that worker's buffer
-        is full. A message that is not a valid envelope is settled here at once."""
-        try:
-            envelope = delivery.decode()
-            self.runner.check(envelope)
-        except (InvalidMessageError, UnicodeDecodeError) as exc:
-            log.error("inbox: a broker message is not a valid outbox envelope: %s", exc)
-            await self._settle_invalid(None if isinstance(exc, UnicodeDecodeError) else
-                                       _decoded(delivery), exc, None)  # fmt: skip
-            await delivery.settle(None)
-            return
-        route = zlib.crc32(f"{envelope.topic}\x00{envelope.key}".encode()) % len(self._queues)
-        await self._queues[route].put((envelope, delivery))
+    async def _submit(self, *deliveries: Delivery) -> None:
+        """Hand broker messages (one fetch's worth, or one) to the workers of their keys; waits
+        while a worker's buffer is full. A message that is not a valid envelope is settled
+        here at once."""
+        chunks: list[Chunk] = [[] for _ in self._queues]
+        for delivery in deliveries:
+            try:
+                envelope = delivery.decode()
+                self.runner.check(envelope)
+            except (InvalidMessageError, UnicodeDecodeError) as exc:
+                log.error("inbox: a broker message is not a valid outbox envelope: %s", exc)
+                await self._settle_invalid(None if isinstance(exc, UnicodeDecodeError) else
+                                           _decoded(delivery), exc, None)  # fmt: skip
+                await delivery.settle(None)
+                continue
+            route = 0
+            if len(chunks) > 1:
+                route = zlib.crc32(f"{envelope.topic}\x00{envelope.key}".encode()) % len(chunks)
+            chunks[route].append((envelope, delivery))
+        for queue, chunk in zip(self._queues, chunks, strict=True):
+            if chunk:
+                await queue.put(chunk)
 
     async def _work(self, index: int) -> None:
         queue, loop = self._queues[index], asyncio.get_running_loop()
+        size = self.batching.size
         while True:
-            batch = [await queue.get()]
+            batch = await queue.get()
             deadline = loop.time() + self.batching.wait
-            while len(batch) < self.batching.size:
+            while len(batch) < size:
                 try:
-                    batch.append(queue.get_nowait())
+                    batch = batch + queue.get_nowait()
                     continue
                 except asyncio.QueueEmpty:
                     pass
@@ -174,19 +189,20 @@ class BrokerConsumer:
                 if remaining <= 0:
                     break
                 try:
-                    batch.append(await asyncio.wait_for(queue.get(), remaining))
+                    batch = batch + await asyncio.wait_for(queue.get(), remaining)
                 except TimeoutError:
                     break
             async with self._busy[index]:
                 try:
-                    await self._settle_batch(batch)
+                    for start in range(0, len(batch), size):
+                        await self._settle_batch(batch[start : start + size])
                 except Exception as exc:  # not a handler failure (a broker ack): stop, surface
                     log.error("inbox: consumer worker failed: %s", exc)
                     self._crash = self._crash or exc
                     self.stop()
                     return
 
-    async def _settle_batch(self, batch: list[tuple[Envelope, Delivery]]) -> None:
+    async def _settle_batch(self, batch: Chunk) -> None:
         envelopes = [envelope for envelope, _ in batch]
         if len(batch) == 1:
             results = [await self.runner.handle(envelopes[0])]
@@ -195,8 +211,13 @@ class BrokerConsumer:
         for envelope, result in zip(envelopes, results, strict=True):
             if self._on_result is not None:
                 self._on_result(envelope, result)
-        settled = [d.settle(r) for (_, d), r in zip(batch, results, strict=True)]
-        await asyncio.gather(*settled)  # redelivery delays overlap instead of adding up
+        later = []
+        for (_, delivery), result in zip(batch, results, strict=True):
+            if result.outcome.ack:
+                await delivery.settle(result)
+            else:
+                later.append(delivery.settle(result))
+        await asyncio.gather(*later)  # redelivery delays overlap instead of adding up
 
     async def _finish_workers(self) -> None:
         """Let every worker finish the batch in hand (committed, then settled at the broker),

@@ -59,9 +59,11 @@ class NatsConsumer(BrokerConsumer):
                     msgs = await sub.fetch(self.batch, timeout=self.fetch_timeout)
                 except (NatsTimeout, TimeoutError):  # nats-py raises either
                     continue
-                for msg in msgs:
-                    decode = functools.partial(decode_nats, msg.headers, msg.data)
-                    await self._submit(Delivery(decode, functools.partial(self._settle, msg)))
+                await self._submit(*(
+                    Delivery(functools.partial(decode_nats, msg.headers, msg.data),
+                             functools.partial(self._settle, msg))
+                    for msg in msgs
+                ))  # fmt: skip
         finally:
             await self._finish_workers()
             await nc.close()

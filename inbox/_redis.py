@@ -61,8 +61,7 @@ class RedisStreamConsumer(BrokerConsumer):
                     self.group, self.name, {self.stream: ">"}, count=self.batch, block=self.block_ms
                 )
                 for _stream, entries in response or []:
-                    for entry_id, fields in entries:
-                        await self._one(client, entry_id, fields)
+                    await self._submit(*(self._delivery(client, e, f) for e, f in entries))
         finally:
             await self._finish_workers()
             await client.aclose()
@@ -76,13 +75,12 @@ class RedisStreamConsumer(BrokerConsumer):
             start_id="0-0",
             count=self.batch,
         )
-        for entry_id, fields in reply[1]:
-            if fields:  # None/empty: the entry was trimmed away meanwhile
-                await self._one(client, entry_id, fields)
+        # None/empty fields: the entry was trimmed away meanwhile
+        await self._submit(*(self._delivery(client, e, f) for e, f in reply[1] if f))
 
-    async def _one(self, client: Any, entry_id: Any, fields: Any) -> None:
+    def _delivery(self, client: Any, entry_id: Any, fields: Any) -> Delivery:
         decode = functools.partial(decode_redis, fields)
-        await self._submit(Delivery(decode, functools.partial(self._settle, client, entry_id)))
+        return Delivery(decode, functools.partial(self._settle, client, entry_id))
 
     async def _settle(self, client: Any, entry_id: Any, result: Result | None) -> None:
         if result is None or result.outcome.ack:
