@@ -38,6 +38,7 @@ from inbox._receive import (
     run_steps_async,
 )
 from inbox._statements import InboxStatements, inbox_statements
+from inbox._tracing import trace_delivery
 from inbox._transactions import (
     AsyncTransactions,
     Transactions,
@@ -286,10 +287,16 @@ class _RunnerBase:
         missing seq)."""
         as_ref(self._cfg.consumer, message, ordered=self._cfg.ordered)
 
-    def _observed(self, result: Result, message: Any) -> Result:
+    def _observed(
+        self, result: Result, message: Any, start_ns: int | None = None, batch_size: int = 1
+    ) -> Result:
+        """Count the delivery in the metrics and record its span (from ``start_ns``)."""
         self.metrics.delivered(
             self._cfg.consumer, result.outcome.value, result.handler_seconds, message
         )
+        if start_ns is not None:
+            trace_delivery(self._cfg.consumer, message, result.outcome.value, result.error,
+                           start_ns, time.time_ns(), batch_size)  # fmt: skip
         return result
 
     def _gauges(self, row: tuple[Any, ...] | None) -> tuple[int, int]:
@@ -335,7 +342,8 @@ class HandlerRunner(_RunnerBase):
 
     def handle(self, message: Any, *, also: Also | None = None) -> Result:
         """Process one delivery of ``message``; never raises for a handler failure."""
-        return self._observed(self._handle(message, also), message)
+        start_ns = time.time_ns()
+        return self._observed(self._handle(message, also), message, start_ns)
 
     def handle_batch(
         self, messages: Sequence[Any], *, also: BatchAlso | None = None
@@ -355,6 +363,7 @@ class HandlerRunner(_RunnerBase):
         :class:`~outbox.InvalidMessageError` before anything is written.
         """
         cfg = self._cfg
+        start_ns = time.time_ns()
         refs = [as_ref(cfg.consumer, m, ordered=cfg.ordered) for m in messages]
         results: dict[int, Result] = {}
         pending = list(range(len(messages)))
@@ -373,7 +382,8 @@ class HandlerRunner(_RunnerBase):
                 for j in pending:
                     results[j] = self._handle(messages[j], None)
                 break
-        return [self._observed(results[i], m) for i, m in enumerate(messages)]
+        size = len(messages)
+        return [self._observed(results[i], m, start_ns, size) for i, m in enumerate(messages)]
 
     def _batch(
         self,
@@ -545,13 +555,15 @@ class AsyncHandlerRunner(_RunnerBase):
 
     async def handle(self, message: Any, *, also: AsyncAlso | None = None) -> Result:
         """Process one delivery of ``message``; never raises for a handler failure."""
-        return self._observed(await self._handle(message, also), message)
+        start_ns = time.time_ns()
+        return self._observed(await self._handle(message, also), message, start_ns)
 
     async def handle_batch(
         self, messages: Sequence[Any], *, also: AsyncBatchAlso | None = None
     ) -> list[Result]:
         """Async twin of :meth:`HandlerRunner.handle_batch`."""
         cfg = self._cfg
+        start_ns = time.time_ns()
         refs = [as_ref(cfg.consumer, m, ordered=cfg.ordered) for m in messages]
         results: dict[int, Result] = {}
         pending = list(range(len(messages)))
@@ -572,7 +584,8 @@ class AsyncHandlerRunner(_RunnerBase):
                 for j in pending:
                     results[j] = await self._handle(messages[j], None)
                 break
-        return [self._observed(results[i], m) for i, m in enumerate(messages)]
+        size = len(messages)
+        return [self._observed(results[i], m, start_ns, size) for i, m in enumerate(messages)]
 
     async def _batch(
         self,
