@@ -331,10 +331,15 @@ def _consumer_crash(world: World, stop: threading.Event) -> str:
     return "consumers SIGKILL themselves after 2% of commits, before the ack"
 
 
-def _sigterm_broker_down(world: World, stop: threading.Event) -> str:
+def _sigterm_while_down(
+    world: World, stop: threading.Event, down: Callable[[], None], up: Callable[[], None],
+    what: str,
+) -> str:  # fmt: skip
+    """Take a dependency down, SIGTERM both relays: each must exit 0 within its shutdown
+    bound; bring it back and let the supervisor restart them."""
     exits: list[str] = []
     while not stop.wait(3.0):
-        world.nats.kill()
+        down()
         world.supervise = False
         for i, proc in enumerate(world.relays):
             if proc is None:
@@ -347,11 +352,19 @@ def _sigterm_broker_down(world: World, stop: threading.Event) -> str:
                 code = -9
             exits.append(f"relay{i}:{code}")
             world.unclean_exits += code != 0
-        world.nats.start()
+        up()
         world.supervise = True
     clean = all(e.endswith(":0") for e in exits)
     verdict = "clean" if clean else "NOT clean"
-    return f"SIGTERM with the broker down: exits {', '.join(exits)} ({verdict})"
+    return f"SIGTERM with {what} down: {len(exits)} relay exits, {verdict}"
+
+
+def _sigterm_broker_down(world: World, stop: threading.Event) -> str:
+    return _sigterm_while_down(world, stop, world.nats.kill, world.nats.start, "the broker")
+
+
+def _sigterm_database_down(world: World, stop: threading.Event) -> str:
+    return _sigterm_while_down(world, stop, world.pg.crash, world.pg.start, "the database")
 
 
 def _nothing(world: World, stop: threading.Event) -> str:
@@ -385,6 +398,7 @@ SCENARIOS = {
         Scenario("consumer-kill-9-after-commit", _consumer_crash, crash_probability=0.02),
         Scenario("late-commits", _late_commits, late_commits=True),
         Scenario("sigterm-broker-down", _sigterm_broker_down),
+        Scenario("sigterm-database-down", _sigterm_database_down),
     )
 }
 SHORT = ("relay-kill-9", "consumer-kill-9-after-commit", "broker-kill-9")
