@@ -5,7 +5,7 @@ duplicate, the order guard, a parked message), for N messages with one statement
 record them all, note the duplicates, lock the batch's keys, then advance, mark stale and
 forget in bulk. Within a key the batch is decided in seq order, so a batch that holds seq 3
 before seq 2 applies both, in order. The generator yields ``(statement, params)`` and is sent
-every row the statement returned; the runners' twins only run it.
+every row the statement returned (``run_steps(..., all_rows=True)``).
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-
-from inbox._receive import MessageRef, Verdict, held_params, translate
+from inbox._receive import MessageRef, Verdict, held_params
 from inbox._statements import InboxStatements
 
-__all__ = ["BatchSteps", "Plan", "batch_steps", "run_batch_steps", "run_batch_steps_async"]
+__all__ = ["BatchSteps", "Plan", "batch_steps"]
 
 Rows = list[tuple[Any, ...]]
 BatchSteps = Generator[tuple[bytes, dict[str, Any]], Rows, "Plan"]
@@ -95,40 +93,6 @@ def batch_steps(
 def _copy(original: Verdict) -> Verdict:
     """A second copy of one id in a batch: applied (or kept) once, through its original."""
     return Verdict.DUPLICATE if original in (Verdict.PROCESS, Verdict.PARKED) else original
-
-
-def run_batch_steps(
-    raw: psycopg.Connection[Any], stmts: InboxStatements, steps: BatchSteps
-) -> Plan:
-    """Run :func:`batch_steps` on a sync connection."""
-    try:
-        with raw.cursor() as cur:
-            step = next(steps)
-            while True:
-                cur.execute(step[0], step[1])
-                step = steps.send(cur.fetchall() if cur.description else [])
-    except StopIteration as done:
-        plan: Plan = done.value
-        return plan
-    except psycopg.Error as exc:
-        raise translate(exc, stmts) from exc
-
-
-async def run_batch_steps_async(
-    raw: psycopg.AsyncConnection[Any], stmts: InboxStatements, steps: BatchSteps
-) -> Plan:
-    """Async twin of :func:`run_batch_steps`."""
-    try:
-        async with raw.cursor() as cur:
-            step = next(steps)
-            while True:
-                await cur.execute(step[0], step[1])
-                step = steps.send(await cur.fetchall() if cur.description else [])
-    except StopIteration as done:
-        plan: Plan = done.value
-        return plan
-    except psycopg.Error as exc:
-        raise translate(exc, stmts) from exc
 
 
 def _ordered(

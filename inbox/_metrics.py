@@ -12,23 +12,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from outbox._noop_metric import NoopMetric
 from outbox.exceptions import ConfigurationError
 
 __all__ = ["InboxMetrics"]
-
-
-class _Noop:
-    def labels(self, *args: Any, **kwargs: Any) -> _Noop:
-        return self
-
-    def inc(self, amount: float = 1) -> None:
-        pass
-
-    def set(self, value: float) -> None:
-        pass
-
-    def observe(self, value: float) -> None:
-        pass
 
 
 class InboxMetrics:
@@ -37,7 +24,7 @@ class InboxMetrics:
     def __init__(self, registry: Any | None) -> None:
         self.registry = registry
         if registry is None:
-            noop: Any = _Noop()
+            noop: Any = NoopMetric()
             self.deliveries = self.handler_seconds = self.lag_seconds = noop
             self.blocked_keys = self.held_keys = noop
             return

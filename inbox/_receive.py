@@ -126,9 +126,7 @@ def invalid_ref(
     except ValueError:
         return None
     valid_seq = (
-        seq
-        if isinstance(seq, int) and not isinstance(seq, bool) and 1 <= seq < 2**63
-        else None
+        seq if isinstance(seq, int) and not isinstance(seq, bool) and 1 <= seq < 2**63 else None
     )
     return MessageRef(
         consumer,
@@ -232,14 +230,24 @@ def translate(exc: psycopg.Error, stmts: InboxStatements) -> Exception:
     return exc
 
 
-def run_steps(raw: psycopg.Connection[Any], stmts: InboxStatements, steps: Steps) -> Any:
-    """Run a statement generator on a sync connection; return its result."""
+def run_steps(
+    raw: psycopg.Connection[Any],
+    stmts: InboxStatements,
+    steps: Generator[Step, Any, Any],
+    *,
+    all_rows: bool = False,
+) -> Any:
+    """Run a statement generator on a sync connection; return its result. Each statement's
+    first row (or None) is sent back; with ``all_rows`` (batches) the list of its rows."""
     try:
         with raw.cursor() as cur:
             step = next(steps)
             while True:
                 cur.execute(step[0], step[1])
-                step = steps.send(cur.fetchone() if cur.description else None)
+                if all_rows:
+                    step = steps.send(cur.fetchall() if cur.description else [])
+                else:
+                    step = steps.send(cur.fetchone() if cur.description else None)
     except StopIteration as done:
         return done.value
     except psycopg.Error as exc:
@@ -247,7 +255,11 @@ def run_steps(raw: psycopg.Connection[Any], stmts: InboxStatements, steps: Steps
 
 
 async def run_steps_async(
-    raw: psycopg.AsyncConnection[Any], stmts: InboxStatements, steps: Steps
+    raw: psycopg.AsyncConnection[Any],
+    stmts: InboxStatements,
+    steps: Generator[Step, Any, Any],
+    *,
+    all_rows: bool = False,
 ) -> Any:
     """Async twin of :func:`run_steps`."""
     try:
@@ -255,7 +267,10 @@ async def run_steps_async(
             step = next(steps)
             while True:
                 await cur.execute(step[0], step[1])
-                step = steps.send(await cur.fetchone() if cur.description else None)
+                if all_rows:
+                    step = steps.send(await cur.fetchall() if cur.description else [])
+                else:
+                    step = steps.send(await cur.fetchone() if cur.description else None)
     except StopIteration as done:
         return done.value
     except psycopg.Error as exc:

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from inbox._batch import Plan, batch_steps, run_batch_steps, run_batch_steps_async
+from inbox._batch import Plan, batch_steps
 from inbox._hold import (
     held_envelope,
     release_done_steps,
@@ -401,7 +401,7 @@ class HandlerRunner(_RunnerBase):
                 cfg.stmts, cfg.consumer, [refs[i] for i in pending],
                 [messages[i] for i in pending], cfg.ordered,
             )  # fmt: skip
-            plan = run_batch_steps(raw, cfg.stmts, steps)
+            plan: Plan = run_steps(raw, cfg.stmts, steps, all_rows=True)
             order = _batch_order(cfg, refs, plan, pending)
             if self._batch_handler is not None and order:
                 started = time.perf_counter()
@@ -603,7 +603,7 @@ class AsyncHandlerRunner(_RunnerBase):
                 cfg.stmts, cfg.consumer, [refs[i] for i in pending],
                 [messages[i] for i in pending], cfg.ordered,
             )  # fmt: skip
-            plan = await run_batch_steps_async(raw, cfg.stmts, steps)
+            plan: Plan = await run_steps_async(raw, cfg.stmts, steps, all_rows=True)
             order = _batch_order(cfg, refs, plan, pending)
             if self._batch_handler is not None and order:
                 started = time.perf_counter()

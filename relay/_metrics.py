@@ -14,24 +14,11 @@ from typing import Any
 
 import psycopg
 
+from outbox._noop_metric import NoopMetric
 from outbox.exceptions import ConfigurationError
 from relay._queries import RelayStatements
 
 __all__ = ["MetricsServer", "RelayMetrics"]
-
-
-class _Noop:
-    def labels(self, *args: Any, **kwargs: Any) -> _Noop:
-        return self
-
-    def inc(self, amount: float = 1) -> None:
-        pass
-
-    def set(self, value: float) -> None:
-        pass
-
-    def observe(self, value: float) -> None:
-        pass
 
 
 class RelayMetrics:
@@ -40,7 +27,7 @@ class RelayMetrics:
     def __init__(self, registry: Any | None) -> None:
         self.registry = registry
         if registry is None:
-            noop: Any = _Noop()
+            noop: Any = NoopMetric()
             self.published = self.failed = self.dead = self.fenced = noop
             self.claim_seconds = self.batch_seconds = noop
             self.backlog = self.oldest_pending = self.dead_rows = noop
