@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
+from outbox._capture import MODE_WAL, encode_record, known_mode, remember_mode
 from outbox._connections import resolve_async, resolve_sync
 from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, Message, PreparedMessage, prepare
 from outbox._statements import ProducerStatements, producer_statements
@@ -31,6 +32,25 @@ class _Batch:
     params: dict[str, Any]
     lock_keys: list[int]
     single: PreparedMessage | None  # the fast path: exactly one distinct message
+    rows: list[PreparedMessage]  # the distinct messages, in order
+
+    def wal_params(self) -> dict[str, Any]:
+        """Parameters of outbox_wal_emit: each distinct message as a WAL record."""
+        records = [
+            encode_record(
+                id=p.id,
+                topic=p.topic,
+                key=p.key,
+                content_type=p.content_type,
+                traceparent=p.traceparent,
+                headers=p.headers,
+                payload=p.payload,
+                available_at=p.available_at,
+                idempotent=p.idempotent,
+            )
+            for p in self.rows
+        ]
+        return {"records": records}
 
     def lock_params(self) -> dict[str, Any]:
         """Parameters of the idempotency lock: every (topic, key) of the batch, then the ids."""
@@ -87,14 +107,18 @@ def _build(messages: Iterable[Message], max_payload_bytes: int) -> _Batch:
         {int.from_bytes(p.id.bytes[:4], "big", signed=True) for p in rows if p.idempotent}
     )
     return _Batch(
-        ids=ids, params=params, lock_keys=lock_keys, single=rows[0] if len(rows) == 1 else None
+        ids=ids,
+        params=params,
+        lock_keys=lock_keys,
+        single=rows[0] if len(rows) == 1 else None,
+        rows=rows,
     )
 
 
 def _tx_ids(rows: Sequence[tuple[Any, ...]]) -> list[str]:
     """Check the insert's result; return the writing transaction ids for the doorbell."""
     tx_ids: set[str] = set()
-    for msg_id, seq, tx_id, fresh in rows:
+    for msg_id, seq, tx_id, fresh, _mode in rows:
         if fresh and seq is None:
             # Only possible if someone inserted this id without the idempotency lock. The
             # sequence number taken for it would leave a gap, so refuse the whole transaction.
@@ -137,12 +161,19 @@ def publish_batch(
     stmts = producer_statements(schema)
     try:
         with raw.cursor() as cur:
+            if known_mode(raw) in (MODE_WAL, None):
+                cur.execute(stmts.wal_emit, batch.wal_params())
+                if len(cur.fetchall()) == len(batch.rows):
+                    return batch.ids  # the relay decodes them after commit
+                remember_mode(raw, None)  # not in 'wal' mode (any more): write rows
             if batch.lock_keys:
                 cur.execute(stmts.idempotency_lock, batch.lock_params())
             cur.execute(*batch.statement(stmts))
             rows = cur.fetchall()
     except pg_errors.UndefinedTable as exc:
         raise _schema_error(stmts, exc) from exc
+    if rows:
+        remember_mode(raw, rows[0][4])
     tx_ids = _tx_ids(rows)
     if wakeup and tx_ids:
         ring_after_commit(target, raw, tx_ids)
@@ -166,12 +197,19 @@ async def publish_batch_async(
     stmts = producer_statements(schema)
     try:
         async with raw.cursor() as cur:
+            if known_mode(raw) in (MODE_WAL, None):
+                await cur.execute(stmts.wal_emit, batch.wal_params())
+                if len(await cur.fetchall()) == len(batch.rows):
+                    return batch.ids  # the relay decodes them after commit
+                remember_mode(raw, None)
             if batch.lock_keys:
                 await cur.execute(stmts.idempotency_lock, batch.lock_params())
             await cur.execute(*batch.statement(stmts))
             rows = await cur.fetchall()
     except pg_errors.UndefinedTable as exc:
         raise _schema_error(stmts, exc) from exc
+    if rows:
+        remember_mode(raw, rows[0][4])
     tx_ids = _tx_ids(rows)
     if wakeup and tx_ids:
         ring_after_commit(target, raw, tx_ids)

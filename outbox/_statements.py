@@ -12,7 +12,8 @@ from functools import lru_cache
 
 from psycopg import sql
 
-from outbox.schema import OUTBOX_MESSAGES, OUTBOX_SEQUENCES, check_identifier
+from outbox._capture import PREFIX
+from outbox.schema import OUTBOX_CAPTURE, OUTBOX_MESSAGES, OUTBOX_SEQUENCES, check_identifier
 
 __all__ = ["WAKEUP_CHANNEL", "ProducerStatements", "producer_statements"]
 
@@ -72,12 +73,16 @@ inserted AS (
     ON CONFLICT (id) DO NOTHING
     RETURNING m.id, m.seq, m.tx_id
 )
-SELECT i.id, ins.seq, ins.tx_id::text, f.id IS NOT NULL AS fresh
+SELECT i.id, ins.seq, ins.tx_id::text, f.id IS NOT NULL AS fresh,
+       (SELECT c.mode FROM {capture} AS c) AS mode
 FROM input AS i
 LEFT JOIN fresh AS f ON f.id = i.id
 LEFT JOIN inserted AS ins ON ins.id = i.id
 ORDER BY i.ord
 """
+
+# Both inserts also return the capture mode (outbox_capture, one row in shared buffers): that
+# is how a writer learns, at no extra round trip, that the database switched to 'wal' mode.
 
 # outbox_messages_insert_one: the common case, one message, as lean as it can be (about half the
 # server time of the batch statement). Same locking argument as above: the upsert's row lock
@@ -97,7 +102,7 @@ INSERT INTO {messages} AS m
 SELECT %(id)s, %(topic)s, %(key)s, b.last_seq, %(headers)s::jsonb, %(payload)s,
        %(content_type)s, %(traceparent)s, coalesce(%(available_at)s::timestamptz, clock_timestamp())
 FROM bumped AS b
-RETURNING m.id, m.seq, m.tx_id::text, true
+RETURNING m.id, m.seq, m.tx_id::text, true, (SELECT c.mode FROM {capture} AS c)
 """
 _GUARD = "WHERE NOT EXISTS (SELECT 1 FROM {messages} AS e WHERE e.id = %(id)s)"
 
@@ -126,6 +131,19 @@ WHERE (SELECT count(*) FROM held) >= 0
 ORDER BY k
 """
 
+# outbox_wal_emit ('wal' capture mode, docs/capture.md): the messages as transactional logical
+# messages, in input order (volatile functions in the target list are evaluated after the
+# sort). Nothing is written to any table and nothing is locked: the relay decodes them after
+# commit, in commit order, and gives them their seqs. Emits nothing (zero rows) unless the
+# database is in 'wal' mode: the writer then writes them as rows instead, in the same
+# transaction. Rolled back, they are never decoded.
+_WAL_EMIT = """
+SELECT pg_logical_emit_message(true, {prefix}, u.record)
+FROM {capture} AS c, unnest(%(records)s::bytea[]) WITH ORDINALITY AS u(record, ord)
+WHERE c.mode = 'wal'
+ORDER BY u.ord
+"""
+
 # outbox_tables_present: one catalog lookup, to turn "relation does not exist" into advice.
 _TABLES_PRESENT = """
 SELECT to_regclass(%(messages)s) IS NOT NULL AND to_regclass(%(sequences)s) IS NOT NULL
@@ -138,6 +156,7 @@ class ProducerStatements:
     insert_one: bytes
     insert_one_idempotent: bytes
     idempotency_lock: bytes
+    wal_emit: bytes
     tables_present: bytes
     messages_name: str
     sequences_name: str
@@ -154,16 +173,22 @@ def producer_statements(schema: str | None) -> ProducerStatements:
         check_identifier(schema)
     messages = _qualified(schema, OUTBOX_MESSAGES)
     sequences = _qualified(schema, OUTBOX_SEQUENCES)
-    insert = sql.SQL(_INSERT).format(messages=messages, sequences=sequences)
+    capture = _qualified(schema, OUTBOX_CAPTURE)
+    tables = {"messages": messages, "sequences": sequences, "capture": capture}
+    insert = sql.SQL(_INSERT).format(**tables)
     guard = sql.SQL(_GUARD).format(messages=messages)
-    one = sql.SQL(_INSERT_ONE).format(messages=messages, sequences=sequences, guard=sql.SQL(""))
-    one_idem = sql.SQL(_INSERT_ONE).format(messages=messages, sequences=sequences, guard=guard)
+    one = sql.SQL(_INSERT_ONE).format(**tables, guard=sql.SQL(""))
+    one_idem = sql.SQL(_INSERT_ONE).format(**tables, guard=guard)
     return ProducerStatements(
         insert=insert.as_string(None).encode(),
         insert_one=one.as_string(None).encode(),
         insert_one_idempotent=one_idem.as_string(None).encode(),
         idempotency_lock=sql.SQL(_IDEMPOTENCY_LOCK)
         .format(sequences=sequences)
+        .as_string(None)
+        .encode(),
+        wal_emit=sql.SQL(_WAL_EMIT)
+        .format(capture=capture, prefix=sql.Literal(PREFIX))
         .as_string(None)
         .encode(),
         tables_present=_TABLES_PRESENT.encode(),

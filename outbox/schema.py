@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     Identity,
@@ -42,6 +43,7 @@ __all__ = [
     "INBOX_MESSAGES",
     "INBOX_POSITIONS",
     "NAMING_CONVENTION",
+    "OUTBOX_CAPTURE",
     "OUTBOX_DEAD_AUDIT",
     "OUTBOX_MESSAGES",
     "OUTBOX_RELAYS",
@@ -56,6 +58,7 @@ __all__ = [
 
 OUTBOX_MESSAGES = "outbox_messages"
 OUTBOX_SEQUENCES = "outbox_key_sequences"
+OUTBOX_CAPTURE = "outbox_capture"
 INBOX_MESSAGES = "inbox_messages"
 INBOX_POSITIONS = "inbox_key_positions"
 INBOX_KAFKA_OFFSETS = "inbox_kafka_offsets"
@@ -154,6 +157,25 @@ def make_metadata(schema: str | None = None) -> MetaData:
             "published_at",
             postgresql_where=text("status = 'published'"),
         ),
+    )
+
+    Table(
+        OUTBOX_CAPTURE,
+        md,
+        # One row: how committed messages reach the relay (outbox_0010, docs/capture.md).
+        # 'polling': rows of outbox_messages; 'wal': transactional logical messages the relay
+        # decodes from the replication slot named here (pgoutput, through the publication).
+        Column("singleton", Boolean, nullable=False, server_default=text("true")),
+        Column("mode", Text, nullable=False, server_default=text("'polling'")),
+        Column("slot", Text, nullable=True),
+        Column("publication", Text, nullable=True),
+        Column(
+            "changed_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+        ),
+        PrimaryKeyConstraint("singleton"),
+        CheckConstraint("singleton", name="one_row"),
+        CheckConstraint("mode IN ('polling', 'wal')", name="mode_valid"),
+        CheckConstraint("mode = 'polling' OR slot IS NOT NULL", name="wal_has_slot"),
     )
 
     Table(

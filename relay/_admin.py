@@ -1,4 +1,5 @@
-"""Operator functions behind `outbox status`, `outbox dead ...` and `outbox retention`.
+"""Operator functions behind `outbox status`, `outbox dead ...`, `outbox retention` and
+`outbox capture ...`.
 
 Synchronous, one short transaction each (retention: one per batch). Dead-letter changes write
 their audit rows in the same statement as the change.
@@ -13,9 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from outbox._actor import default_actor
-from relay._queries import relay_statements
+from outbox.exceptions import ConfigurationError
+from outbox.schema import OUTBOX_CAPTURE, check_identifier
+from relay._queries import RelayStatements, relay_statements
 
 __all__ = [
     "DeadFilter",
@@ -26,6 +30,8 @@ __all__ = [
     "dead_retry",
     "default_actor",
     "delete_published",
+    "disable_capture",
+    "enable_capture",
     "relay_status",
 ]
 
@@ -70,10 +76,13 @@ class DeadMessage:
 
 @dataclass(frozen=True)
 class RelayStatus:
-    """Backlog per topic and the live relays with what they hold."""
+    """Backlog per topic, the live relays with what they hold, and the capture mode."""
 
     topics: list[dict[str, Any]] = field(default_factory=list)
     relays: list[dict[str, Any]] = field(default_factory=list)
+    #: mode, slot, publication; in 'wal' mode the slot's state (active, lag_bytes,
+    #: retained_bytes, wal_status; missing: the slot does not exist)
+    capture: dict[str, Any] = field(default_factory=dict)
 
     @property
     def paused_destinations(self) -> list[dict[str, Any]]:
@@ -94,7 +103,96 @@ def relay_status(url: str, *, schema: str | None = None) -> RelayStatus:
         cur = conn.execute(stmts.status_relays)
         names = [d.name for d in cur.description or []]
         relays = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-    return RelayStatus(topics, relays)
+        capture = _capture_state(conn, stmts)
+    return RelayStatus(topics, relays, capture)
+
+
+def _capture_state(conn: psycopg.Connection[Any], stmts: RelayStatements) -> dict[str, Any]:
+    row = conn.execute(stmts.capture_mode).fetchone()
+    if row is None:
+        return {"mode": "polling"}
+    state: dict[str, Any] = {"mode": row[0], "slot": row[1], "publication": row[2]}
+    if row[1] is not None:
+        slot = conn.execute(stmts.capture_slot, {"slot": row[1]}).fetchone()
+        state["slot_exists"] = slot is not None
+        if slot is not None:
+            state.update(
+                active=slot[1], lag_bytes=slot[2], retained_bytes=slot[3], wal_status=slot[4]
+            )
+    return state
+
+
+def enable_capture(
+    url: str,
+    *,
+    slot: str = "outbox_relay",
+    publication: str = "outbox_capture",
+    schema: str | None = None,
+) -> dict[str, Any]:
+    """Switch the database to 'wal' capture mode (docs/capture.md).
+
+    Checks ``wal_level``, creates the publication (empty: pgoutput sends logical messages
+    whatever it holds) and the logical slot (pgoutput) unless they exist, then flips the mode.
+    The slot exists before any writer emits a message, so none is ever missed. Needs a role
+    with REPLICATION (to create the slot) and CREATE on the database (the publication).
+    """
+    check_identifier(slot)
+    check_identifier(publication)
+    stmts = relay_statements(schema)
+    with psycopg.connect(url, autocommit=True) as conn:
+        level = conn.execute("SHOW wal_level").fetchone()
+        if level is None or level[0] != "logical":
+            raise ConfigurationError(
+                f"wal_level is {level[0] if level else 'unknown'!r}; WAL capture needs "
+                "wal_level = logical: set it in postgresql.conf (or ALTER SYSTEM SET "
+                "wal_level = logical) and restart PostgreSQL; max_replication_slots and "
+                "max_wal_senders must be at least 1 (the defaults are 10)",
+                setting="wal_level",
+            )
+        exists = conn.execute(
+            "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
+        ).fetchone()
+        if exists is None:
+            conn.execute(sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(publication)))
+        has_slot = conn.execute(
+            "SELECT plugin FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone()
+        if has_slot is None:
+            conn.execute(
+                "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,)
+            )
+        elif has_slot[0] != "pgoutput":
+            raise ConfigurationError(
+                f"replication slot {slot!r} exists with plugin {has_slot[0]!r}, not pgoutput: "
+                "choose another --slot, or drop that slot if nothing else uses it",
+                slot=slot,
+            )
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET mode = 'wal', slot = %s, publication = %s, "
+                "changed_at = clock_timestamp()"
+            ).format(_capture_table(schema)),
+            (slot, publication),
+        )
+        return _capture_state(conn, stmts)
+
+
+def disable_capture(url: str, *, schema: str | None = None) -> dict[str, Any]:
+    """Switch back to polling. The slot is kept: the relay still publishes what was emitted
+    before the switch; drop it (``SELECT pg_drop_replication_slot(...)``) once ``outbox
+    status`` shows its lag at 0 and no relay streams it."""
+    stmts = relay_statements(schema)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET mode = 'polling', changed_at = clock_timestamp()"
+            ).format(_capture_table(schema))
+        )
+        return _capture_state(conn, stmts)
+
+
+def _capture_table(schema: str | None) -> sql.Identifier:
+    return sql.Identifier(schema, OUTBOX_CAPTURE) if schema else sql.Identifier(OUTBOX_CAPTURE)
 
 
 def dead_list(

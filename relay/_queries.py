@@ -28,9 +28,11 @@ from functools import lru_cache
 from psycopg import sql
 
 from outbox.schema import (
+    OUTBOX_CAPTURE,
     OUTBOX_DEAD_AUDIT,
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
+    OUTBOX_SEQUENCES,
     check_identifier,
 )
 
@@ -362,6 +364,88 @@ ORDER BY id DESC LIMIT %(limit)s
 """
 
 
+# --- WAL capture mode (relay/_capture.py, docs/capture.md) ----------------------------------
+
+# outbox_capture_mode: the database's capture mode and, in 'wal' mode, its slot and publication.
+_CAPTURE_MODE = """
+SELECT c.mode, c.slot, c.publication FROM {capture} AS c
+"""
+
+# outbox_capture_lock: one relay of the group streams the slot. A session-level advisory lock
+# (class 3084 = 0x0C0C, reserved for outbox-inbox; the slot's name hashed) on a connection the
+# capturing relay keeps open: it is released when that connection ends, however the relay died
+# (the server notices a killed process's closed socket at once), and a standby's next try takes
+# it. The slot itself refuses a second streamer too; the lock makes standbys wait politely.
+_CAPTURE_LOCK = """
+SELECT pg_try_advisory_lock(3084, hashtext(%(slot)s))
+"""
+
+# outbox_capture_known: ids of a decoded batch that already have a row: the rows of a batch
+# recorded before a crash that came before the slot's confirmation (decoded again now), and
+# idempotency keys published again. Their row stands; they are neither numbered nor sent again.
+_CAPTURE_KNOWN = """
+SELECT m.id FROM {messages} AS m WHERE m.id = ANY(%(ids)s::uuid[])
+"""
+
+# outbox_capture_bump: number a batch. One upsert per (topic, key), in (topic, key) order (no
+# deadlock with writers or other batches), adding the batch's count; each key's row stays
+# locked until the batch's transaction ends. The batch's transactions arrived in commit order,
+# so numbering them in arrival order gives gapless seqs in commit order. Rolled back (a crash,
+# a failed record), the counters are unchanged and the same transactions, decoded again from
+# the slot's confirmed position, get the same seqs.
+_CAPTURE_BUMP = """
+INSERT INTO {sequences} AS s (topic, key, last_seq)
+SELECT u.topic, u.key, u.n
+FROM unnest(%(topics)s::text[], %(keys)s::text[], %(counts)s::int8[]) AS u(topic, key, n)
+ORDER BY u.topic, u.key
+ON CONFLICT (topic, key) DO UPDATE SET last_seq = s.last_seq + excluded.last_seq
+RETURNING s.topic, s.key, s.last_seq
+"""
+
+# outbox_capture_waiting_keys: keys of the batch that already have a row the polling loop must
+# publish first (pending: delayed, failed, or redriven; or dead while its topic holds keys).
+# Their new messages are recorded pending behind it, so a key's order holds across the modes.
+# One probe of the partial (topic, key, seq) index per key.
+_CAPTURE_WAITING_KEYS = """
+SELECT u.topic, u.key
+FROM unnest(%(topics)s::text[], %(keys)s::text[]) AS u(topic, key)
+WHERE EXISTS (
+    SELECT 1 FROM {messages} AS f
+    WHERE f.topic = u.topic AND f.key = u.key AND f.status <> 'published'
+      AND (f.status = 'pending' OR {holds_f})
+)
+"""
+
+# outbox_capture_record: the batch's rows, in one statement: published ones with their
+# published_at, the others pending for the polling loop (with the broker's error and one
+# attempt counted when the send failed). created_at is the writing transaction's commit time.
+_CAPTURE_RECORD = """
+INSERT INTO {messages}
+    (id, topic, key, seq, headers, payload, content_type, traceparent, created_at,
+     available_at, status, attempts, last_error, published_at)
+SELECT u.id, u.topic, u.key, u.seq, u.headers::jsonb, u.payload, u.content_type, u.traceparent,
+       u.created_at, coalesce(u.available_at, u.created_at), u.status, u.attempts,
+       u.last_error, CASE WHEN u.status = 'published' THEN clock_timestamp() END
+FROM unnest(%(ids)s::uuid[], %(topics)s::text[], %(keys)s::text[], %(seqs)s::int8[],
+            %(headers)s::text[], %(payloads)s::bytea[], %(content_types)s::text[],
+            %(traceparents)s::text[], %(created_ats)s::timestamptz[],
+            %(available_ats)s::timestamptz[], %(statuses)s::text[], %(attempts)s::int4[],
+            %(errors)s::text[])
+    AS u(id, topic, key, seq, headers, payload, content_type, traceparent, created_at,
+         available_at, status, attempts, last_error)
+"""
+
+# outbox_capture_slot: the slot as `outbox status` shows it: whether a relay streams it, how far
+# its confirmed position is behind the server's WAL, and how much WAL it keeps.
+_CAPTURE_SLOT = """
+SELECT s.slot_name, s.active,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint AS retained_bytes,
+       s.wal_status
+FROM pg_replication_slots AS s WHERE s.slot_name = %(slot)s
+"""
+
+
 @dataclass(frozen=True)
 class RelayStatements:
     tables_present: bytes
@@ -379,6 +463,13 @@ class RelayStatements:
     dead_retry: bytes
     dead_purge: bytes
     audit_list: bytes
+    capture_mode: bytes
+    capture_lock: bytes
+    capture_known: bytes
+    capture_bump: bytes
+    capture_waiting_keys: bytes
+    capture_record: bytes
+    capture_slot: bytes
 
 
 def _qualified(schema: str | None, table: str) -> sql.Identifier:
@@ -399,6 +490,8 @@ def relay_statements(schema: str | None) -> RelayStatements:
         "messages": _qualified(schema, OUTBOX_MESSAGES),
         "relays": _qualified(schema, OUTBOX_RELAYS),
         "audit": _qualified(schema, OUTBOX_DEAD_AUDIT),
+        "sequences": _qualified(schema, OUTBOX_SEQUENCES),
+        "capture": _qualified(schema, OUTBOX_CAPTURE),
         "messages_name": _name(schema, OUTBOX_MESSAGES),
         "relays_name": _name(schema, OUTBOX_RELAYS),
         "audit_name": _name(schema, OUTBOX_DEAD_AUDIT),
@@ -426,4 +519,11 @@ def relay_statements(schema: str | None) -> RelayStatements:
         dead_retry=render(_DEAD_RETRY),
         dead_purge=render(_DEAD_PURGE),
         audit_list=render(_AUDIT_LIST),
+        capture_mode=render(_CAPTURE_MODE),
+        capture_lock=render(_CAPTURE_LOCK),
+        capture_known=render(_CAPTURE_KNOWN),
+        capture_bump=render(_CAPTURE_BUMP),
+        capture_waiting_keys=render(_CAPTURE_WAITING_KEYS),
+        capture_record=render(_CAPTURE_RECORD),
+        capture_slot=render(_CAPTURE_SLOT),
     )

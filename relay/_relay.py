@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from outbox._statements import WAKEUP_CHANNEL
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError, SchemaNotInstalledError
+from relay._capture import WalCapture
 from relay._claim import (
     Claim,
     Outcome,
@@ -85,6 +86,8 @@ class Relay:
         self._open_claims: set[uuid.UUID] = set()
         self._listen_dsn = config.database_url  # the LISTEN connection's (tests put a proxy here)
         self.last_db_ok = 0.0
+        self.capture: WalCapture | None = None
+        self._capture_task: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -116,7 +119,7 @@ class Relay:
         pool = AsyncConnectionPool(
             self.config.database_url,
             min_size=1,
-            max_size=self.config.max_in_flight + 2,
+            max_size=self.config.max_in_flight + 3,
             kwargs={"autocommit": True},
             configure=relay_session,
             open=False,
@@ -131,6 +134,10 @@ class Relay:
             if self.config.listen:
                 background.append(asyncio.create_task(self._listen()))
             await self._start_publisher()
+            # 'wal' mode: stream the slot too (it waits while the database polls)
+            self.capture = WalCapture(self, pool)
+            self._capture_task = asyncio.create_task(self.capture.run())
+            background.append(self._capture_task)
             await self._loop(pool)
         finally:
             await self._shutdown(pool, background)
@@ -192,6 +199,8 @@ class Relay:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._capture_task is not None:  # it ends its batch (sent, recorded, confirmed)
+            await asyncio.wait([self._capture_task], timeout=self.config.shutdown_timeout)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -291,7 +300,7 @@ class Relay:
             )
             amo_ids &= marked
         to_send = [e for e in claim.envelopes if e.id in amo_ids or not self._amo(e.topic)]
-        results, unreachable = await self._publish(to_send, claim)
+        results, unreachable = await self._publish(to_send, claim.deadline)
         by_id = dict(zip((e.id for e in to_send), results, strict=True))
         self._count_at_most_once(to_send, amo_ids, by_id)
         keep = [i for i, e in enumerate(claim.envelopes) if not self._amo(e.topic)]
@@ -381,12 +390,13 @@ class Relay:
         return len(self._failing_keys) > 1
 
     async def _publish(
-        self, envelopes: list[Envelope], claim: Claim
+        self, envelopes: list[Envelope], deadline: float
     ) -> tuple[list[BaseException | None], bool]:
-        """The broker's result per envelope, and whether the broker was unreachable."""
+        """The broker's result per envelope, and whether the broker was unreachable.
+        ``deadline``: the monotonic time after which nothing may be sent (a claim's lease)."""
         if not envelopes:
             return [], False
-        budget = min(self.config.publish_timeout, claim.deadline - time.monotonic())
+        budget = min(self.config.publish_timeout, deadline - time.monotonic())
         err: RetryablePublishError
         if budget <= 0:
             err = RetryablePublishError("lease about to lapse; not sent")

@@ -25,6 +25,8 @@ from relay._admin import (
     dead_purge,
     dead_retry,
     delete_published,
+    disable_capture,
+    enable_capture,
     relay_status,
 )
 from relay._config import RelayConfig
@@ -155,6 +157,7 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
             "topics": status.topics,
             "relays": status.relays,
             "paused_destinations": status.paused_destinations,
+            "capture": status.capture,
         }
         click.echo(json.dumps(document, default=str))
         return
@@ -171,6 +174,8 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
         click.echo(
             f"{r['relay_id']:<36} {r['pid']:>7} {r['silent_s']:>9.1f}s {r['leased']:>7}  {topics}"
         )
+    click.echo("")
+    click.echo(_capture_line(status.capture))
     paused = status.paused_destinations
     if paused:
         click.echo("")
@@ -181,6 +186,56 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
                 f"{p['topic']:<24} since {p['since']} ({p['refusals']} refusals, relay "
                 f"{p['relay_id']}): {reason}"
             )
+
+
+def _capture_line(state: dict[str, Any]) -> str:
+    """The capture mode in one line; in 'wal' mode the slot's lag and retained WAL."""
+    if state.get("mode") != "wal":
+        return "capture: polling"
+    if not state.get("slot_exists"):
+        return (
+            f"capture: wal, slot {state['slot']} MISSING: nothing is being captured; see "
+            "docs/capture.md (a lost slot)"
+        )
+    return (
+        f"capture: wal, slot {state['slot']} {'streaming' if state['active'] else 'idle'}, "
+        f"lag {state['lag_bytes']} bytes, WAL retained {state['retained_bytes']} bytes "
+        f"({state['wal_status']})"
+    )
+
+
+@click.group("capture")
+def capture_group() -> None:
+    """How committed messages reach the relay: table polling or the WAL (docs/capture.md)."""
+
+
+@capture_group.command("enable")
+@_url
+@_schema
+@click.option("--slot", default="outbox_relay", show_default=True, help="Logical slot name.")
+@click.option("--publication", default="outbox_capture", show_default=True)
+def capture_enable_cmd(url: str | None, schema: str | None, slot: str, publication: str) -> None:
+    """Switch to WAL capture: create the slot and publication, then flip the mode."""
+    state = enable_capture(database_url(url), slot=slot, publication=publication, schema=schema)
+    click.echo(_capture_line(state))
+
+
+@capture_group.command("disable")
+@_url
+@_schema
+def capture_disable_cmd(url: str | None, schema: str | None) -> None:
+    """Switch back to polling (the slot is kept until you drop it)."""
+    click.echo(_capture_line(disable_capture(database_url(url), schema=schema)))
+
+
+@capture_group.command("status")
+@_url
+@_schema
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def capture_status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
+    """The capture mode; in 'wal' mode the slot's lag and retained WAL."""
+    state = relay_status(database_url(url), schema=schema).capture
+    click.echo(json.dumps(state, default=str) if as_json else _capture_line(state))
 
 
 def _filters(fn: Any) -> Any:
@@ -347,4 +402,10 @@ def retention_cmd(url: str | None, schema: str | None, older_than: float, batch:
     click.echo(f"deleted {n} published message(s)")
 
 
-commands: list[click.Command] = [relay_cmd, status_cmd, dead_group, retention_cmd]
+commands: list[click.Command] = [
+    relay_cmd,
+    status_cmd,
+    dead_group,
+    retention_cmd,
+    capture_group,
+]

@@ -105,3 +105,89 @@ def find_server() -> PgServer | None:
     if _reachable(LOCAL_URL):
         return PgServer(LOCAL_URL, "127.0.0.1:5432")
     return _docker_server() or embedded_server()
+
+
+# ---- a private cluster with wal_level = logical (WAL capture mode) ------------------------
+
+LOGICAL_HOW_TO = (
+    "no PostgreSQL with wal_level = logical: install the postgresql server package (its initdb "
+    "and postgres binaries, found with pg_config --bindir or /usr/lib/postgresql/*/bin), or set "
+    "OUTBOX_TEST_LOGICAL_URL=postgresql://user@host:port/db (a superuser on a server with "
+    "wal_level = logical); the machine's own server is never reconfigured"
+)
+
+
+def _bindir() -> str | None:
+    import glob
+    import shutil
+    import subprocess
+
+    found = shutil.which("pg_config")
+    if found:
+        out = subprocess.run([found, "--bindir"], capture_output=True, text=True, check=False)
+        candidate = out.stdout.strip()
+        if os.path.exists(os.path.join(candidate, "initdb")):
+            return candidate
+    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda d: int(d.split("/")[-2]))
+    return dirs[-1] if dirs else None
+
+
+def logical_server(workdir: str) -> PgServer | None:
+    """A PostgreSQL cluster of our own in ``workdir``, on a free port, with wal_level =
+    logical; None when no server binaries are installed. Its ``stop`` shuts it down (fast
+    shutdown, by the postmaster's pid) and removes nothing else."""
+    import pwd
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    given = os.environ.get("OUTBOX_TEST_LOGICAL_URL")
+    if given:
+        return PgServer(given, "OUTBOX_TEST_LOGICAL_URL")
+    bindir = _bindir()
+    if bindir is None:
+        return None
+    user: str | None = None
+    if os.geteuid() == 0:  # initdb and postgres refuse to run as root
+        user = "postgres"
+        pw = pwd.getpwnam(user)
+        os.chown(workdir, pw.pw_uid, pw.pw_gid)
+    data = os.path.join(workdir, "data")
+    subprocess.run(
+        [os.path.join(bindir, "initdb"), "-D", data, "-A", "trust", "-U", "postgres",
+         "--no-sync", "-E", "UTF8"],
+        check=True, capture_output=True, user=user,
+    )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = open(os.path.join(workdir, "postgres.log"), "wb")  # noqa: SIM115 - closed in stop
+    proc = subprocess.Popen(
+        [os.path.join(bindir, "postgres"), "-D", data, "-p", str(port), "-k", workdir,
+         "-c", "listen_addresses=127.0.0.1", "-c", "wal_level=logical",
+         "-c", "max_replication_slots=20", "-c", "max_wal_senders=20",
+         "-c", "max_connections=200", "-c", "fsync=off"],
+        stdout=log, stderr=subprocess.STDOUT, user=user,
+    )
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # fast shutdown
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+    deadline = time.monotonic() + 30
+    while not _reachable(url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop()
+            with open(os.path.join(workdir, "postgres.log"), "rb") as f:
+                tail = f.read()[-2000:].decode("utf-8", "replace")
+            raise RuntimeError(f"the private PostgreSQL did not start: {tail}")
+        time.sleep(0.1)
+    return PgServer(url, f"private cluster on port {port} (wal_level = logical)", stop)

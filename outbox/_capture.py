@@ -1,0 +1,157 @@
+"""The WAL capture mode's record: what a writer emits, what the relay decodes. One home.
+
+In 'wal' mode (docs/capture.md) a message is not a row: ``publish()`` emits it as a
+transactional logical message (``pg_logical_emit_message(true, PREFIX, record)``), which
+PostgreSQL writes to the WAL only, and decodes to the relay's replication slot only if the
+transaction commits, in commit order. The relay gives it its per-key ``seq`` and records it.
+
+Record format v1 (big-endian): version (1 byte, 1), flags (1 byte: 1 = the id comes from an
+idempotency key, 2 = ``available_at`` is set), the id (16 bytes), ``available_at`` in Unix
+microseconds (8 bytes, 0 when unset), then six fields, each a 4-byte length and that many
+bytes: topic, key, content type, traceparent (empty: none), headers (JSON object text),
+payload. ``outbox_publish()`` (migration outbox_0010) builds the same bytes in SQL.
+
+Which mode a database is in is the one row of ``outbox_capture``. A writer learns it from its
+own statements: a connection's first publish tries the WAL emit, which emits nothing (and says
+so) unless the mode is 'wal'; the polling insert returns the mode, so a switch to 'wal' is seen
+at the next publish. So a writer that still believes the
+wrong mode never loses a message: a row written in 'wal' mode is published by the relay's
+polling loop, which keeps running; a WAL emit refused in 'polling' mode is written as a row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import struct
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from outbox.exceptions import OutboxError
+
+__all__ = [
+    "MODE_POLLING",
+    "MODE_WAL",
+    "PREFIX",
+    "RecordError",
+    "WalRecord",
+    "decode_record",
+    "encode_record",
+    "known_mode",
+    "remember_mode",
+]
+
+#: the logical message prefix; the version travels in the record too
+PREFIX = "outbox.v1"
+MODE_POLLING = "polling"
+MODE_WAL = "wal"
+
+_VERSION = 1
+_IDEMPOTENT = 1
+_HAS_AVAILABLE_AT = 2
+_HEAD = struct.Struct(">BB16sq")
+_LENGTH = struct.Struct(">I")
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class WalRecord:
+    """One message as the relay decodes it from the WAL."""
+
+    id: uuid.UUID
+    topic: str
+    key: str
+    content_type: str
+    traceparent: str | None
+    headers: str  # JSON object text, as outbox_messages.headers takes it
+    payload: bytes
+    available_at: dt.datetime | None
+    idempotent: bool
+
+
+def encode_record(
+    *,
+    id: uuid.UUID,
+    topic: str,
+    key: str,
+    content_type: str,
+    traceparent: str | None,
+    headers: str,
+    payload: bytes,
+    available_at: dt.datetime | None,
+    idempotent: bool,
+) -> bytes:
+    """The bytes of one message's logical message."""
+    flags = (_IDEMPOTENT if idempotent else 0) | (_HAS_AVAILABLE_AT if available_at else 0)
+    micros = 0
+    if available_at is not None:
+        micros = (available_at - _EPOCH) // dt.timedelta(microseconds=1)
+    parts = [_HEAD.pack(_VERSION, flags, id.bytes, micros)]
+    for text in (topic, key, content_type, traceparent or "", headers):
+        data = text.encode("utf-8")
+        parts.append(_LENGTH.pack(len(data)))
+        parts.append(data)
+    parts.append(_LENGTH.pack(len(payload)))
+    parts.append(payload)
+    return b"".join(parts)
+
+
+class RecordError(OutboxError):
+    """A logical message under our prefix that is not a valid record (never written by us)."""
+
+
+def decode_record(data: bytes) -> WalRecord:
+    """Parse one record; :class:`RecordError` names what is wrong with a malformed one."""
+    if len(data) < _HEAD.size:
+        raise RecordError(f"record of {len(data)} bytes is shorter than its header")
+    version, flags, raw_id, micros = _HEAD.unpack_from(data, 0)
+    if version != _VERSION:
+        raise RecordError(f"record version {version} is not {_VERSION}: upgrade the relay")
+    fields: list[bytes] = []
+    offset = _HEAD.size
+    for _ in range(6):
+        if offset + _LENGTH.size > len(data):
+            raise RecordError("record ends inside a field length")
+        (size,) = _LENGTH.unpack_from(data, offset)
+        offset += _LENGTH.size
+        if offset + size > len(data):
+            raise RecordError("record ends inside a field")
+        fields.append(data[offset : offset + size])
+        offset += size
+    if offset != len(data):
+        raise RecordError(f"{len(data) - offset} bytes after the record's last field")
+    try:
+        topic, key, content_type, traceparent, headers = (f.decode("utf-8") for f in fields[:5])
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"a text field is not UTF-8: {exc}") from exc
+    available_at = None
+    if flags & _HAS_AVAILABLE_AT:
+        available_at = _EPOCH + dt.timedelta(microseconds=micros)
+    return WalRecord(
+        id=uuid.UUID(bytes=raw_id),
+        topic=topic,
+        key=key,
+        content_type=content_type,
+        traceparent=traceparent or None,
+        headers=headers,
+        payload=fields[5],
+        available_at=available_at,
+        idempotent=bool(flags & _IDEMPOTENT),
+    )
+
+
+# What each connection last learnt of the mode (weakly keyed: a closed, collected connection
+# leaves nothing behind). Only a hint: every statement checks the mode again in the server.
+_modes: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def known_mode(raw: Any) -> str | None:
+    """The mode ``raw`` last saw; None before its first publish (which then tries the WAL
+    emit first: in 'polling' mode that costs one round trip, once per connection)."""
+    return _modes.get(raw)
+
+
+def remember_mode(raw: Any, mode: str | None) -> None:
+    """Note what ``raw``'s last statement said of the mode (None: not 'wal')."""
+    _modes[raw] = mode if mode in (MODE_POLLING, MODE_WAL) else MODE_POLLING

@@ -1,0 +1,277 @@
+"""WAL capture mode: the relay publishes what it decodes from the replication slot.
+
+In 'wal' mode (``outbox capture enable``; docs/capture.md) writers emit each message as a
+transactional logical message and touch no table. One relay of the group (the holder of the
+capture lock, see ``outbox_capture_lock``) streams the slot; per batch of committed
+transactions, in ONE database transaction, it:
+
+1. drops ids that already have a row (a batch recorded before a crash, decoded again; an
+   idempotency key published again);
+2. numbers the rest per (topic, key) in arrival order = commit order (``outbox_capture_bump``:
+   the counter rows stay locked until the batch commits);
+3. sends them to the broker, except messages that must wait: delayed ones (``available_at``
+   in the future) and those of keys with an earlier row the polling loop still has to publish;
+4. records every message in ``outbox_messages``: 'published', or 'pending' for the polling
+   loop (which keeps running in this mode and owns retries, dead letters and delays);
+5. commits, and only then confirms the batch's end to the slot.
+
+A crash anywhere before the commit rolls the numbering back, and the slot sends the same
+transactions again from its confirmed position: they get the same seqs and ids (a broker that
+received some of them already deduplicates by id where it can; the inbox always does). A crash
+after the commit and before the confirmation decodes the batch again, and step 1 drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from outbox._capture import MODE_WAL, RecordError, WalRecord, decode_record
+from outbox.envelope import Envelope
+from relay._replication import CommittedTransaction, ReplicationStream
+
+if TYPE_CHECKING:
+    from relay._relay import Relay
+
+__all__ = ["WalCapture"]
+
+log = logging.getLogger("relay")
+
+#: how often a relay that is not capturing looks again (mode switched on, capturer gone)
+RECHECK_SECONDS = 1.0
+#: the longest a capturing relay waits for a transaction before confirming the idle stream
+IDLE_WAIT_SECONDS = 0.5
+
+
+@dataclass
+class _Decoded:
+    record: WalRecord
+    created_at: dt.datetime
+    seq: int = 0
+    status: str = "published"
+    attempts: int = 0
+    error: str | None = None
+
+
+class WalCapture:
+    """The capture side of a relay in 'wal' mode; ``run()`` until the relay stops."""
+
+    def __init__(self, relay: Relay, pool: AsyncConnectionPool[Any]) -> None:
+        self._relay = relay
+        self._pool = pool
+        self._stmts = relay._stmts
+        #: True while this relay holds the capture lock and streams the slot
+        self.capturing = False
+
+    async def run(self) -> None:
+        relay = self._relay
+        failures = 0
+        while not relay.stopping:
+            try:
+                setting = await self._setting()
+                if setting is None:
+                    await relay._sleep(RECHECK_SECONDS)
+                    continue
+                await self._lead(*setting)
+                failures = 0
+            except (psycopg.Error, OSError, Exception) as exc:
+                if isinstance(exc, asyncio.CancelledError):  # pragma: no cover
+                    raise
+                failures += 1
+                delay = min(0.2 * 2**failures, 5.0)
+                log.warning("relay: WAL capture interrupted (%s); again in %.1fs", exc, delay)
+                await relay._sleep(delay)
+
+    async def _setting(self) -> tuple[str, str] | None:
+        """(slot, publication) when the database is in 'wal' mode, else None."""
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(self._stmts.capture_mode)).fetchone()
+        if row is None or row[0] != MODE_WAL:
+            return None
+        return str(row[1]), str(row[2])
+
+    async def _lead(self, slot: str, publication: str) -> None:
+        """Take the capture lock and stream, until stopped or the stream fails; return at once
+        (after a pause) when another relay holds it."""
+        relay = self._relay
+        lock = await psycopg.AsyncConnection.connect(relay.config.database_url, autocommit=True)
+        try:
+            row = await (await lock.execute(self._stmts.capture_lock, {"slot": slot})).fetchone()
+            if not (row and row[0]):
+                await relay._sleep(RECHECK_SECONDS)  # a standby: another relay captures
+                return
+            stream = ReplicationStream(relay.config.database_url, slot, publication)
+            await stream.start()
+            self.capturing = True
+            log.info("relay %s: capturing from replication slot %s", relay.config.relay_id, slot)
+            try:
+                await self._stream(stream)
+            finally:
+                self.capturing = False
+                stream.close()
+        finally:
+            await lock.close()
+
+    async def _stream(self, stream: ReplicationStream) -> None:
+        relay = self._relay
+        limit = relay.config.batch_size
+        while not relay.stopping:
+            transactions = await stream.transactions(limit, IDLE_WAIT_SECONDS)
+            if transactions:
+                await self._record(transactions)
+                await stream.confirm(transactions[-1].end_lsn)
+            else:
+                await stream.confirm()  # idle: nothing of ours up to the server's WAL end
+            await stream.keepalive()
+
+    async def _record(self, transactions: list[CommittedTransaction]) -> None:
+        """Number, send and record one batch, in one transaction (module docstring)."""
+        started = time.perf_counter()
+        batch = _decode(transactions)
+        if not batch:
+            return
+        stmts = self._stmts
+        relay = self._relay
+        async with self._pool.connection() as conn, conn.transaction():
+            ids = [d.record.id for d in batch]
+            cur = await conn.execute(stmts.capture_known, {"ids": ids})
+            known = {r[0] for r in await cur.fetchall()}
+            batch = [d for d in batch if d.record.id not in known]
+            if not batch:
+                return
+            await self._number(conn, batch)
+            waiting = await self._waiting_keys(conn, batch)
+            to_send = self._hold_back(batch, waiting)
+            envelopes = [_envelope(d) for d in to_send]
+            results, _unreachable = await relay._publish(
+                envelopes, time.monotonic() + relay.config.publish_timeout
+            )
+            failed_keys: set[tuple[str, str]] = set()
+            for d, result in zip(to_send, results, strict=True):
+                key = (d.record.topic, d.record.key)
+                if result is not None or key in failed_keys:
+                    # the polling loop retries it, with the relay's backoff and dead letters;
+                    # the key's later messages of the batch stay behind it
+                    failed_keys.add(key)
+                    d.status = "pending"
+                    if result is not None:
+                        d.attempts = 1
+                        d.error = f"{type(result).__name__}: {result}"
+            await conn.execute(stmts.capture_record, _record_params(batch))
+        for d in batch:
+            if d.status == "published":
+                relay.metrics.published.labels(d.record.topic).inc()
+            elif d.error is not None:
+                relay.metrics.failed.labels(d.record.topic).inc()
+        relay.metrics.batch_seconds.observe(time.perf_counter() - started)
+        if any(d.status == "pending" for d in batch):
+            relay._wake.set()  # the polling loop has work
+
+    async def _number(self, conn: psycopg.AsyncConnection[Any], batch: list[_Decoded]) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        for d in batch:
+            key = (d.record.topic, d.record.key)
+            counts[key] = counts.get(key, 0) + 1
+        params = {
+            "topics": [k[0] for k in counts],
+            "keys": [k[1] for k in counts],
+            "counts": list(counts.values()),
+        }
+        cur = await conn.execute(self._stmts.capture_bump, params)
+        next_seq = {(t, k): last - counts[(t, k)] + 1 for t, k, last in await cur.fetchall()}
+        for d in batch:
+            key = (d.record.topic, d.record.key)
+            d.seq = next_seq[key]
+            next_seq[key] += 1
+
+    async def _waiting_keys(
+        self, conn: psycopg.AsyncConnection[Any], batch: list[_Decoded]
+    ) -> set[tuple[str, str]]:
+        keys = sorted({(d.record.topic, d.record.key) for d in batch})
+        params = {
+            "topics": [k[0] for k in keys],
+            "keys": [k[1] for k in keys],
+            **self._relay.config.dead_policy_params(),
+        }
+        cur = await conn.execute(self._stmts.capture_waiting_keys, params)
+        return {(t, k) for t, k in await cur.fetchall()}
+
+    def _hold_back(
+        self, batch: list[_Decoded], waiting: set[tuple[str, str]]
+    ) -> list[_Decoded]:
+        """The messages to send now; the others become pending, and so do their keys' later
+        messages (a key's order holds)."""
+        now = dt.datetime.now(dt.UTC)
+        send: list[_Decoded] = []
+        for d in batch:
+            key = (d.record.topic, d.record.key)
+            due = d.record.available_at is None or d.record.available_at <= now
+            if key in waiting or not due or self._relay._amo(d.record.topic):
+                d.status = "pending"
+                waiting.add(key)
+            else:
+                send.append(d)
+        return send
+
+
+def _decode(transactions: list[CommittedTransaction]) -> list[_Decoded]:
+    """The batch's messages in commit order; one id once (the first wins, as a row would)."""
+    seen: set[uuid.UUID] = set()
+    out: list[_Decoded] = []
+    for tx in transactions:
+        for data in tx.records:
+            try:
+                record = decode_record(data)
+            except RecordError as exc:
+                # Not written by outbox-inbox (ours are checked before they are emitted): it
+                # cannot be published, and stopping here would stop every message behind it.
+                log.error("relay: skipped a malformed WAL record of transaction %s: %s",
+                          tx.xid, exc)
+                continue
+            if record.id in seen:
+                continue
+            seen.add(record.id)
+            out.append(_Decoded(record, tx.commit_time))
+    return out
+
+
+def _envelope(d: _Decoded) -> Envelope:
+    r = d.record
+    return Envelope(
+        id=r.id,
+        topic=r.topic,
+        key=r.key,
+        seq=d.seq,
+        payload=r.payload,
+        content_type=r.content_type,
+        headers=json.loads(r.headers) if r.headers not in ("", "{}") else {},
+        traceparent=r.traceparent,
+        created_at=d.created_at,
+    )
+
+
+def _record_params(batch: list[_Decoded]) -> dict[str, Any]:
+    return {
+        "ids": [d.record.id for d in batch],
+        "topics": [d.record.topic for d in batch],
+        "keys": [d.record.key for d in batch],
+        "seqs": [d.seq for d in batch],
+        "headers": [d.record.headers or "{}" for d in batch],
+        "payloads": [d.record.payload for d in batch],
+        "content_types": [d.record.content_type for d in batch],
+        "traceparents": [d.record.traceparent for d in batch],
+        "created_ats": [d.created_at for d in batch],
+        "available_ats": [d.record.available_at for d in batch],
+        "statuses": [d.status for d in batch],
+        "attempts": [d.attempts for d in batch],
+        "errors": [d.error for d in batch],
+    }

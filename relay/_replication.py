@@ -1,0 +1,249 @@
+"""A logical replication stream (pgoutput) read over psycopg's libpq connection (COPY BOTH).
+
+psycopg 3 has no replication helper, so this speaks the streaming replication protocol itself
+on a ``replication=database`` connection: ``START_REPLICATION SLOT ... LOGICAL``, then CopyData
+frames both ways. From the server: XLogData ('w') carrying pgoutput messages, and keepalives
+('k'). To the server: standby status updates ('r') with the position up to which everything is
+done (the slot's ``confirmed_flush_lsn``; the server keeps the WAL after it and sends it again
+after a reconnect).
+
+Of pgoutput we read Begin ('B': commit time), Message ('M': a logical message with our prefix)
+and Commit ('C': the end of the transaction's WAL). The publication is empty: tables are never
+decoded, only the logical messages, which pgoutput sends whatever the publication holds when
+``messages`` is on (PostgreSQL 14+). Transactions arrive whole and in commit order; empty ones
+are not sent (PostgreSQL 15+) or carry no message.
+
+The socket is waited on with the event loop, so an idle stream costs no CPU: the server sends
+only when a transaction commits, and a keepalive every ``wal_sender_timeout / 2``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import struct
+from dataclasses import dataclass, field
+
+from psycopg import pq
+from psycopg.conninfo import make_conninfo
+
+from outbox._capture import PREFIX
+from relay.exceptions import RelayError
+
+__all__ = ["CommittedTransaction", "ReplicationStream", "format_lsn"]
+
+_PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+_XLOGDATA = struct.Struct(">QQq")  # start, end of WAL on the server, send time
+_KEEPALIVE = struct.Struct(">Qqb")  # end of WAL on the server, send time, reply requested
+_STATUS = struct.Struct(">cQQQqb")  # 'r', written, flushed, applied, now, reply requested
+_BEGIN = struct.Struct(">Qqi")  # final LSN, commit time, xid
+_COMMIT = struct.Struct(">bQQq")  # flags, commit LSN, end LSN, commit time
+_MESSAGE_HEAD = struct.Struct(">bQ")  # flags (1: transactional), LSN
+_PREFIX = PREFIX.encode()
+
+
+def format_lsn(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def _text(message: bytes | str | None) -> str:
+    if isinstance(message, bytes):
+        return message.decode("utf-8", "replace").strip()
+    return (message or "").strip()
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _pg_time(micros: int) -> dt.datetime:
+    return _PG_EPOCH + dt.timedelta(microseconds=micros)
+
+
+@dataclass
+class CommittedTransaction:
+    """One committed transaction's logical messages under our prefix, in their WAL order."""
+
+    xid: int
+    commit_time: dt.datetime
+    end_lsn: int = 0
+    records: list[bytes] = field(default_factory=list)
+
+
+class ReplicationStream:
+    """Streams committed transactions from one logical slot; see the module docstring."""
+
+    def __init__(self, dsn: str, slot: str, publication: str) -> None:
+        self._dsn = dsn
+        self._slot = slot
+        self._publication = publication
+        self._pg: pq.abc.PGconn | None = None
+        self._open: CommittedTransaction | None = None
+        self._ready: list[CommittedTransaction] = []
+        #: everything up to here is done (reported to the server as flushed)
+        self.confirmed = 0
+        #: the server's WAL end seen in the last frame: safe to confirm when nothing is open
+        self._server_end = 0
+
+    async def start(self) -> None:
+        """Connect and start streaming after the slot's confirmed position."""
+        conninfo = make_conninfo(self._dsn, replication="database")
+        pg = await asyncio.to_thread(pq.PGconn.connect, conninfo.encode())
+        if pg.status != pq.ConnStatus.OK:
+            message = _text(pg.get_error_message())
+            pg.finish()
+            raise RelayError(f"could not open a replication connection: {message}")
+        pg.nonblocking = 1
+        self._pg = pg
+        command = (
+            f'START_REPLICATION SLOT "{self._slot}" LOGICAL 0/0 (proto_version \'1\', '
+            f"publication_names '{self._publication}', messages 'true')"
+        )
+        pg.send_query(command.encode())
+        while True:
+            await self._flush()
+            pg.consume_input()
+            if not pg.is_busy():
+                break
+            await self._readable(5.0)
+        result = pg.get_result()
+        if result is None or result.status != pq.ExecStatus.COPY_BOTH:
+            reason = _text(pg.get_error_message() if result is None else result.error_message)
+            self.close()
+            raise RelayError(
+                f"could not stream from replication slot {self._slot!r}: {reason}"
+            )
+
+    def close(self) -> None:
+        if self._pg is not None:
+            self._pg.finish()
+            self._pg = None
+
+    async def transactions(self, limit: int, wait: float) -> list[CommittedTransaction]:
+        """Committed transactions received so far, waiting up to ``wait`` seconds for the first
+        one; stops taking more once they hold ``limit`` records."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            self._receive()
+            if self._ready:
+                break
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await self._readable(remaining)
+        taken: list[CommittedTransaction] = []
+        count = 0
+        while self._ready and (not taken or count + len(self._ready[0].records) <= limit):
+            tx = self._ready.pop(0)
+            taken.append(tx)
+            count += len(tx.records)
+        return taken
+
+    async def confirm(self, lsn: int | None = None) -> None:
+        """Report everything up to ``lsn`` done (the server may recycle the WAL before it).
+        Without ``lsn``: the server's WAL end, when no received transaction is pending."""
+        if lsn is None:
+            if self._open is not None or self._ready:
+                lsn = self.confirmed
+            else:
+                lsn = max(self.confirmed, self._server_end)
+        self.confirmed = max(self.confirmed, lsn)
+        await self._send_status()
+
+    # -- the protocol --------------------------------------------------------------------------
+
+    def _conn(self) -> pq.abc.PGconn:
+        if self._pg is None:
+            raise RelayError("the replication stream is closed")
+        return self._pg
+
+    async def _readable(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        fd = self._conn().socket
+        loop.add_reader(fd, _wake, ready)
+        try:
+            async with asyncio.timeout(seconds):
+                await ready
+        except TimeoutError:
+            pass
+        finally:
+            loop.remove_reader(fd)
+
+    async def _flush(self) -> None:
+        pg = self._conn()
+        while pg.flush() == 1:  # libpq's output buffer is full: wait for the socket
+            loop = asyncio.get_running_loop()
+            ready: asyncio.Future[None] = loop.create_future()
+            loop.add_writer(pg.socket, _wake, ready)
+            try:
+                await ready
+            finally:
+                loop.remove_writer(pg.socket)
+
+    def _receive(self) -> None:
+        pg = self._conn()
+        pg.consume_input()
+        while True:
+            size, data = pg.get_copy_data(1)
+            if size == 0:
+                return
+            if size < 0:
+                result = pg.get_result()
+                message = _text(
+                    result.error_message if result is not None else pg.get_error_message()
+                )
+                raise RelayError(
+                    f"the replication stream ended: {message or 'connection closed'}"
+                )
+            self._frame(bytes(data))
+
+    def _frame(self, frame: bytes) -> None:
+        kind = frame[:1]
+        if kind == b"w":
+            _start, end, _sent = _XLOGDATA.unpack_from(frame, 1)
+            self._server_end = max(self._server_end, end)
+            self._pgoutput(frame[1 + _XLOGDATA.size :])
+        elif kind == b"k":
+            end, _sent, reply = _KEEPALIVE.unpack_from(frame, 1)
+            self._server_end = max(self._server_end, end)
+            if reply:
+                self._reply_due = True
+
+    _reply_due = False
+
+    def _pgoutput(self, msg: bytes) -> None:
+        kind = msg[:1]
+        if kind == b"B":
+            _final, commit_time, xid = _BEGIN.unpack_from(msg, 1)
+            self._open = CommittedTransaction(xid & 0xFFFFFFFF, _pg_time(commit_time))
+        elif kind == b"M":
+            flags, _lsn = _MESSAGE_HEAD.unpack_from(msg, 1)
+            rest = msg[1 + _MESSAGE_HEAD.size :]
+            prefix, _, rest = rest.partition(b"\x00")
+            (length,) = struct.unpack_from(">i", rest, 0)
+            if prefix == _PREFIX and flags & 1 and self._open is not None:
+                self._open.records.append(rest[4 : 4 + length])
+        elif kind == b"C":
+            _flags, _commit, end, _time = _COMMIT.unpack_from(msg, 1)
+            tx, self._open = self._open, None
+            if tx is not None:
+                tx.end_lsn = end
+                if tx.records:
+                    self._ready.append(tx)
+        # Relation, type, origin and truncate messages: the publication has no tables.
+
+    async def keepalive(self) -> None:
+        """Answer the server's keepalive if it asked (else it drops us after
+        wal_sender_timeout), confirming what is done."""
+        if self._reply_due:
+            self._reply_due = False
+            await self.confirm()
+
+    async def _send_status(self) -> None:
+        now = (dt.datetime.now(dt.UTC) - _PG_EPOCH) // dt.timedelta(microseconds=1)
+        lsn = self.confirmed
+        self._conn().put_copy_data(_STATUS.pack(b"r", lsn, lsn, lsn, now, 0))
+        await self._flush()
