@@ -15,11 +15,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import LOGICAL_HOW_TO, PgServer, logical_server  # noqa: E402
-from services import missing  # noqa: E402
+from harness import LOGICAL_HOW_TO, PgServer, logical_server
+from services import missing
 
-from outbox._migrate import upgrade  # noqa: E402
-from relay._admin import enable_capture  # noqa: E402
+from outbox._migrate import upgrade
+from relay._admin import enable_capture
 
 
 @pytest.fixture(scope="session")

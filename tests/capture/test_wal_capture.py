@@ -23,14 +23,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "relay"))
 
-from broker_helpers import nats_stream  # noqa: E402
-from relay_helpers import FakePublisher, config, running  # noqa: E402
-from services import require_port  # noqa: E402
+from broker_helpers import nats_stream
+from relay_helpers import FakePublisher, config, running
+from services import require_port
 
-from outbox import ConfigurationError, Message, publish, publish_batch  # noqa: E402
-from relay import Relay  # noqa: E402
-from relay._admin import enable_capture, relay_status  # noqa: E402
-from relay.brokers import publisher_for_url  # noqa: E402
+from outbox import ConfigurationError, Message, publish, publish_batch
+from relay import Relay
+from relay._admin import enable_capture, relay_status
+from relay.brokers import publisher_for_url
 
 NATS = "nats://127.0.0.1:4222"
 
@@ -151,8 +151,10 @@ async def test_wal_mode_keeps_delays_idempotency_and_sql_publish(wal_url: str) -
     assert [e.id for e in sent].count(first) == 1  # the republished idempotency key: once
     order_b = [e.id for e in sent if e.key == "b"]
     assert order_b == [later, behind]  # the undelayed one waited behind the delayed one
-    assert by_id[later].seq == 1 and by_id[behind].seq == 2
-    assert sql_id is not None and by_id[sql_id[0]].headers == {"x-h": "v"}
+    assert by_id[later].seq == 1
+    assert by_id[behind].seq == 2
+    assert sql_id is not None
+    assert by_id[sql_id[0]].headers == {"x-h": "v"}
     assert json.loads(by_id[sql_id[0]].payload) == {"from": "sql"}
 
 
