@@ -24,6 +24,7 @@ from outbox.schema import (
     INBOX_KAFKA_OFFSETS,
     INBOX_MESSAGES,
     INBOX_POSITIONS,
+    OUTBOX_CAPTURE,
     OUTBOX_DEAD_AUDIT,
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
@@ -53,9 +54,14 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
             ),
         ),
         ("SELECT, INSERT, UPDATE", OUTBOX_SEQUENCES, None),
+        # the capture mode (docs/capture.md): which of the two write paths to take
+        ("SELECT", OUTBOX_CAPTURE, None),
     ],
     "relay": [
-        ("SELECT, UPDATE, DELETE", OUTBOX_MESSAGES, None),
+        # INSERT and the counters: in 'wal' mode the relay numbers and records the messages
+        ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_MESSAGES, None),
+        ("SELECT, INSERT, UPDATE", OUTBOX_SEQUENCES, None),
+        ("SELECT", OUTBOX_CAPTURE, None),
         ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_RELAYS, None),
         ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),
     ],

@@ -132,10 +132,11 @@ def _bindir() -> str | None:
     return dirs[-1] if dirs else None
 
 
-def logical_server(workdir: str) -> PgServer | None:
+def logical_server(workdir: str, *, durable: bool = False) -> PgServer | None:
     """A PostgreSQL cluster of our own in ``workdir``, on a free port, with wal_level =
     logical; None when no server binaries are installed. Its ``stop`` shuts it down (fast
-    shutdown, by the postmaster's pid) and removes nothing else."""
+    shutdown, by the postmaster's pid) and removes nothing else. Tests run it with fsync off;
+    ``durable`` (benchmarks) keeps the server's default durability."""
     import pwd
     import signal
     import socket
@@ -143,7 +144,7 @@ def logical_server(workdir: str) -> PgServer | None:
     import time
 
     given = os.environ.get("OUTBOX_TEST_LOGICAL_URL")
-    if given:
+    if given and not durable:
         return PgServer(given, "OUTBOX_TEST_LOGICAL_URL")
     bindir = _bindir()
     if bindir is None:
@@ -167,7 +168,7 @@ def logical_server(workdir: str) -> PgServer | None:
         [os.path.join(bindir, "postgres"), "-D", data, "-p", str(port), "-k", workdir,
          "-c", "listen_addresses=127.0.0.1", "-c", "wal_level=logical",
          "-c", "max_replication_slots=20", "-c", "max_wal_senders=20",
-         "-c", "max_connections=200", "-c", "fsync=off"],
+         "-c", "max_connections=200", *([] if durable else ["-c", "fsync=off"])],
         stdout=log, stderr=subprocess.STDOUT, user=user,
     )
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"

@@ -112,10 +112,7 @@ def test_each_role_does_its_job_and_nothing_else(role_urls: dict[str, str]) -> N
     for args in (["status"], ["dead", "list"], ["retention", "--older-than", "3600"]):
         out = CliRunner().invoke(outbox_cli, [*args, "--url", relay_url])
         assert out.exit_code == 0, (args, out.output)
-    for statement in (
-        "SELECT * FROM inbox_messages",
-        "INSERT INTO outbox_key_sequences (topic, key, last_seq) VALUES ('x', 'y', 1)",
-    ):
+    for statement in ("SELECT * FROM inbox_messages", "UPDATE outbox_capture SET mode = 'wal'"):
         _refused(relay_url, statement)
 
     # The consumer applies them with the inbox, ordered, holding a key behind a dead message.

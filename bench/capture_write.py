@@ -1,0 +1,112 @@
+"""What does ``publish()`` cost a business transaction in each capture mode?
+
+Side by side in one run, on one private PostgreSQL 15 cluster with wal_level = logical and the
+server's default durability (fsync on), started by this script on a free port (the machine's
+own server is never reconfigured), at 1, 4 and 16 client threads (psycopg 3, one connection
+each), in two databases of that cluster: one in 'polling' mode, one in 'wal' mode.
+
+* ``baseline``: INSERT one ~300-byte business row, COMMIT.
+* ``naive``: the same plus one plain INSERT into a bigserial outbox table (what a user would
+  write by hand: no per-key sequence, no idempotency, no wake-up).
+* ``polling``: the same plus ``publish(...)`` in polling mode (defaults: after-commit wake-up).
+* ``wal``: the same plus ``publish(...)`` in 'wal' mode (a transactional logical message).
+
+The transactions are bench/write_overhead.py's. Variants are interleaved in rounds, the median
+reported, with ratios against ``naive``. No relay runs: the slot keeps the WAL meanwhile.
+Run: ``python bench/capture_write.py [--seconds S] [--rounds R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+sys.path.insert(0, str(_HERE))
+overhead = _load("bench_write_overhead", _HERE / "write_overhead.py")
+harness = _load("tests_harness", _HERE.parent / "tests" / "harness.py")
+
+from common import write_result  # noqa: E402
+
+from relay._admin import enable_capture  # noqa: E402
+
+CLIENTS = (1, 4, 16)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="outbox-bench-logical-") as workdir:
+        server = harness.logical_server(workdir, durable=True)
+        if server is None:
+            sys.exit(harness.LOGICAL_HOW_TO)
+        try:
+            results = _measure(server.admin_url, args.seconds, args.rounds)
+        finally:
+            server.stop()
+    path = write_result(
+        "capture_write",
+        {
+            "what": "business transaction: INSERT one ~300-byte row [+ message], COMMIT",
+            "server": "private PostgreSQL 15 cluster, wal_level = logical, fsync on",
+            "clients_are": "threads, one psycopg connection each",
+            "seconds_per_run": args.seconds,
+            "rounds": args.rounds,
+            "targets": "wal >= 1.0 x naive at 1/4/16 clients; polling >= 0.85 x naive at 16",
+            "results": results,
+        },
+    )
+    print(path)
+
+
+def _measure(admin_url: str, seconds: float, rounds: int) -> dict[str, Any]:
+    polling_url = overhead._with_db(admin_url, overhead.prepare_database(admin_url))
+    wal_url = overhead._with_db(admin_url, overhead.prepare_database(admin_url))
+    enable_capture(wal_url, slot="bench_capture")
+    variants = {
+        "baseline": (polling_url, overhead.baseline),
+        "naive": (polling_url, overhead.naive),
+        "polling": (polling_url, overhead.with_outbox),
+        "wal": (wal_url, overhead.with_outbox),
+    }
+    out: dict[str, Any] = {}
+    for clients in CLIENTS:
+        runs: dict[str, list[float]] = {v: [] for v in variants}
+        for _ in range(rounds):
+            for name, (url, txn) in variants.items():
+                runs[name].append(round(overhead.run(url, txn, clients, seconds), 1))
+        medians = {v: statistics.median(r) for v, r in runs.items()}
+        out[f"{clients}_clients"] = {
+            **{f"{v}_tx_per_s_median": round(m, 1) for v, m in medians.items()},
+            "ratio_wal_over_naive": round(medians["wal"] / medians["naive"], 3),
+            "ratio_polling_over_naive": round(medians["polling"] / medians["naive"], 3),
+            "ratio_naive_over_baseline": round(medians["naive"] / medians["baseline"], 3),
+            "runs": runs,
+        }
+        print(clients, {k: v for k, v in out[f"{clients}_clients"].items() if k != "runs"},
+              flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()
