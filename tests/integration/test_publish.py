@@ -161,12 +161,13 @@ def test_publish_batch_empty_writes_nothing(pg_conn: psycopg.Connection[Any]) ->
 def test_publish_batch_is_one_round_trip(pg_conn: psycopg.Connection[Any]) -> None:
     # A connection's first publish also learns the capture mode (docs/capture.md): one more
     # round trip, once per connection. Every publish after it is one statement.
-    publish_batch(pg_conn, [Message("t", "first", 0)])
+    publish_batch(pg_conn, [Message("t", "first", 0)], wakeup=False)
     statements: list[bytes] = []
     real_execute = psycopg.Cursor.execute
 
     def spy(self: psycopg.Cursor[Any], query: Any, *args: Any, **kw: Any) -> Any:
-        statements.append(query)
+        if self.connection is pg_conn:  # not the doorbell's own connection (another thread)
+            statements.append(query)
         return real_execute(self, query, *args, **kw)
 
     psycopg.Cursor.execute = spy  # type: ignore[method-assign]
