@@ -38,15 +38,13 @@ __all__ = ["InboxStatements", "inbox_statements"]
 # * ON CONFLICT ON CONSTRAINT, not an inferred target: while REINDEX CONCURRENTLY runs, an
 #   inferred target may raise a unique violation (F15), which would abort the caller's
 #   transaction. DO UPDATE ... WHERE locks the existing row even when WHERE is false.
-# * No RETURNING: the command's row count says it (1: inserted or taken over from
-#   'processing'; 0: a duplicate). A returned row would cost the consumer a row description
-#   and a row to parse on every message, and this statement runs once per message.
 _RECORD = """
 INSERT INTO {messages} AS i (consumer, message_id, topic, key, seq, processed_at, status)
 VALUES (%(consumer)s, %(id)s, %(topic)s, %(key)s, %(seq)s, clock_timestamp(), 'processed')
 ON CONFLICT ON CONSTRAINT {messages_pkey} DO UPDATE
     SET status = 'processed', processed_at = excluded.processed_at, attempts = i.attempts + 1
     WHERE i.status = 'processing'
+RETURNING i.attempts
 """
 
 # inbox_note_duplicate: count the delivery (an aid for operators; never used to decide). The
