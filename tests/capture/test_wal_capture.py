@@ -250,3 +250,17 @@ async def test_a_standby_relay_takes_over_the_slot(wal_url: str) -> None:
     assert status["mode"] == "wal"
     assert status["slot_exists"] is True
     assert [r[3] for r in _rows(wal_url)] == [1, 2, 3, 4]
+
+
+@_in_loop
+async def test_a_malformed_record_under_our_prefix_never_stops_the_stream(wal_url: str) -> None:
+    publisher = FakePublisher()
+    relay = Relay(config(wal_url), publisher)
+    with psycopg.connect(wal_url) as conn:
+        conn.execute("SELECT pg_logical_emit_message(true, 'outbox.v1', '\\x0102'::bytea)")
+        good = publish(conn, topic="t", key="k", payload={"n": 1})
+        conn.commit()
+    async with running(relay):
+        await _until(lambda: len(publisher.log) >= 1, 20, "the good message")
+    assert [e.id for _, e in publisher.log] == [good]
+    assert [r[0] for r in _rows(wal_url)] == [good]
