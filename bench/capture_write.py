@@ -28,6 +28,9 @@ from types import ModuleType
 from typing import Any
 
 _HERE = Path(__file__).resolve().parent
+# bench/relay.py would shadow the relay package: import it before bench/ joins sys.path
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+from relay._admin import enable_capture  # noqa: E402
 
 
 def _load(name: str, path: Path) -> ModuleType:
@@ -45,8 +48,6 @@ overhead = _load("bench_write_overhead", _HERE / "write_overhead.py")
 harness = _load("tests_harness", _HERE.parent / "tests" / "harness.py")
 
 from common import write_result  # noqa: E402
-
-from relay._admin import enable_capture  # noqa: E402
 
 CLIENTS = (1, 4, 16)
 
