@@ -18,9 +18,10 @@ from psycopg.types.json import Jsonb
 
 from inbox._statements import InboxStatements, inbox_statements
 from inbox.exceptions import ConcurrentDeliveryError, OutOfOrderError
-from outbox._connections import resolve_async, resolve_sync
+from outbox._connections import AsyncTarget, Target, resolve_async, resolve_sync
+from outbox._errors import translate as translate_database_error
 from outbox._message import MAX_KEY_BYTES, MAX_TOPIC_BYTES, check_text
-from outbox.exceptions import InvalidMessageError, SchemaNotInstalledError
+from outbox.exceptions import InvalidMessageError
 
 __all__ = [
     "MessageRef",
@@ -212,11 +213,9 @@ def _ordered_duplicate_steps(stmts: InboxStatements, ref: MessageRef) -> Steps:
 
 def translate(exc: psycopg.Error, stmts: InboxStatements) -> Exception:
     """Turn the driver errors a consumer can act on into inbox errors; others unchanged."""
-    if isinstance(exc, pg_errors.UndefinedTable):
-        return SchemaNotInstalledError(
-            f"table {stmts.messages_name} does not exist: run `outbox migrate upgrade` (add "
-            "--schema if you use one), or `alembic upgrade heads`"
-        )
+    translated = translate_database_error(exc, schema=stmts.schema)
+    if translated is not exc:
+        return translated
     if isinstance(
         exc,
         pg_errors.SerializationFailure | pg_errors.DeadlockDetected | pg_errors.LockNotAvailable,
@@ -278,7 +277,12 @@ async def run_steps_async(
 
 
 def record(
-    target: Any, *, consumer: str, message: Any, ordered: bool = False, schema: str | None = None
+    target: Target,
+    *,
+    consumer: str,
+    message: Any,
+    ordered: bool = False,
+    schema: str | None = None,
 ) -> Verdict:
     """Record ``message`` for ``consumer`` in ``target``'s transaction and say what to do.
 
@@ -294,7 +298,12 @@ def record(
 
 
 async def record_async(
-    target: Any, *, consumer: str, message: Any, ordered: bool = False, schema: str | None = None
+    target: AsyncTarget,
+    *,
+    consumer: str,
+    message: Any,
+    ordered: bool = False,
+    schema: str | None = None,
 ) -> Verdict:
     """Async twin of :func:`record`."""
     ref = as_ref(consumer, message, ordered=ordered)
@@ -317,7 +326,12 @@ def _to_bool(verdict: Verdict, ref: Any) -> bool:
 
 
 def receive(
-    target: Any, *, consumer: str, message: Any, ordered: bool = False, schema: str | None = None
+    target: Target,
+    *,
+    consumer: str,
+    message: Any,
+    ordered: bool = False,
+    schema: str | None = None,
 ) -> bool:
     """Record ``message`` as processed by ``consumer`` in ``target``'s transaction.
 
@@ -333,7 +347,12 @@ def receive(
 
 
 async def receive_async(
-    target: Any, *, consumer: str, message: Any, ordered: bool = False, schema: str | None = None
+    target: AsyncTarget,
+    *,
+    consumer: str,
+    message: Any,
+    ordered: bool = False,
+    schema: str | None = None,
 ) -> bool:
     """Async twin of :func:`receive` (AsyncSession, AsyncConnection, psycopg.AsyncConnection)."""
     verdict = await record_async(

@@ -500,6 +500,8 @@ class InboxStatements:
     mark_stale_batch: bytes
     forget_batch: bytes
     messages_name: str
+    #: the schema the statements were rendered for (None: the search_path)
+    schema: str | None
 
 
 def _qualified(schema: str | None, table: str) -> sql.Identifier:
@@ -562,4 +564,5 @@ def inbox_statements(schema: str | None) -> InboxStatements:
         mark_stale_batch=render(_MARK_STALE_BATCH),
         forget_batch=render(_FORGET_BATCH),
         messages_name=names["messages"].as_string(None),
+        schema=schema,
     )

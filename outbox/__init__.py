@@ -13,6 +13,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
+from outbox._connections import AsyncTarget, Target
 from outbox._ids import id_from_idempotency_key, new_message_id
 from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, Message
 from outbox._publish import publish, publish_async, publish_batch, publish_batch_async
@@ -37,6 +38,7 @@ except PackageNotFoundError:  # pragma: no cover - a source tree that was never 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "WAKEUP_CHANNEL",
+    "AsyncTarget",
     "ConfigurationError",
     "Envelope",
     "InvalidMessageError",
@@ -45,6 +47,7 @@ __all__ = [
     "PayloadTooLargeError",
     "SchemaNotInstalledError",
     "SerializationError",
+    "Target",
     "TransactionRequiredError",
     "id_from_idempotency_key",
     "include_object",

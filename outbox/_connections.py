@@ -8,14 +8,26 @@ the statement commits or rolls back with the caller's business rows.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from outbox.exceptions import ConfigurationError, TransactionRequiredError
 
-__all__ = ["resolve_async", "resolve_sync"]
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.orm import Session
+
+__all__ = ["AsyncTarget", "Target", "resolve_async", "resolve_sync"]
+
+#: What the sync calls (``publish``, ``publish_batch``, ``receive``) write through: the
+#: caller's SQLAlchemy Session or Connection on the psycopg driver, or a psycopg Connection.
+Target: TypeAlias = "Session | Connection | psycopg.Connection[Any]"
+#: What the async calls write through: an AsyncSession or AsyncConnection on the psycopg
+#: driver, or a psycopg AsyncConnection.
+AsyncTarget: TypeAlias = "AsyncSession | AsyncConnection | psycopg.AsyncConnection[Any]"
 
 _AUTOCOMMIT_HINT = (
     "the connection is in autocommit mode and not inside a transaction, so the message "
@@ -45,7 +57,7 @@ def _not_psycopg(obj: Any, raw: Any) -> ConfigurationError:
     )
 
 
-def resolve_sync(target: Any) -> psycopg.Connection[Any]:
+def resolve_sync(target: Target) -> psycopg.Connection[Any]:
     """The psycopg connection behind ``target``, in a transaction, or a clear error."""
     if isinstance(target, psycopg.Connection):
         raw: Any = target
@@ -57,7 +69,7 @@ def resolve_sync(target: Any) -> psycopg.Connection[Any]:
     return raw
 
 
-async def resolve_async(target: Any) -> psycopg.AsyncConnection[Any]:
+async def resolve_async(target: AsyncTarget) -> psycopg.AsyncConnection[Any]:
     """The psycopg async connection behind ``target``, in a transaction, or a clear error."""
     if isinstance(target, psycopg.AsyncConnection):
         raw: Any = target

@@ -17,11 +17,12 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from outbox._capture import MODE_WAL, encode_record, known_mode, remember_mode
-from outbox._connections import resolve_async, resolve_sync
+from outbox._connections import AsyncTarget, Target, resolve_async, resolve_sync
+from outbox._errors import translate
 from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, Message, PreparedMessage, prepare
 from outbox._statements import ProducerStatements, producer_statements
 from outbox._wakeup import ring_after_commit
-from outbox.exceptions import OutboxError, SchemaNotInstalledError
+from outbox.exceptions import OutboxError
 
 __all__ = ["publish", "publish_async", "publish_batch", "publish_batch_async"]
 
@@ -132,16 +133,8 @@ def _tx_ids(rows: Sequence[tuple[Any, ...]]) -> list[str]:
     return sorted(tx_ids)
 
 
-def _schema_error(stmts: ProducerStatements, exc: Exception) -> SchemaNotInstalledError:
-    return SchemaNotInstalledError(
-        f"table {stmts.messages_name} or {stmts.sequences_name} does not exist: run "
-        "`outbox migrate upgrade` (add --schema if you use one), or `alembic upgrade heads` "
-        "with outbox_migrations:versions in your version_locations"
-    )
-
-
 def publish_batch(
-    target: Any,
+    target: Target,
     messages: Iterable[Message],
     *,
     schema: str | None = None,
@@ -171,7 +164,7 @@ def publish_batch(
             cur.execute(*batch.statement(stmts))
             rows = cur.fetchall()
     except pg_errors.UndefinedTable as exc:
-        raise _schema_error(stmts, exc) from exc
+        raise translate(exc, schema=schema) from exc
     if rows:
         remember_mode(raw, rows[0][4])
     tx_ids = _tx_ids(rows)
@@ -181,7 +174,7 @@ def publish_batch(
 
 
 async def publish_batch_async(
-    target: Any,
+    target: AsyncTarget,
     messages: Iterable[Message],
     *,
     schema: str | None = None,
@@ -207,7 +200,7 @@ async def publish_batch_async(
             await cur.execute(*batch.statement(stmts))
             rows = await cur.fetchall()
     except pg_errors.UndefinedTable as exc:
-        raise _schema_error(stmts, exc) from exc
+        raise translate(exc, schema=schema) from exc
     if rows:
         remember_mode(raw, rows[0][4])
     tx_ids = _tx_ids(rows)
@@ -217,7 +210,7 @@ async def publish_batch_async(
 
 
 def publish(
-    target: Any,
+    target: Target,
     *,
     topic: str,
     key: str,
@@ -247,7 +240,7 @@ def publish(
 
 
 async def publish_async(
-    target: Any,
+    target: AsyncTarget,
     *,
     topic: str,
     key: str,

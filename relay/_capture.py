@@ -23,24 +23,25 @@ after the commit and before the confirmation decodes the batch again, and step 1
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from outbox._capture import MODE_WAL, RecordError, WalRecord, decode_record
 from outbox.envelope import Envelope
+from relay._config import RelayConfig
+from relay._dispatch import Dispatcher
+from relay._queries import RelayStatements
 from relay._replication import CommittedTransaction, ReplicationStream
-
-if TYPE_CHECKING:
-    from relay._relay import Relay
+from relay._retry import Backoff, retry
+from relay._state import RunState
 
 __all__ = ["WalCapture"]
 
@@ -65,31 +66,34 @@ class _Decoded:
 class WalCapture:
     """The capture side of a relay in 'wal' mode; ``run()`` until the relay stops."""
 
-    def __init__(self, relay: Relay, pool: AsyncConnectionPool[Any]) -> None:
-        self._relay = relay
+    def __init__(
+        self,
+        config: RelayConfig,
+        pool: AsyncConnectionPool[Any],
+        stmts: RelayStatements,
+        dispatcher: Dispatcher,
+        state: RunState,
+    ) -> None:
+        self._config = config
         self._pool = pool
-        self._stmts = relay._stmts
+        self._stmts = stmts
+        self._dispatcher = dispatcher
+        self._state = state
         #: True while this relay holds the capture lock and streams the slot
         self.capturing = False
 
     async def run(self) -> None:
-        relay = self._relay
-        failures = 0
-        while not relay.stopping:
-            try:
-                setting = await self._setting()
-                if setting is None:
-                    await relay._sleep(RECHECK_SECONDS)
-                    continue
+        async def capture_once() -> None:
+            setting = await self._setting()
+            if setting is None:
+                await self._state.sleep(RECHECK_SECONDS)
+            else:
                 await self._lead(*setting)
-                failures = 0
-            except (psycopg.Error, OSError, Exception) as exc:
-                if isinstance(exc, asyncio.CancelledError):  # pragma: no cover
-                    raise
-                failures += 1
-                delay = min(0.2 * 2**failures, 5.0)
-                log.warning("relay: WAL capture interrupted (%s); again in %.1fs", exc, delay)
-                await relay._sleep(delay)
+
+        backoff = Backoff(0.1, 5.0)
+        while not self._state.stopping:
+            # returns after a round: not in 'wal' mode, a standby, or the stream ended
+            await retry("WAL capture", capture_once, backoff, state=self._state)
 
     async def _setting(self) -> tuple[str, str] | None:
         """(slot, publication) when the database is in 'wal' mode, else None."""
@@ -102,17 +106,17 @@ class WalCapture:
     async def _lead(self, slot: str, publication: str) -> None:
         """Take the capture lock and stream, until stopped or the stream fails; return at once
         (after a pause) when another relay holds it."""
-        relay = self._relay
-        lock = await psycopg.AsyncConnection.connect(relay.config.database_url, autocommit=True)
+        config = self._config
+        lock = await psycopg.AsyncConnection.connect(config.database_url, autocommit=True)
         try:
             row = await (await lock.execute(self._stmts.capture_lock, {"slot": slot})).fetchone()
             if not (row and row[0]):
-                await relay._sleep(RECHECK_SECONDS)  # a standby: another relay captures
+                await self._state.sleep(RECHECK_SECONDS)  # a standby: another relay captures
                 return
-            stream = ReplicationStream(relay.config.database_url, slot, publication)
+            stream = ReplicationStream(config.database_url, slot, publication)
             await stream.start()
             self.capturing = True
-            log.info("relay %s: capturing from replication slot %s", relay.config.relay_id, slot)
+            log.info("relay %s: capturing from replication slot %s", config.relay_id, slot)
             try:
                 await self._stream(stream)
             finally:
@@ -122,9 +126,8 @@ class WalCapture:
             await lock.close()
 
     async def _stream(self, stream: ReplicationStream) -> None:
-        relay = self._relay
-        limit = relay.config.batch_size
-        while not relay.stopping:
+        limit = self._config.batch_size
+        while not self._state.stopping:
             transactions = await stream.transactions(limit, IDLE_WAIT_SECONDS)
             if transactions:
                 await self._record(transactions)
@@ -140,7 +143,7 @@ class WalCapture:
         if not batch:
             return
         stmts = self._stmts
-        relay = self._relay
+        metrics = self._dispatcher.metrics
         async with self._pool.connection() as conn, conn.transaction():
             ids = [d.record.id for d in batch]
             cur = await conn.execute(stmts.capture_known, {"ids": ids})
@@ -152,8 +155,8 @@ class WalCapture:
             waiting = await self._waiting_keys(conn, batch)
             to_send = self._hold_back(batch, waiting)
             envelopes = [_envelope(d) for d in to_send]
-            results, _unreachable = await relay._publish(
-                envelopes, time.monotonic() + relay.config.publish_timeout
+            results, _unreachable = await self._dispatcher.publish(
+                envelopes, time.monotonic() + self._config.publish_timeout
             )
             failed_keys: set[tuple[str, str]] = set()
             for d, result in zip(to_send, results, strict=True):
@@ -169,12 +172,12 @@ class WalCapture:
             await conn.execute(stmts.capture_record, _record_params(batch))
         for d in batch:
             if d.status == "published":
-                relay.metrics.published.labels(d.record.topic).inc()
+                metrics.published.labels(d.record.topic).inc()
             elif d.error is not None:
-                relay.metrics.failed.labels(d.record.topic).inc()
-        relay.metrics.batch_seconds.observe(time.perf_counter() - started)
+                metrics.failed.labels(d.record.topic).inc()
+        metrics.batch_seconds.observe(time.perf_counter() - started)
         if any(d.status == "pending" for d in batch):
-            relay._wake.set()  # the polling loop has work
+            self._state.wake.set()  # the polling loop has work
 
     async def _number(self, conn: psycopg.AsyncConnection[Any], batch: list[_Decoded]) -> None:
         counts: dict[tuple[str, str], int] = {}
@@ -200,7 +203,7 @@ class WalCapture:
         params = {
             "topics": [k[0] for k in keys],
             "keys": [k[1] for k in keys],
-            **self._relay.config.dead_policy_params(),
+            **self._config.dead_policy_params(),
         }
         cur = await conn.execute(self._stmts.capture_waiting_keys, params)
         return {(t, k) for t, k in await cur.fetchall()}
@@ -215,7 +218,7 @@ class WalCapture:
         for d in batch:
             key = (d.record.topic, d.record.key)
             due = d.record.available_at is None or d.record.available_at <= now
-            if key in waiting or not due or self._relay._amo(d.record.topic):
+            if key in waiting or not due or self._dispatcher.at_most_once(d.record.topic):
                 d.status = "pending"
                 waiting.add(key)
             else:

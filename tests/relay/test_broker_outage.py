@@ -48,7 +48,8 @@ async def _outage_one_key(url: str, relay: Relay, proxy: Proxy, connected: Any, 
         await asyncio.to_thread(write, url, [(topic, "k1")])
         # several outage rounds (each a pause), or the old behaviour: attempts counted to dead
         await await_for(
-            lambda: relay._broker_failures >= 3 or _dead(url) > 0, what="three outage rounds"
+            lambda: relay.dispatcher.broker_backoff.failures >= 3 or _dead(url) > 0,
+            what="three outage rounds",
         )
         assert [r[2:] for r in _rows(url)] == [("published", 1), ("pending", 0)]
         await proxy.up()
@@ -156,7 +157,8 @@ def test_relay_claims_of_one_key_each_failing_over_two_keys_are_an_outage(url: s
     async def go() -> None:
         async with running(relay):
             await await_for(
-                lambda: relay._broker_failures >= 3 or _dead(url) > 0, what="outage rounds"
+                lambda: relay.dispatcher.broker_backoff.failures >= 3 or _dead(url) > 0,
+                what="outage rounds",
             )
             assert _dead(url) == 0
             assert max(r[3] for r in _rows(url)) <= 1  # only the first failed claim counted
@@ -230,7 +232,8 @@ def test_relay_releases_messages_whose_ack_was_lost_with_the_connection(url: str
 
     async def go() -> None:
         async with running(relay):
-            await await_for(lambda: relay._broker_failures >= 2, what="two paused rounds")
+            outage = relay.dispatcher.broker_backoff
+            await await_for(lambda: outage.failures >= 2, what="two paused rounds")
             assert [r[2:] for r in _rows(url)] == [
                 ("published", 1),
                 ("pending", 0),

@@ -347,15 +347,15 @@ def test_relay_claim_after_a_batch_that_was_not_full_is_one_statement(
     async def go() -> None:
         relay = Relay(config(url, batch_size=4), FakePublisher())
         async with AsyncConnectionPool(url, kwargs={"autocommit": True}, open=False) as pool:
-            first = await relay._claim(pool)
-            second = await relay._claim(pool)
+            first = await relay.claim(pool)
+            second = await relay.claim(pool)
             assert first is not None
             assert second is not None
             assert len(second.envelopes) == 2
             write(url, [("t", "k0")])  # k0's next message, behind k0's leased head
             await _mark(url, first)
             starts.clear()
-            third = await relay._claim(pool)
+            third = await relay.claim(pool)
         assert _seqs(third) == [("k0", 2)]
         assert starts == [("", "")]
 

@@ -45,7 +45,7 @@ def test_cli_relay_without_the_tables_fails_with_one_clear_line(
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: the outbox tables")
+    assert last.startswith("error: the outbox-inbox tables")
     assert "outbox migrate upgrade" in last
 
 

@@ -57,7 +57,8 @@ def test_a_topic_without_a_stream_waits_while_the_others_flow(url: str) -> None:
                 async def stored() -> int:
                     return int((await js.stream_info(name)).state.messages)
 
-                await await_for(lambda: "bad" in relay._destinations.paused(), what="pause")
+                paused = relay.dispatcher.destinations.paused
+                await await_for(lambda: "bad" in paused(), what="pause")
                 deadline = asyncio.get_running_loop().time() + 30
                 while await stored() < 1000:  # every good message, while bad ones wait
                     assert asyncio.get_running_loop().time() < deadline, "good topic stalled"

@@ -40,7 +40,7 @@ def test_relay_listener_reconnects_after_its_connection_goes_half_open(
     async def go() -> None:
         proxy = Proxy(target)
         await proxy.up()
-        relay._listen_dsn = make_conninfo(url, host="127.0.0.1", port=proxy.port)
+        relay.listen_dsn = make_conninfo(url, host="127.0.0.1", port=proxy.port)
         try:
             async with running(relay):
                 await await_for(lambda: proxy.accepted == 1, what="the listener connected")

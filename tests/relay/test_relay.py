@@ -229,7 +229,7 @@ def test_relay_stop_releases_leases_of_unfinished_batches(url: str) -> None:
 def test_relay_marks_at_most_once_durably_and_the_rest_without_flush_wait(
     url: str, monkeypatch: Any
 ) -> None:
-    import relay._relay as relay_module
+    import relay._dispatch as relay_module
     from relay._claim import mark_batch, relay_session
 
     write(url, [("amo", "a"), ("alo", "b")])
@@ -309,22 +309,24 @@ def test_relay_database_backoff_survives_thousands_of_failures() -> None:
     # is in the thousands, and 0.1 * 2**count overflowed a float, raising out of run().
     bad_url = "postgresql://postgres@127.0.0.1:1/none"
     relay = Relay(config(bad_url, listen=False, heartbeat_interval=60), FakePublisher())
-    relay._db_failures = 5000
+    relay.db_backoff.failures = 5000
 
     async def go() -> None:
         task = asyncio.create_task(relay.run())  # its startup probe waits for the database
-        await await_for(lambda: relay._db_failures > 5000 or task.done(), what="a failed probe")
+        await await_for(
+            lambda: relay.db_backoff.failures > 5000 or task.done(), what="a failed probe"
+        )
         relay.stop()
         await asyncio.wait_for(task, 15)  # re-raises what escaped run()
         # the claim's backoff too (stopped: its sleep returns at once)
-        relay._db_failures = 5000
+        relay.db_backoff.failures = 5000
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(bad_url, open=False)
         await pool.open(wait=False)
         try:
-            assert await relay._claim(pool) is None
+            assert await relay.claim(pool) is None
         finally:
             await pool.close(timeout=1)
-        assert relay._db_failures == 5001
+        assert relay.db_backoff.failures == 5001
 
     asyncio.run(go())
 
@@ -334,14 +336,15 @@ def test_relay_broker_pause_survives_thousands_of_outage_rounds(url: str) -> Non
     pub = FakePublisher()
     pub.down = RetryablePublishError("connection refused")
     relay = Relay(config(url), pub)
-    relay._broker_failures = 5000
+    relay.dispatcher.broker_backoff.failures = 5000
 
     async def go() -> None:
         async with running(relay):
-            await await_for(lambda: relay._broker_failures > 5000, what="an outage round")
-            await await_for(lambda: not relay._inflight, what="the round to finish")
+            outage = relay.dispatcher.broker_backoff
+            await await_for(lambda: outage.failures > 5000, what="an outage round")
+            await await_for(lambda: not relay.in_flight, what="the round to finish")
             # paused for the longest pause (10 s), not a tight loop of claims
-            assert relay._paused_until - time.monotonic() > 5
+            assert relay.dispatcher.paused_until - time.monotonic() > 5
 
     asyncio.run(go())
     assert statuses(url) == {"pending": 8}

@@ -1,0 +1,48 @@
+"""What a running relay's parts share: the stop signal, the wake-up, the database's last answer.
+
+Every long wait in the relay is a :meth:`RunState.sleep`, so :meth:`RunState.stop` ends it at
+once; the claim loop waits for work on :attr:`RunState.wake`, which the LISTEN connection, a
+finished batch and the WAL capture set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+__all__ = ["RunState"]
+
+
+class RunState:
+    __slots__ = ("_stopping", "last_db_ok", "wake")
+
+    def __init__(self) -> None:
+        self._stopping = asyncio.Event()
+        #: set when there may be new work for the claim loop
+        self.wake = asyncio.Event()
+        #: monotonic time of the last statement the database answered (health checks read it)
+        self.last_db_ok = 0.0
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def db_ok(self) -> None:
+        self.last_db_ok = time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if the relay is stopped meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
+
+    async def wait_for_work(self, at_most: float) -> None:
+        """Wait until woken (or stopped), at most ``at_most`` seconds (the fallback poll)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(at_most):
+                await self.wake.wait()
