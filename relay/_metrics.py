@@ -32,6 +32,7 @@ class RelayMetrics:
             self.claim_seconds = self.batch_seconds = noop
             self.backlog = self.oldest_pending = self.dead_rows = noop
             self.destination_paused = self.destination_errors = noop
+            self.slot_lag = self.slot_retained = self.slot_active = noop
             return
         from prometheus_client import Counter, Gauge, Histogram
 
@@ -70,6 +71,26 @@ class RelayMetrics:
             **kw,
         )
 
+        # WAL capture mode (docs/capture.md): the replication slot, read on every heartbeat
+        self.slot_lag = Gauge(
+            "outbox_capture_slot_lag_bytes",
+            "WAL written since the slot's confirmed position: what the relay has not captured",
+            ["slot"],
+            **kw,
+        )
+        self.slot_retained = Gauge(
+            "outbox_capture_slot_retained_bytes",
+            "WAL the server keeps for the slot (compare with max_slot_wal_keep_size)",
+            ["slot"],
+            **kw,
+        )
+        self.slot_active = Gauge(
+            "outbox_capture_slot_active",
+            "1 while a relay streams the slot, 0 when none does, -1 when the slot is missing",
+            ["slot"],
+            **kw,
+        )
+
     @classmethod
     def disabled(cls) -> RelayMetrics:
         return cls(None)
@@ -95,6 +116,24 @@ class RelayMetrics:
             self.backlog.labels(topic).set(pending)
             self.dead_rows.labels(topic).set(dead)
             self.oldest_pending.labels(topic).set(oldest or 0.0)
+        await self._refresh_slot(conn, stmts)
+
+    async def _refresh_slot(
+        self, conn: psycopg.AsyncConnection[Any], stmts: RelayStatements
+    ) -> None:
+        mode = await (await conn.execute(stmts.capture_mode)).fetchone()
+        if mode is None or mode[1] is None:
+            return  # never switched to 'wal': no slot to watch
+        slot_name = str(mode[1])
+        cur = await conn.execute(stmts.capture_slot, {"slot": slot_name})
+        slot = await cur.fetchone()
+        if slot is None:  # dropped, or lost: docs/capture.md says how to recover
+            self.slot_active.labels(slot_name).set(-1)
+            return
+        _name, active, lag, retained, _status = slot
+        self.slot_active.labels(slot_name).set(1 if active else 0)
+        self.slot_lag.labels(slot_name).set(lag or 0)
+        self.slot_retained.labels(slot_name).set(retained or 0)
 
 
 class MetricsServer:

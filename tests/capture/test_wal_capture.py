@@ -264,3 +264,94 @@ async def test_a_malformed_record_under_our_prefix_never_stops_the_stream(wal_ur
         await _until(lambda: len(publisher.log) >= 1, 20, "the good message")
     assert [e.id for _, e in publisher.log] == [good]
     assert [r[0] for r in _rows(wal_url)] == [good]
+
+
+@_in_loop
+async def test_a_late_commit_takes_the_next_seq_and_stalls_no_one(wal_url: str) -> None:
+    """A transaction that emitted first and commits last is numbered after the transactions
+    that committed meanwhile (commit order), and they are published while it is still open."""
+    publisher = FakePublisher()
+    relay = Relay(config(wal_url), publisher)
+    late = psycopg.connect(wal_url)
+    try:
+        late_id = publish(late, topic="t", key="k", payload={"late": True})  # not committed
+        async with running(relay):
+            with psycopg.connect(wal_url) as conn:
+                early = [publish(conn, topic="t", key="k", payload={"n": n}) for n in range(3)]
+                conn.commit()
+            await _until(lambda: len(publisher.log) == 3, 20, "the committed messages")
+            late.commit()
+            await _until(lambda: len(publisher.log) == 4, 20, "the late message")
+    finally:
+        late.close()
+    assert [(e.id, e.seq) for _, e in publisher.log] == [
+        *((i, n + 1) for n, i in enumerate(early)),
+        (late_id, 4),
+    ]
+
+
+@_in_loop
+async def test_a_transaction_of_100k_messages_is_captured_whole(wal_url: str) -> None:
+    total, keys = 100_000, 50
+    with psycopg.connect(wal_url) as conn:
+        publish_batch(conn, [Message("t", f"k{i % keys}", {"i": i}) for i in range(total)])
+        conn.commit()
+    publisher = FakePublisher()
+    relay = Relay(config(wal_url, publish_timeout=60, lease_seconds=120), publisher)
+    async with running(relay):
+        await _until(lambda: len(publisher.log) >= total, 240, "100k messages")
+
+        def recorded() -> int:
+            with psycopg.connect(wal_url) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM outbox_messages WHERE status = 'published'"
+                ).fetchone()
+            return int(row[0]) if row else 0
+
+        await _until(lambda: recorded() == total, 60, "100k rows recorded")
+    assert len(publisher.log) == total  # each once
+    seqs: dict[str, list[int]] = defaultdict(list)
+    for _, env in publisher.log:
+        seqs[env.key].append(env.seq)
+    assert len(seqs) == keys
+    for key, got in seqs.items():  # in the transaction's order, gapless
+        assert got == list(range(1, total // keys + 1)), key
+
+
+@_in_loop
+async def test_metrics_show_the_slot_streamed_and_its_lag(wal_url: str) -> None:
+    pytest.importorskip("prometheus_client")
+    from relay import RelayMetrics
+
+    metrics = RelayMetrics.prometheus()
+    relay = Relay(config(wal_url, heartbeat_interval=0.1), FakePublisher(), metrics=metrics)
+    slot = relay_status(wal_url).capture["slot"]
+
+    def gauge(name: str) -> float | None:
+        value = metrics.registry.get_sample_value(name, {"slot": slot})
+        return None if value is None else float(value)
+
+    async with running(relay):
+        await _until(lambda: bool(relay.capture and relay.capture.capturing), 20, "capturing")
+        await _until(lambda: gauge("outbox_capture_slot_active") == 1, 20, "slot active")
+        with psycopg.connect(wal_url) as conn:
+            publish(conn, topic="t", key="k", payload={"n": 1})
+            conn.commit()
+        await _until(lambda: len(_rows(wal_url)) == 1, 20, "the message recorded")
+        retained = gauge("outbox_capture_slot_retained_bytes")
+        assert retained is not None
+        assert retained > 0  # the slot keeps the WAL from its restart point on
+        assert gauge("outbox_capture_slot_lag_bytes") is not None
+    # nobody streams the slot now: a fresh relay's first heartbeat says so
+    idle = RelayMetrics.prometheus()
+    watcher = Relay(config(wal_url, heartbeat_interval=0.1), FakePublisher(), metrics=idle)
+    with psycopg.connect(wal_url) as conn:
+        conn.execute("UPDATE outbox_capture SET mode = 'polling'")  # it must not capture
+        conn.commit()
+    async with running(watcher):
+        await _until(
+            lambda: idle.registry.get_sample_value("outbox_capture_slot_active", {"slot": slot})
+            == 0,
+            20,
+            "slot inactive",
+        )
