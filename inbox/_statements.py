@@ -8,17 +8,16 @@ Identifiers are composed with ``psycopg.sql`` from validated names, never format
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from psycopg import sql
 
+from outbox._sql import Names, qualified, registry
 from outbox.schema import (
     INBOX_DEAD_AUDIT,
     INBOX_HELD,
     INBOX_KAFKA_OFFSETS,
     INBOX_MESSAGES,
     INBOX_POSITIONS,
-    check_identifier,
 )
 
 __all__ = ["InboxStatements", "inbox_statements"]
@@ -499,70 +498,65 @@ class InboxStatements:
     positions_advance: bytes
     mark_stale_batch: bytes
     forget_batch: bytes
-    messages_name: str
     #: the schema the statements were rendered for (None: the search_path)
     schema: str | None
 
 
-def _qualified(schema: str | None, table: str) -> sql.Identifier:
-    return sql.Identifier(schema, table) if schema else sql.Identifier(table)
-
-
-@lru_cache(maxsize=32)
-def inbox_statements(schema: str | None) -> InboxStatements:
-    """The inbox statements for tables in ``schema`` (``None``: the search_path)."""
-    if schema is not None:
-        check_identifier(schema)
-    names = {
-        "messages": _qualified(schema, INBOX_MESSAGES),
-        "positions": _qualified(schema, INBOX_POSITIONS),
+def _names(schema: str | None) -> Names:
+    return {
+        "messages": qualified(schema, INBOX_MESSAGES),
+        "positions": qualified(schema, INBOX_POSITIONS),
         "messages_pkey": sql.Identifier(f"{INBOX_MESSAGES}_pkey"),
         "positions_pkey": sql.Identifier(f"{INBOX_POSITIONS}_pkey"),
-        "kafka_offsets": _qualified(schema, INBOX_KAFKA_OFFSETS),
+        "kafka_offsets": qualified(schema, INBOX_KAFKA_OFFSETS),
         "kafka_offsets_pkey": sql.Identifier(f"{INBOX_KAFKA_OFFSETS}_pkey"),
-        "held": _qualified(schema, INBOX_HELD),
+        "held": qualified(schema, INBOX_HELD),
         "held_pkey": sql.Identifier(f"{INBOX_HELD}_pkey"),
-        "audit": _qualified(schema, INBOX_DEAD_AUDIT),
+        "audit": qualified(schema, INBOX_DEAD_AUDIT),
     }
 
-    def render(text: str) -> bytes:
-        return sql.SQL(text).format(**names).as_string(None).encode()
 
-    return InboxStatements(
-        record=render(_RECORD),
-        note_duplicate=render(_NOTE_DUPLICATE),
-        position_lock=render(_POSITION_LOCK),
-        position_advance=render(_POSITION_ADVANCE),
-        mark_stale=render(_MARK_STALE),
-        forget=render(_FORGET),
-        record_failure=render(_RECORD_FAILURE),
-        position_skip=render(_POSITION_SKIP),
-        purge_batch=render(_PURGE_BATCH),
-        finished=render(_FINISHED),
-        kafka_offset_store=render(_KAFKA_OFFSET_STORE),
-        kafka_offsets_read=render(_KAFKA_OFFSETS_READ),
-        blocked_keys=render(_BLOCKED_KEYS),
-        key_gauges=render(_KEY_GAUGES),
-        hold_key=render(_HOLD_KEY),
-        park=render(_PARK),
-        unsettle=render(_UNSETTLE),
-        unhold=render(_UNHOLD),
-        release_done=render(_RELEASE_DONE),
-        repark=render(_REPARK),
-        audit=render(_AUDIT),
-        retry_failed=render(_RETRY_FAILED),
-        purge_apply=render(_PURGE_APPLY),
-        held_decided=render(_HELD_DECIDED),
-        parked_ready=render(_PARKED_READY),
-        held_list=render(_HELD_LIST),
-        dead_decide=render(_DEAD_DECIDE),
-        dead_audit_list=render(_DEAD_AUDIT_LIST),
-        record_batch=render(_RECORD_BATCH),
-        note_duplicates=render(_NOTE_DUPLICATES),
-        positions_lock=render(_POSITIONS_LOCK),
-        positions_advance=render(_POSITIONS_ADVANCE),
-        mark_stale_batch=render(_MARK_STALE_BATCH),
-        forget_batch=render(_FORGET_BATCH),
-        messages_name=names["messages"].as_string(None),
-        schema=schema,
-    )
+#: The inbox statements for tables in ``schema`` (``None``: the search_path).
+inbox_statements = registry(
+    InboxStatements,
+    {
+        "record": _RECORD,
+        "note_duplicate": _NOTE_DUPLICATE,
+        "position_lock": _POSITION_LOCK,
+        "position_advance": _POSITION_ADVANCE,
+        "mark_stale": _MARK_STALE,
+        "forget": _FORGET,
+        "record_failure": _RECORD_FAILURE,
+        "position_skip": _POSITION_SKIP,
+        "purge_batch": _PURGE_BATCH,
+        "finished": _FINISHED,
+        "kafka_offset_store": _KAFKA_OFFSET_STORE,
+        "kafka_offsets_read": _KAFKA_OFFSETS_READ,
+        "blocked_keys": _BLOCKED_KEYS,
+        "key_gauges": _KEY_GAUGES,
+        "hold_key": _HOLD_KEY,
+        "park": _PARK,
+        "unsettle": _UNSETTLE,
+        "unhold": _UNHOLD,
+        "release_done": _RELEASE_DONE,
+        "repark": _REPARK,
+        "audit": _AUDIT,
+        "retry_failed": _RETRY_FAILED,
+        "purge_apply": _PURGE_APPLY,
+        "held_decided": _HELD_DECIDED,
+        "parked_ready": _PARKED_READY,
+        "held_list": _HELD_LIST,
+        "dead_decide": _DEAD_DECIDE,
+        "dead_audit_list": _DEAD_AUDIT_LIST,
+        "record_batch": _RECORD_BATCH,
+        "note_duplicates": _NOTE_DUPLICATES,
+        "positions_lock": _POSITIONS_LOCK,
+        "positions_advance": _POSITIONS_ADVANCE,
+        "mark_stale_batch": _MARK_STALE_BATCH,
+        "forget_batch": _FORGET_BATCH,
+    },
+    _names,
+    values=lambda schema: {
+        "schema": schema,
+    },
+)

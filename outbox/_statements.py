@@ -1,21 +1,29 @@
-"""The producer's SQL, rendered once per schema. Read the comments before changing anything.
+"""The producer's SQL (and the re-drive's), rendered once per schema. Read the comments before
+changing anything.
 
 Statements use psycopg's ``%(name)s`` placeholders and run on the caller's own connection,
 inside the caller's transaction. Identifiers are composed with ``psycopg.sql`` from validated
-names, never formatted into the text.
+names, never formatted into the text: the convention of ``outbox/_sql.py``, which every
+package's registry follows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from psycopg import sql
 
 from outbox._capture import PREFIX
-from outbox.schema import OUTBOX_CAPTURE, OUTBOX_MESSAGES, OUTBOX_SEQUENCES, check_identifier
+from outbox._sql import Names, qualified, registry
+from outbox.schema import OUTBOX_CAPTURE, OUTBOX_DEAD_AUDIT, OUTBOX_MESSAGES, OUTBOX_SEQUENCES
 
-__all__ = ["WAKEUP_CHANNEL", "ProducerStatements", "producer_statements"]
+__all__ = [
+    "WAKEUP_CHANNEL",
+    "ProducerStatements",
+    "RedriveStatements",
+    "producer_statements",
+    "redrive_statements",
+]
 
 #: NOTIFY channel that wakes relays. Versioned so old and new relays coexist in a rolling deploy.
 WAKEUP_CHANNEL = "outbox_wakeup_v1"
@@ -104,6 +112,8 @@ SELECT %(id)s, %(topic)s, %(key)s, b.last_seq, %(headers)s::jsonb, %(payload)s,
 FROM bumped AS b
 RETURNING m.id, m.seq, m.tx_id::text, true, (SELECT c.mode FROM {capture} AS c)
 """
+# The clause that makes outbox_messages_insert_one idempotent (insert_one_idempotent): no row
+# in `bumped` when the id exists, so the counter stays and nothing is inserted.
 _GUARD = "WHERE NOT EXISTS (SELECT 1 FROM {messages} AS e WHERE e.id = %(id)s)"
 
 # outbox_idempotency_lock: only for batches with idempotency keys. A transaction-scoped
@@ -144,12 +154,6 @@ WHERE c.mode = 'wal'
 ORDER BY u.ord
 """
 
-# outbox_tables_present: one catalog lookup, to turn "relation does not exist" into advice.
-_TABLES_PRESENT = """
-SELECT to_regclass(%(messages)s) IS NOT NULL AND to_regclass(%(sequences)s) IS NOT NULL
-"""
-
-
 @dataclass(frozen=True)
 class ProducerStatements:
     insert: bytes
@@ -157,41 +161,85 @@ class ProducerStatements:
     insert_one_idempotent: bytes
     idempotency_lock: bytes
     wal_emit: bytes
-    tables_present: bytes
-    messages_name: str
-    sequences_name: str
 
 
-def _qualified(schema: str | None, table: str) -> sql.Identifier:
-    return sql.Identifier(schema, table) if schema else sql.Identifier(table)
+def _names(schema: str | None) -> Names:
+    return {
+        "messages": qualified(schema, OUTBOX_MESSAGES),
+        "sequences": qualified(schema, OUTBOX_SEQUENCES),
+        "capture": qualified(schema, OUTBOX_CAPTURE),
+        "prefix": sql.Literal(PREFIX),
+    }
 
 
-@lru_cache(maxsize=32)
-def producer_statements(schema: str | None) -> ProducerStatements:
-    """The producer statements for tables in ``schema`` (``None``: the search_path)."""
-    if schema is not None:
-        check_identifier(schema)
-    messages = _qualified(schema, OUTBOX_MESSAGES)
-    sequences = _qualified(schema, OUTBOX_SEQUENCES)
-    capture = _qualified(schema, OUTBOX_CAPTURE)
-    tables = {"messages": messages, "sequences": sequences, "capture": capture}
-    insert = sql.SQL(_INSERT).format(**tables)
-    guard = sql.SQL(_GUARD).format(messages=messages)
-    one = sql.SQL(_INSERT_ONE).format(**tables, guard=sql.SQL(""))
-    one_idem = sql.SQL(_INSERT_ONE).format(**tables, guard=guard)
-    return ProducerStatements(
-        insert=insert.as_string(None).encode(),
-        insert_one=one.as_string(None).encode(),
-        insert_one_idempotent=one_idem.as_string(None).encode(),
-        idempotency_lock=sql.SQL(_IDEMPOTENCY_LOCK)
-        .format(sequences=sequences)
-        .as_string(None)
-        .encode(),
-        wal_emit=sql.SQL(_WAL_EMIT)
-        .format(capture=capture, prefix=sql.Literal(PREFIX))
-        .as_string(None)
-        .encode(),
-        tables_present=_TABLES_PRESENT.encode(),
-        messages_name=messages.as_string(None),
-        sequences_name=sequences.as_string(None),
-    )
+#: The producer statements for tables in ``schema`` (``None``: the search_path).
+producer_statements = registry(
+    ProducerStatements,
+    {
+        "insert": _INSERT,
+        "insert_one": (_INSERT_ONE, {"guard": ""}),
+        "insert_one_idempotent": (_INSERT_ONE, {"guard": _GUARD}),
+        "idempotency_lock": _IDEMPOTENCY_LOCK,
+        "wal_emit": _WAL_EMIT,
+    },
+    _names,
+)
+
+
+# --- Re-drive: re-queueing lost messages (`outbox redrive`) ----------------------------------
+# Not the producer's: these need the relay's privileges (UPDATE on outbox_messages, INSERT on
+# outbox_dead_audit). The relay owns re-queueing (relay/_queries.py, outbox_dead_retry), but
+# the Spark job that finds lost messages and runs `outbox redrive` may not import the relay
+# (pyproject.toml [tool.importlinter]: relay, inbox and spark_ingest are independent layers on
+# outbox), so the statements both may run live here, at the bottom.
+
+# outbox_redrive_preview: each given id's status (an id without a row is missing); read-only,
+# for --dry-run and for the report of what was already pending or missing. A primary-key probe
+# per id.
+_REDRIVE_PREVIEW = """
+SELECT id::text, status FROM {messages} WHERE id = ANY(%(ids)s::uuid[])
+"""
+
+# outbox_redrive: set the given ids back to pending, available now, with one audit row each
+# (action 'redrive', who, why), in one statement: the change and its audit commit together,
+# as for outbox_dead_retry.
+#
+# * Rows are re-queued only if they exist and are not already pending, so running it twice, or
+#   concurrently with the relay, is harmless: a pending row (leased or not) is the relay's and
+#   is left alone; published and dead rows are never leased. Two re-drives of one id: the
+#   second waits for the first's row lock, then PostgreSQL re-checks `status <> 'pending'` on
+#   the newest version and skips the row, so each re-queue is audited once.
+# * `id = ANY(array)`: the primary key's index finds the rows, one probe per id.
+# * attempts and last_error are kept as the record of what happened before (last_error is
+#   copied into the audit row too); published_at is cleared because the row is no longer
+#   published (the relay sets it again).
+# * Returns the ids that changed, each with the writing transaction's id, which the caller
+#   hands to the doorbell (outbox/_wakeup.py) to wake relays once it has committed.
+_REDRIVE = """
+WITH requeued AS (
+    UPDATE {messages}
+       SET status = 'pending', available_at = clock_timestamp(), published_at = NULL
+     WHERE id = ANY(%(ids)s::uuid[]) AND status <> 'pending'
+    RETURNING id, topic, key, seq, last_error
+)
+INSERT INTO {audit} (actor, action, message_id, topic, key, seq, last_error, reason)
+SELECT %(actor)s, 'redrive', id, topic, key, seq, last_error, %(reason)s FROM requeued
+RETURNING message_id::text, pg_current_xact_id()::text
+"""
+
+
+@dataclass(frozen=True)
+class RedriveStatements:
+    preview: bytes
+    redrive: bytes
+
+
+#: The re-drive statements for tables in ``schema`` (``None``: the search_path).
+redrive_statements = registry(
+    RedriveStatements,
+    {"preview": _REDRIVE_PREVIEW, "redrive": _REDRIVE},
+    lambda schema: {
+        "messages": qualified(schema, OUTBOX_MESSAGES),
+        "audit": qualified(schema, OUTBOX_DEAD_AUDIT),
+    },
+)

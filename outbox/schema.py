@@ -366,8 +366,8 @@ def _relay_tables(md: MetaData) -> None:
     Table(
         OUTBOX_DEAD_AUDIT,
         md,
-        # Who re-queued or purged which dead message, when, and why: written in the same
-        # transaction as the change itself.
+        # Who re-queued (retry, or `outbox redrive`) or purged which message, when, and why:
+        # written in the same transaction as the change itself.
         Column("id", BigInteger, Identity(always=True), nullable=False),
         Column("at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")),
         Column("actor", Text, nullable=False),
@@ -379,7 +379,7 @@ def _relay_tables(md: MetaData) -> None:
         Column("last_error", Text, nullable=True),
         Column("reason", Text, nullable=True),
         PrimaryKeyConstraint("id"),
-        CheckConstraint("action IN ('retry', 'purge')", name="action_valid"),
+        CheckConstraint("action IN ('retry', 'purge', 'redrive')", name="action_valid"),
         Index(None, "message_id"),
     )
 

@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from outbox._actor import default_actor
+from outbox._statements import WAKEUP_CHANNEL
 from outbox.exceptions import ConfigurationError
 from outbox.schema import OUTBOX_CAPTURE, check_identifier
 from relay._queries import RelayStatements, relay_statements
@@ -226,8 +227,12 @@ def _change(
         "actor": actor or default_actor(),
         "reason": reason,
     }
-    with psycopg.connect(url) as conn:  # one transaction: change + audit
+    with psycopg.connect(url) as conn:  # one transaction: change + audit + wake-up
         rows = conn.execute(statement, params).fetchall()
+        if rows:
+            # Re-queued rows, or a purged dead head that held its key: relays have work now.
+            # The NOTIFY is delivered at commit, and not at all after a rollback.
+            conn.execute("SELECT pg_notify(%s, '')", (WAKEUP_CHANNEL,))
     return [r[0] for r in rows]
 
 

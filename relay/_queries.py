@@ -1,8 +1,10 @@
 """Every SQL statement of the relay, rendered once per schema. Read the comments first.
 
-The relay never holds a transaction open across network I/O: each statement below runs alone
-in autocommit mode (one statement = one transaction = one snapshot), and the
-broker is called between the claim and the mark.
+The polling relay never holds a transaction open across network I/O: each statement below runs
+alone (in autocommit mode, or as the only statement of its transaction: one statement = one
+transaction = one snapshot), and the broker is called between the claim and the mark. The one
+exception is WAL capture mode (the ``capture_*`` statements at the end): a decoded batch is
+numbered, sent and recorded in one transaction (relay/_capture.py).
 
 The ordering argument, in short (docs/relay.md has the long form):
 
@@ -23,17 +25,16 @@ The ordering argument, in short (docs/relay.md has the long form):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from psycopg import sql
 
+from outbox._sql import Names, qualified, registry, table_name
 from outbox.schema import (
     OUTBOX_CAPTURE,
     OUTBOX_DEAD_AUDIT,
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
     OUTBOX_SEQUENCES,
-    check_identifier,
 )
 
 __all__ = ["RelayStatements", "relay_statements"]
@@ -260,8 +261,10 @@ _RELAY_HOLDER = """
 SELECT hostname, pid, extract(epoch FROM clock_timestamp() - heartbeat_at)::float8
 FROM {relays} WHERE relay_id = %(relay_id)s
 """
+# outbox_relay_heartbeat: a primary-key update of this relay's row.
 _HEARTBEAT = "UPDATE {relays} SET heartbeat_at = clock_timestamp() WHERE relay_id = %(relay_id)s"
-# Only this process's row: another live process may have taken the id over meanwhile.
+# outbox_relay_unregister: at shutdown. Only this process's row: another live process may have
+# taken the id over meanwhile.
 _UNREGISTER = """
 DELETE FROM {relays} WHERE relay_id = %(relay_id)s AND config->>'instance' = %(instance)s
 """
@@ -294,6 +297,8 @@ WHERE status <> 'published'
 GROUP BY topic ORDER BY topic
 """
 
+# outbox_status_relays: the registered relays with what each holds right now (read-only; an
+# operator's query, not a hot path: its two sub-selects run once per relay row).
 _STATUS_RELAYS = """
 SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
        extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS silent_s,
@@ -317,6 +322,7 @@ AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
 AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)
 """
 
+# outbox_dead_list: the dead messages the filter matches, in key order (read-only).
 _DEAD_LIST = """
 SELECT id, topic, key, seq, attempts, created_at, last_error, payload, content_type, headers
 FROM {messages} WHERE {filter}
@@ -343,6 +349,9 @@ SELECT %(actor)s, 'retry', id, topic, key, seq, last_error, %(reason)s FROM chan
 RETURNING message_id
 """
 
+# outbox_dead_purge: delete dead messages for good, with an audit row each, in one statement;
+# FOR UPDATE as for the retry. A key held behind a purged message moves on (its next row
+# becomes the head).
 _DEAD_PURGE = """
 WITH picked AS MATERIALIZED (
     SELECT id FROM {messages} WHERE {filter} ORDER BY topic, key, seq
@@ -358,6 +367,9 @@ SELECT %(actor)s, 'purge', id, topic, key, seq, last_error, %(reason)s FROM gone
 RETURNING message_id
 """
 
+# outbox_dead_audit_list: the newest audit rows first: retries, purges and re-drives (the
+# re-drive of lost messages, `outbox redrive`, is in outbox/_statements.py: the Spark job that
+# runs it may not import the relay).
 _AUDIT_LIST = """
 SELECT at, actor, action, message_id, topic, key, seq, reason FROM {audit}
 ORDER BY id DESC LIMIT %(limit)s
@@ -365,6 +377,9 @@ ORDER BY id DESC LIMIT %(limit)s
 
 
 # --- WAL capture mode (relay/_capture.py, docs/capture.md) ----------------------------------
+# capture_known, capture_bump, capture_waiting_keys and capture_record run in ONE transaction
+# per decoded batch, which stays open while the batch is sent to the broker: the counter rows
+# capture_bump took stay locked until the batch is recorded and committed.
 
 # outbox_capture_mode: the database's capture mode and, in 'wal' mode, its slot and publication.
 _CAPTURE_MODE = """
@@ -472,58 +487,48 @@ class RelayStatements:
     capture_slot: bytes
 
 
-def _qualified(schema: str | None, table: str) -> sql.Identifier:
-    return sql.Identifier(schema, table) if schema else sql.Identifier(table)
-
-
-def _name(schema: str | None, table: str) -> sql.Literal:
-    """The quoted, qualified table name as a text literal (for to_regclass)."""
-    return sql.Literal(_qualified(schema, table).as_string(None))
-
-
-@lru_cache(maxsize=32)
-def relay_statements(schema: str | None) -> RelayStatements:
-    """The relay's statements for tables in ``schema`` (``None``: the search_path)."""
-    if schema is not None:
-        check_identifier(schema)
-    names = {
-        "messages": _qualified(schema, OUTBOX_MESSAGES),
-        "relays": _qualified(schema, OUTBOX_RELAYS),
-        "audit": _qualified(schema, OUTBOX_DEAD_AUDIT),
-        "sequences": _qualified(schema, OUTBOX_SEQUENCES),
-        "capture": _qualified(schema, OUTBOX_CAPTURE),
-        "messages_name": _name(schema, OUTBOX_MESSAGES),
-        "relays_name": _name(schema, OUTBOX_RELAYS),
-        "audit_name": _name(schema, OUTBOX_DEAD_AUDIT),
+def _names(schema: str | None) -> Names:
+    return {
+        "messages": qualified(schema, OUTBOX_MESSAGES),
+        "relays": qualified(schema, OUTBOX_RELAYS),
+        "audit": qualified(schema, OUTBOX_DEAD_AUDIT),
+        "sequences": qualified(schema, OUTBOX_SEQUENCES),
+        "capture": qualified(schema, OUTBOX_CAPTURE),
+        "messages_name": table_name(schema, OUTBOX_MESSAGES),
+        "relays_name": table_name(schema, OUTBOX_RELAYS),
+        "audit_name": table_name(schema, OUTBOX_DEAD_AUDIT),
         "holds_f": sql.SQL(_HOLDS).format(t=sql.Identifier("f")),
         "holds_x": sql.SQL(_HOLDS).format(t=sql.Identifier("x")),
         "filter": sql.SQL(_DEAD_FILTER),
     }
 
-    def render(text: str) -> bytes:
-        return sql.SQL(text).format(**names).as_string(None).encode()
 
-    return RelayStatements(
-        tables_present=render(_TABLES_PRESENT),
-        claim=render(_CLAIM),
-        mark=render(_MARK),
-        release_owner=render(_RELEASE_OWNER),
-        register=render(_REGISTER),
-        relay_holder=render(_RELAY_HOLDER),
-        heartbeat=render(_HEARTBEAT),
-        unregister=render(_UNREGISTER),
-        retention=render(_RETENTION),
-        status_topics=render(_STATUS_TOPICS),
-        status_relays=render(_STATUS_RELAYS),
-        dead_list=render(_DEAD_LIST),
-        dead_retry=render(_DEAD_RETRY),
-        dead_purge=render(_DEAD_PURGE),
-        audit_list=render(_AUDIT_LIST),
-        capture_mode=render(_CAPTURE_MODE),
-        capture_lock=render(_CAPTURE_LOCK),
-        capture_known=render(_CAPTURE_KNOWN),
-        capture_bump=render(_CAPTURE_BUMP),
-        capture_waiting_keys=render(_CAPTURE_WAITING_KEYS),
-        capture_record=render(_CAPTURE_RECORD),
-        capture_slot=render(_CAPTURE_SLOT),
-    )
+#: The relay's statements for tables in ``schema`` (``None``: the search_path).
+relay_statements = registry(
+    RelayStatements,
+    {
+        "tables_present": _TABLES_PRESENT,
+        "claim": _CLAIM,
+        "mark": _MARK,
+        "release_owner": _RELEASE_OWNER,
+        "register": _REGISTER,
+        "relay_holder": _RELAY_HOLDER,
+        "heartbeat": _HEARTBEAT,
+        "unregister": _UNREGISTER,
+        "retention": _RETENTION,
+        "status_topics": _STATUS_TOPICS,
+        "status_relays": _STATUS_RELAYS,
+        "dead_list": _DEAD_LIST,
+        "dead_retry": _DEAD_RETRY,
+        "dead_purge": _DEAD_PURGE,
+        "audit_list": _AUDIT_LIST,
+        "capture_mode": _CAPTURE_MODE,
+        "capture_lock": _CAPTURE_LOCK,
+        "capture_known": _CAPTURE_KNOWN,
+        "capture_bump": _CAPTURE_BUMP,
+        "capture_waiting_keys": _CAPTURE_WAITING_KEYS,
+        "capture_record": _CAPTURE_RECORD,
+        "capture_slot": _CAPTURE_SLOT,
+    },
+    _names,
+)

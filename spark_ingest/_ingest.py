@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
 
+from outbox._sql import qualified
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
 from spark_ingest._config import Source
-from spark_ingest._sources import _jdbc, _qualified, read_horizon, time_predicates
+from spark_ingest._sources import _jdbc, read_horizon, time_predicates
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -134,7 +135,7 @@ def _previous(lake: Path, src: Source, table: str) -> tuple[int, dt.datetime]:
 def _ingest_outbox(spark: SparkSession, lake: Path, src: Source, parts: int) -> Landed:
     h = read_horizon(src, OUTBOX_MESSAGES)
     xid, lo = _previous(lake, src, OUTBOX_MESSAGES)
-    table = _qualified(src, OUTBOX_MESSAGES).as_string(None)
+    table = qualified(src.schema, OUTBOX_MESSAGES).as_string(None)
     query = (
         "SELECT id::text AS id, topic, key, seq, headers::text AS headers, payload, content_type,"
         " traceparent, created_at, available_at, status, attempts, last_error, published_at,"
@@ -149,7 +150,7 @@ def _ingest_outbox(spark: SparkSession, lake: Path, src: Source, parts: int) -> 
 def _ingest_inbox(spark: SparkSession, lake: Path, src: Source, parts: int) -> Landed:
     h = read_horizon(src, INBOX_MESSAGES)
     xid, lo = _previous(lake, src, INBOX_MESSAGES)
-    table = _qualified(src, INBOX_MESSAGES).as_string(None)
+    table = qualified(src.schema, INBOX_MESSAGES).as_string(None)
     query = (
         "SELECT consumer, message_id::text AS message_id, topic, key, seq, received_at,"
         " processed_at, attempts, status, last_error, " + _changed(xid, h.xmin).format(table=table)

@@ -14,6 +14,7 @@ from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
 from spark_ingest import _outcomes, _outputs, _transforms
 from spark_ingest._config import CLASSES, DISCREPANCY_CLASSES, JobConfig
 from spark_ingest._sources import Horizon, connect, read_horizon, read_inbox, read_outbox
+from spark_ingest._statements import spark_statements
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -39,21 +40,14 @@ class RunResult:
 def _confirm_phantoms(config: JobConfig, spark: SparkSession, ids: list[str]) -> DataFrame | None:
     """The candidate ids that exist in the outbox after all (older than the read, or a consumer
     not expected for the topic), as a one-column DataFrame; None when there are none."""
-    from psycopg import sql
-
     if not ids:
         return None
     src = config.outbox
-    table = (
-        sql.Identifier(src.schema, OUTBOX_MESSAGES)
-        if src.schema
-        else sql.Identifier(OUTBOX_MESSAGES)
-    )
-    query = sql.SQL("SELECT id::text FROM {} WHERE id = ANY(%s::uuid[])").format(table)
+    query = spark_statements(src.schema).present_ids
     present: set[str] = set()
     with connect(src) as conn:
         for i in range(0, len(ids), 10_000):
-            present.update(r[0] for r in conn.execute(query, (ids[i : i + 10_000],)))
+            present.update(r[0] for r in conn.execute(query, {"ids": ids[i : i + 10_000]}))
     if not present:
         return None
     return spark.createDataFrame([(i,) for i in sorted(present)], "id string")

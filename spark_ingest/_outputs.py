@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from outbox.schema import RECONCILIATION_RUNS
 from spark_ingest._config import DISCREPANCY_CLASSES, Source
 from spark_ingest._errors import SourceError
 from spark_ingest._sources import connect
+from spark_ingest._statements import spark_statements
 
 __all__ = [
     "carried_start",
@@ -67,23 +66,9 @@ def write_outputs(directory: Path, summary: dict[str, Any], lost_ids: list[str])
     (directory / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
 
-_INSERT = """
-INSERT INTO {table} (run_id, started_at, finished_at, window_start, window_end, horizon_xmin,
-                     messages, discrepancies, outcome, summary)
-VALUES (%(run_id)s, %(started_at)s, %(finished_at)s, %(window_start)s, %(window_end)s,
-        %(horizon_xmin)s, %(messages)s, %(discrepancies)s, %(outcome)s, %(summary)s)
-"""
-
-
-def _runs_table(source: Source) -> sql.Identifier:
-    if source.schema:
-        return sql.Identifier(source.schema, RECONCILIATION_RUNS)
-    return sql.Identifier(RECONCILIATION_RUNS)
-
-
 def record_run(source: Source, summary: dict[str, Any], xmin: int) -> None:
     """One row in ``outbox_reconciliation_runs`` of the outbox database."""
-    table = _runs_table(source)
+    stmts = spark_statements(source.schema)
     params = {
         "run_id": summary["run_id"],
         "started_at": dt.datetime.fromisoformat(summary["started_at"]),
@@ -98,23 +83,14 @@ def record_run(source: Source, summary: dict[str, Any], xmin: int) -> None:
     }
     try:
         with connect(source) as conn:
-            conn.execute(sql.SQL(_INSERT).format(table=table), params)
+            conn.execute(stmts.record_run, params)
     except psycopg.Error as exc:
         cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SourceError(
-            f"cannot record the run in {table.as_string(None)} of the outbox database "
+            f"cannot record the run in {stmts.runs_name} of the outbox database "
             f"({cause}): run `outbox migrate upgrade` there, grant INSERT on it to the job's "
             "user, or pass --no-record; no output files were published",
         ) from exc
-
-
-# outbox_reconciliation_last_unjudged: what the latest run that ended by ``start`` left open.
-_LAST_UNJUDGED = """
-SELECT (summary->>'unjudged_from')::timestamptz FROM {table}
-WHERE window_end <= %(start)s
-ORDER BY window_end DESC, finished_at DESC
-LIMIT 1
-"""
 
 
 def carried_start(source: Source, start: dt.datetime) -> dt.datetime:
@@ -126,7 +102,7 @@ def carried_start(source: Source, start: dt.datetime) -> dt.datetime:
     try:
         with connect(source) as conn:
             row = conn.execute(
-                sql.SQL(_LAST_UNJUDGED).format(table=_runs_table(source)), {"start": start}
+                spark_statements(source.schema).last_unjudged, {"start": start}
             ).fetchone()
     except psycopg.errors.UndefinedTable:
         return start  # never recorded: nothing to carry (recording will say what is missing)

@@ -1,4 +1,8 @@
-"""Re-queue lost messages for the relay: same ids, so inboxes drop anything that did arrive."""
+"""Re-queue lost messages for the relay: same ids, so inboxes drop anything that did arrive.
+
+The statements are ``outbox._statements.redrive_statements`` (audited like a dead-letter retry);
+this module only runs them and wakes the relays.
+"""
 
 from __future__ import annotations
 
@@ -8,26 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
+from outbox._actor import default_actor
+from outbox._statements import redrive_statements
+from outbox._wakeup import doorbell_for, ring_after_commit
 from outbox.exceptions import ConfigurationError
-from outbox.schema import OUTBOX_MESSAGES, check_identifier
 
-__all__ = ["RedriveResult", "read_id_file", "redrive"]
-
-# One statement: rows are re-queued only if they exist and are not already pending, so running
-# it twice, or concurrently with the relay, is harmless. attempts and last_error are kept as the
-# audit of what happened before; published_at is cleared because the row is no longer
-# published (the relay sets it again). Returning the ids tells the caller which ones changed.
-_REDRIVE = """
-UPDATE {table}
-   SET status = 'pending', available_at = clock_timestamp(), published_at = NULL
- WHERE id = ANY(%(ids)s::uuid[]) AND status <> 'pending'
-RETURNING id::text
-"""
-_DRY_RUN = """
-SELECT id::text, status FROM {table} WHERE id = ANY(%(ids)s::uuid[])
-"""
+__all__ = ["RedriveResult", "read_id_file", "redrive", "wait_for_wakeup"]
 
 
 @dataclass(frozen=True)
@@ -66,20 +57,32 @@ def redrive(
     *,
     schema: str | None = None,
     dry_run: bool = False,
+    actor: str | None = None,
+    reason: str | None = None,
 ) -> RedriveResult:
-    """Set ``ids`` back to pending, available now, in one statement and one transaction."""
+    """Set ``ids`` back to pending, available now, in one statement in the caller's transaction,
+    with an audit row each in ``outbox_dead_audit`` (action 'redrive'; ``actor`` defaults to
+    user@host). Relays are woken once the caller commits, the way ``publish()`` wakes them
+    (``outbox._wakeup``); rolled back, nothing changes and nobody is woken.
+    """
     wanted = sorted(set(ids))
-    table = (
-        sql.Identifier(check_identifier(schema), OUTBOX_MESSAGES)
-        if schema
-        else sql.Identifier(OUTBOX_MESSAGES)
-    )
-    found = dict(conn.execute(sql.SQL(_DRY_RUN).format(table=table), {"ids": wanted}).fetchall())
+    stmts = redrive_statements(schema or None)
+    found = dict(conn.execute(stmts.preview, {"ids": wanted}).fetchall())
     missing = [i for i in wanted if i not in found]
     pending = sorted(i for i, s in found.items() if s == "pending")
     if dry_run:
         requeued = sorted(i for i, s in found.items() if s != "pending")
     else:
-        rows = conn.execute(sql.SQL(_REDRIVE).format(table=table), {"ids": wanted}).fetchall()
+        params = {"ids": wanted, "actor": actor or default_actor(), "reason": reason}
+        rows = conn.execute(stmts.redrive, params).fetchall()
         requeued = sorted(r[0] for r in rows)
+        if rows:
+            ring_after_commit(conn, conn, {r[1] for r in rows})
     return RedriveResult(requeued, pending, missing, dry_run)
+
+
+def wait_for_wakeup(conn: psycopg.Connection[Any], timeout: float = 5.0) -> bool:
+    """After the commit of a re-drive on ``conn``: wait until the relays' wake-up has gone out
+    (for a process about to exit, whose doorbell thread would otherwise die with it). True if
+    it went out (or the doorbell gave up: the relays' fallback poll finds the rows anyway)."""
+    return doorbell_for(conn).wait_idle(timeout)

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg import sql
 
+from outbox._sql import qualified
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
 from spark_ingest._config import Source
 from spark_ingest._errors import SourceError
+from spark_ingest._statements import spark_statements
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -39,21 +40,6 @@ __all__ = [
     "time_predicates",
 ]
 
-# One statement, one snapshot: xmin, clock and the oldest open/prepared transaction together.
-_HORIZON = """
-SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
-       clock_timestamp() AS now,
-       least(
-           clock_timestamp(),
-           (SELECT min(a.xact_start) FROM pg_stat_activity AS a
-             WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
-               AND a.backend_type = 'client backend' AND a.xact_start IS NOT NULL),
-           (SELECT min(p.prepared) FROM pg_prepared_xacts AS p
-             WHERE p.database = current_database())
-       ) AS safe_time,
-       to_regclass(%(table)s) IS NOT NULL AS has_table
-"""
-
 
 @dataclass(frozen=True)
 class Horizon:
@@ -63,10 +49,6 @@ class Horizon:
     xmin: int
     now: dt.datetime
     safe_time: dt.datetime
-
-
-def _qualified(source: Source, table: str) -> sql.Identifier:
-    return sql.Identifier(source.schema, table) if source.schema else sql.Identifier(table)
 
 
 def _connect(source: Source) -> psycopg.Connection[Any]:
@@ -85,9 +67,9 @@ def _connect(source: Source) -> psycopg.Connection[Any]:
 
 def read_horizon(source: Source, table: str) -> Horizon:
     """Freeze the horizon of ``source`` and check that ``table`` exists there."""
-    name = _qualified(source, table).as_string(None)
+    name = qualified(source.schema, table).as_string(None)
     with _connect(source) as conn:
-        row = conn.execute(_HORIZON, {"table": name}).fetchone()
+        row = conn.execute(spark_statements(source.schema).horizon, {"table": name}).fetchone()
     assert row is not None
     xmin, now, safe_time, has_table = row
     if not has_table:
@@ -215,7 +197,7 @@ def read_outbox(
     clock stepped back), and the rest are the few rows not yet published (or dead). PostgreSQL
     then ORs the two partial indexes for a short window and still scans for a long one.
     """
-    table = _qualified(source, OUTBOX_MESSAGES).as_string(None)
+    table = qualified(source.schema, OUTBOX_MESSAGES).as_string(None)
     query = f"SELECT {_OUTBOX_COLUMNS} FROM {table}"
     preds = [
         f"{_range_sql('created_at', a, b)} AND (status <> 'published' OR published_at IS NULL"
@@ -257,7 +239,7 @@ def read_inbox(
     """
     from pyspark.sql import functions as F
 
-    table = _qualified(source, INBOX_MESSAGES).as_string(None)
+    table = qualified(source.schema, INBOX_MESSAGES).as_string(None)
     query = f"SELECT {_INBOX_COLUMNS} FROM {table}"
     preds = time_predicates("received_at", lo - margin, hi, partitions, until=until)
     df = _jdbc(spark, source, query, preds, table=table)

@@ -206,26 +206,35 @@ def ingest_cmd(**opts: Any) -> None:
 @click.option("--url", default=None, help="Outbox database (default: $OUTBOX_DATABASE_URL).")
 @click.option("--schema", default=None, envvar="OUTBOX_SCHEMA", help="Schema of the outbox.")
 @click.option("--dry-run", is_flag=True, help="Show what would be re-queued; change nothing.")
-def redrive_cmd(ids_file: Path, url: str | None, schema: str | None, dry_run: bool) -> None:
+@click.option("--reason", default=None, help="Why (kept in the audit).")
+@click.option("--actor", default=None, help="Who (default: user@host).")
+def redrive_cmd(
+    ids_file: Path,
+    url: str | None,
+    schema: str | None,
+    dry_run: bool,
+    reason: str | None,
+    actor: str | None,
+) -> None:
     """Re-queue the message ids in IDS_FILE (e.g. a run's redrive.txt) for the relay.
 
-    The ids stay the same, so an inbox that did receive a message drops the copy.
+    The ids stay the same, so an inbox that did receive a message drops the copy. Each
+    re-queued message gets an audit row (`outbox dead audit` lists them).
     """
     import psycopg
 
-    from outbox import WAKEUP_CHANNEL
     from outbox.cli import database_url
-    from spark_ingest._redrive import read_id_file, redrive
+    from spark_ingest._redrive import read_id_file, redrive, wait_for_wakeup
 
     ids = read_id_file(ids_file)
     with psycopg.connect(database_url(url)) as conn:
-        result = redrive(conn, ids, schema=schema, dry_run=dry_run)
+        result = redrive(conn, ids, schema=schema, dry_run=dry_run, actor=actor, reason=reason)
         if dry_run:
             conn.rollback()
         else:
             conn.commit()
-            conn.execute("SELECT pg_notify(%s, '')", (WAKEUP_CHANNEL,))
-            conn.commit()
+            if result.requeued:
+                wait_for_wakeup(conn)  # the doorbell sends it; this process is about to exit
     verb = "would re-queue" if dry_run else "re-queued"
     click.echo(
         f"{verb} {len(result.requeued)}; already pending {len(result.already_pending)}; "

@@ -123,6 +123,25 @@ def test_cli_dead_list_retry_purge_with_dry_run_and_audit(url: str) -> None:
     assert "alice  retry" in log.output
 
 
+def test_dead_retry_and_purge_wake_relays_at_commit(url: str) -> None:
+    from outbox import WAKEUP_CHANNEL
+    from relay import DeadFilter, dead_purge, dead_retry
+
+    _dead(url)
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
+
+        def woken() -> int:
+            return sum(1 for _ in listener.notifies(timeout=2, stop_after=1))
+
+        assert dead_retry(url, DeadFilter(key="a"), actor="alice")
+        assert woken() == 1  # the relays need not wait for their fallback poll
+        assert dead_purge(url, DeadFilter(topic="u"), actor="bob")
+        assert woken() == 1
+        assert dead_retry(url, DeadFilter(key="nobody"), actor="alice") == []
+        assert woken() == 0  # nothing changed, nobody woken
+
+
 def _id_of(url: str, key: str) -> Any:
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT id FROM outbox_messages WHERE key = %s", [key]).fetchone()
