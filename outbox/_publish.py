@@ -35,6 +35,13 @@ class _Batch:
     single: PreparedMessage | None  # the fast path: exactly one distinct message
     rows: list[PreparedMessage]  # the distinct messages, in order
 
+    def wal_statement(self, stmts: ProducerStatements) -> tuple[bytes, dict[str, Any]]:
+        """The WAL emit statement and its parameters: each distinct message as a record."""
+        params = self.wal_params()
+        if len(params["records"]) == 1:
+            return stmts.wal_emit_one, {"record": params["records"][0]}
+        return stmts.wal_emit, params
+
     def wal_params(self) -> dict[str, Any]:
         """Parameters of outbox_wal_emit: each distinct message as a WAL record."""
         records = [
@@ -155,7 +162,7 @@ def publish_batch(
     try:
         with raw.cursor() as cur:
             if known_mode(raw) in (MODE_WAL, None):
-                cur.execute(stmts.wal_emit, batch.wal_params())
+                cur.execute(*batch.wal_statement(stmts))
                 if len(cur.fetchall()) == len(batch.rows):
                     return batch.ids  # the relay decodes them after commit
                 remember_mode(raw, None)  # not in 'wal' mode (any more): write rows
@@ -191,7 +198,7 @@ async def publish_batch_async(
     try:
         async with raw.cursor() as cur:
             if known_mode(raw) in (MODE_WAL, None):
-                await cur.execute(stmts.wal_emit, batch.wal_params())
+                await cur.execute(*batch.wal_statement(stmts))
                 if len(await cur.fetchall()) == len(batch.rows):
                     return batch.ids  # the relay decodes them after commit
                 remember_mode(raw, None)

@@ -154,6 +154,13 @@ WHERE c.mode = 'wal'
 ORDER BY u.ord
 """
 
+# outbox_wal_emit_one: the same for a batch of one (every publish()): no array to build, send
+# and unnest, no sort. The mode check is the same one-row scan.
+_WAL_EMIT_ONE = """
+SELECT pg_logical_emit_message(true, {prefix}, %(record)s::bytea)
+FROM {capture} AS c WHERE c.mode = 'wal'
+"""
+
 @dataclass(frozen=True)
 class ProducerStatements:
     insert: bytes
@@ -161,6 +168,7 @@ class ProducerStatements:
     insert_one_idempotent: bytes
     idempotency_lock: bytes
     wal_emit: bytes
+    wal_emit_one: bytes
 
 
 def _names(schema: str | None) -> Names:
@@ -181,6 +189,7 @@ producer_statements = registry(
         "insert_one_idempotent": (_INSERT_ONE, {"guard": _GUARD}),
         "idempotency_lock": _IDEMPOTENCY_LOCK,
         "wal_emit": _WAL_EMIT,
+        "wal_emit_one": _WAL_EMIT_ONE,
     },
     _names,
 )
