@@ -34,6 +34,9 @@ class PgServer:
     admin_url: str
     source: str
     stop: Callable[[], None] = field(default=lambda: None)
+    #: a crash and a restart (immediate shutdown: no checkpoint, crash recovery on start), on
+    #: the same port; only for the private clusters this module starts
+    crash_restart: Callable[[], None] | None = None
 
     def url(self, dbname: str) -> str:
         return make_url(self.admin_url).set(database=dbname).render_as_string(hide_password=False)
@@ -164,31 +167,45 @@ def logical_server(workdir: str, *, durable: bool = False) -> PgServer | None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     log = open(os.path.join(workdir, "postgres.log"), "wb")  # noqa: SIM115 - closed in stop
-    proc = subprocess.Popen(
-        [os.path.join(bindir, "postgres"), "-D", data, "-p", str(port), "-k", workdir,
-         "-c", "listen_addresses=127.0.0.1", "-c", "wal_level=logical",
-         "-c", "max_replication_slots=20", "-c", "max_wal_senders=20",
-         "-c", "max_connections=200", *([] if durable else ["-c", "fsync=off"])],
-        stdout=log, stderr=subprocess.STDOUT, user=user,
-    )
+    argv = [
+        os.path.join(bindir, "postgres"), "-D", data, "-p", str(port), "-k", workdir,
+        "-c", "listen_addresses=127.0.0.1", "-c", "wal_level=logical",
+        "-c", "max_replication_slots=20", "-c", "max_wal_senders=20",
+        "-c", "max_connections=200", *([] if durable else ["-c", "fsync=off"]),
+    ]
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    procs: list[subprocess.Popen[bytes]] = []
 
-    def stop() -> None:
+    def shut(sig: signal.Signals) -> None:
+        proc = procs[-1]
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # fast shutdown
+            proc.send_signal(sig)
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+    def stop() -> None:
+        shut(signal.SIGINT)  # fast shutdown
         log.close()
 
-    deadline = time.monotonic() + 30
-    while not _reachable(url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop()
-            with open(os.path.join(workdir, "postgres.log"), "rb") as f:
-                tail = f.read()[-2000:].decode("utf-8", "replace")
-            raise RuntimeError(f"the private PostgreSQL did not start: {tail}")
-        time.sleep(0.1)
-    return PgServer(url, f"private cluster on port {port} (wal_level = logical)", stop)
+    def launch() -> None:
+        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, user=user))
+        deadline = time.monotonic() + 30
+        while not _reachable(url):
+            if procs[-1].poll() is not None or time.monotonic() > deadline:
+                stop()
+                with open(os.path.join(workdir, "postgres.log"), "rb") as f:
+                    tail = f.read()[-2000:].decode("utf-8", "replace")
+                raise RuntimeError(f"the private PostgreSQL did not start: {tail}")
+            time.sleep(0.1)  # the postmaster gives no other sign that it accepts connections
+
+    def crash_restart() -> None:
+        shut(signal.SIGQUIT)  # immediate shutdown: what a crash leaves behind
+        launch()
+
+    launch()
+    return PgServer(
+        url, f"private cluster on port {port} (wal_level = logical)", stop, crash_restart
+    )
