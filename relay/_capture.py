@@ -155,9 +155,13 @@ class WalCapture:
             waiting = await self._waiting_keys(conn, batch)
             to_send = self._hold_back(batch, waiting)
             envelopes = [_envelope(d) for d in to_send]
-            results, _unreachable = await self._dispatcher.publish(
+            results, unreachable = await self._dispatcher.publish(
                 envelopes, time.monotonic() + self._config.publish_timeout
             )
+            if unreachable and results:
+                # The broker is down: the polling loop pauses too, and the messages wait for
+                # it as pending rows. An outage is never a message's attempt (as in polling).
+                self._dispatcher.pause(results[0])
             failed_keys: set[tuple[str, str]] = set()
             for d, result in zip(to_send, results, strict=True):
                 key = (d.record.topic, d.record.key)
@@ -167,7 +171,7 @@ class WalCapture:
                     failed_keys.add(key)
                     d.status = "pending"
                     if result is not None:
-                        d.attempts = 1
+                        d.attempts = 0 if unreachable else 1
                         d.error = f"{type(result).__name__}: {result}"
             await conn.execute(stmts.capture_record, _record_params(batch))
         for d in batch:
@@ -214,11 +218,18 @@ class WalCapture:
         """The messages to send now; the others become pending, and so do their keys' later
         messages (a key's order holds)."""
         now = dt.datetime.now(dt.UTC)
+        # while the broker is down (the relay pauses), nothing is tried: all wait as pending
+        paused = self._dispatcher.paused_until > time.monotonic()
         send: list[_Decoded] = []
         for d in batch:
             key = (d.record.topic, d.record.key)
             due = d.record.available_at is None or d.record.available_at <= now
-            if key in waiting or not due or self._dispatcher.at_most_once(d.record.topic):
+            if (
+                key in waiting
+                or not due
+                or paused
+                or self._dispatcher.at_most_once(d.record.topic)
+            ):
                 d.status = "pending"
                 waiting.add(key)
             else:
