@@ -89,23 +89,32 @@ class WalCapture:
                 await self._state.sleep(RECHECK_SECONDS)
             else:
                 await self._lead(*setting)
+                if setting[2]:  # drained: let the slot rest (an operator may drop it now)
+                    await self._state.sleep(RECHECK_SECONDS)
 
         backoff = Backoff(0.1, 5.0)
         while not self._state.stopping:
-            # returns after a round: not in 'wal' mode, a standby, or the stream ended
+            # returns after a round: not in 'wal' mode, a standby, drained, or the stream ended
             await retry("WAL capture", capture_once, backoff, state=self._state)
 
-    async def _setting(self) -> tuple[str, str] | None:
-        """(slot, publication) when the database is in 'wal' mode, else None."""
+    async def _setting(self) -> tuple[str, str, bool] | None:
+        """(slot, publication, draining): streaming in 'wal' mode; draining after a switch
+        back to polling while the slot exists (what writers emitted before the switch, or in
+        transactions that commit after it, is still published); None: nothing to stream."""
         async with self._pool.connection() as conn:
             row = await (await conn.execute(self._stmts.capture_mode)).fetchone()
-        if row is None or row[0] != MODE_WAL:
-            return None
-        return str(row[1]), str(row[2])
+            if row is None or row[1] is None:
+                return None
+            if row[0] == MODE_WAL:
+                return str(row[1]), str(row[2]), False
+            cur = await conn.execute(self._stmts.capture_slot, {"slot": row[1]})
+            if await cur.fetchone() is None:  # dropped after the switch: nothing left
+                return None
+        return str(row[1]), str(row[2]), True
 
-    async def _lead(self, slot: str, publication: str) -> None:
-        """Take the capture lock and stream, until stopped or the stream fails; return at once
-        (after a pause) when another relay holds it."""
+    async def _lead(self, slot: str, publication: str, draining: bool) -> None:
+        """Take the capture lock and stream, until stopped, drained or the stream fails; return
+        at once (after a pause) when another relay holds it."""
         config = self._config
         lock = await psycopg.AsyncConnection.connect(config.database_url, autocommit=True)
         try:
@@ -116,16 +125,19 @@ class WalCapture:
             stream = ReplicationStream(config.database_url, slot, publication)
             await stream.start()
             self.capturing = True
-            log.info("relay %s: capturing from replication slot %s", config.relay_id, slot)
+            if not draining:
+                log.info("relay %s: capturing from replication slot %s", config.relay_id, slot)
             try:
-                await self._stream(stream)
+                await self._stream(stream, draining)
             finally:
                 self.capturing = False
                 stream.close()
         finally:
             await lock.close()
 
-    async def _stream(self, stream: ReplicationStream) -> None:
+    async def _stream(self, stream: ReplicationStream, draining: bool) -> None:
+        """Record what the slot sends; when it goes idle, return if there is nothing more to
+        wait for (draining, or the database switched back to polling meanwhile)."""
         limit = self._config.batch_size
         while not self._state.stopping:
             transactions = await stream.transactions(limit, IDLE_WAIT_SECONDS)
@@ -134,6 +146,11 @@ class WalCapture:
                 await stream.confirm(transactions[-1].end_lsn)
             else:
                 await stream.confirm()  # idle: nothing of ours up to the server's WAL end
+                if draining:
+                    return
+                setting = await self._setting()
+                if setting is None or setting[2]:
+                    return  # switched back to polling: drain in rounds from now on
             await stream.keepalive()
 
     async def _record(self, transactions: list[CommittedTransaction]) -> None:

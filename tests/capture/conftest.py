@@ -61,4 +61,6 @@ def wal_url(logical_pg: PgServer) -> Iterator[str]:
                     break
                 except psycopg.errors.ObjectInUse:  # the terminated walsender is exiting
                     conn.execute("SELECT pg_sleep(0.1)")
+                except psycopg.errors.UndefinedObject:  # the test dropped it itself
+                    break
         logical_pg.drop_database(name)

@@ -452,3 +452,50 @@ async def test_postgres_crash_mid_stream_loses_nothing_and_renumbers_nothing() -
         per_key[key].append(seq)
     for key, seqs in per_key.items():
         assert seqs == list(range(1, len(seqs) + 1)), key
+
+
+@_in_loop
+async def test_switching_back_to_polling_publishes_what_was_emitted_before(wal_url: str) -> None:
+    """A transaction that emitted in 'wal' mode and commits after `capture disable` is still
+    published (the relay drains the slot in rounds); so is a message written as a row after the
+    switch; once the slot is dropped, the relay stops streaming it."""
+    from relay import disable_capture
+
+    publisher = FakePublisher()
+    relay = Relay(config(wal_url), publisher)
+    open_tx = psycopg.connect(wal_url)
+    try:
+        async with running(relay):
+            await _until(lambda: bool(relay.capture and relay.capture.capturing), 20, "capturing")
+            emitted = publish(open_tx, topic="t", key="k", payload={"before": True})
+            await asyncio.to_thread(disable_capture, wal_url)
+            open_tx.commit()  # committed in 'polling' mode, emitted before the switch
+            with psycopg.connect(wal_url) as conn:
+                row_id = publish(conn, topic="t", key="k", payload={"after": True})
+                conn.commit()
+                assert conn.execute(  # written as a row: the writer saw the switch
+                    "SELECT count(*) FROM outbox_messages WHERE id = %s", (row_id,)
+                ).fetchone() == (1,)
+            await _until(lambda: len(publisher.log) == 2, 20, "both messages")
+            assert {e.id for _, e in publisher.log} == {emitted, row_id}
+            assert sorted(e.seq for _, e in publisher.log) == [1, 2]  # one key, gapless
+            slot = relay_status(wal_url).capture["slot"]
+
+            def dropped() -> bool:
+                with psycopg.connect(wal_url, autocommit=True) as conn:
+                    try:
+                        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                    except psycopg.errors.ObjectInUse:
+                        return False  # drained right now: between rounds it rests
+                return True
+
+            await _until(dropped, 20, "the slot dropped between drain rounds")
+            await _until(
+                lambda: not (relay.capture and relay.capture.capturing), 20, "no streaming"
+            )
+            with psycopg.connect(wal_url) as conn:  # polling mode goes on as usual
+                publish(conn, topic="t", key="k", payload={"later": True})
+                conn.commit()
+            await _until(lambda: len(publisher.log) == 3, 20, "the polled message")
+    finally:
+        open_tx.close()
