@@ -16,10 +16,10 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, ResultCallback
 from inbox._runner import AsyncAlso, AsyncBatchAlso, AsyncHandlerRunner, Result
-from inbox._wire import decode_kafka
 from outbox._connections import resolve_async
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError, InvalidMessageError
+from outbox.wire import kafka as wire
 
 __all__ = ["KafkaConsumer"]
 
@@ -145,7 +145,7 @@ class KafkaConsumer(BrokerConsumer):
         from confluent_kafka import TopicPartition
 
         also = self._store_offset(msg) if self.offsets_in_db else None
-        result = await self._dispatch(lambda: decode_kafka(msg.headers(), msg.value()), also)
+        result = await self._dispatch(lambda: wire.decode(msg.headers(), msg.value()), also)
         if result is None or result.outcome.ack:
             commit = functools.partial(consumer.commit, message=msg, asynchronous=False)
             await loop.run_in_executor(None, commit)
@@ -162,7 +162,7 @@ class KafkaConsumer(BrokerConsumer):
         for i, msg in enumerate(msgs):
             envelope: Envelope | None = None
             try:
-                envelope = decode_kafka(msg.headers(), msg.value())
+                envelope = wire.decode(msg.headers(), msg.value())
                 self.runner.check(envelope)
             except (InvalidMessageError, UnicodeDecodeError) as exc:
                 log.error("inbox: a broker message is not a valid outbox envelope: %s", exc)

@@ -13,8 +13,8 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
-from inbox._wire import decode_mqtt
 from outbox.exceptions import ConfigurationError
+from outbox.wire import mqtt as wire
 
 __all__ = ["MqttConsumer"]
 
@@ -100,7 +100,7 @@ class MqttConsumer(BrokerConsumer):
 
     async def _one(self, client: Any, queue: asyncio.Queue[Any], msg: Any) -> None:
         properties = getattr(msg.properties, "UserProperty", None) if msg.properties else None
-        decode = functools.partial(decode_mqtt, properties, msg.payload)
+        decode = functools.partial(wire.decode, properties, msg.payload)
         await self._submit(Delivery(decode, functools.partial(self._settle, client, queue, msg)))
 
     async def _settle(

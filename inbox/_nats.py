@@ -7,7 +7,7 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
-from inbox._wire import decode_nats
+from outbox.wire import nats as wire
 
 __all__ = ["NatsConsumer"]
 
@@ -60,7 +60,7 @@ class NatsConsumer(BrokerConsumer):
                 except (NatsTimeout, TimeoutError):  # nats-py raises either
                     continue
                 await self._submit(*(
-                    Delivery(functools.partial(decode_nats, msg.headers, msg.data),
+                    Delivery(functools.partial(wire.decode, msg.headers, msg.data),
                              functools.partial(self._settle, msg))
                     for msg in msgs
                 ))  # fmt: skip

@@ -7,7 +7,7 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
-from inbox._wire import decode_rabbitmq
+from outbox.wire import rabbitmq as wire
 
 __all__ = ["RabbitMQConsumer"]
 
@@ -54,7 +54,7 @@ class RabbitMQConsumer(BrokerConsumer):
             await connection.close()  # unacknowledged deliveries return to the queue
 
     async def _on_message(self, message: Any) -> None:
-        decode = functools.partial(decode_rabbitmq, message.headers, message.body)
+        decode = functools.partial(wire.decode, message.headers, message.body)
         await self._submit(Delivery(decode, functools.partial(self._settle, message)))
 
     async def _settle(self, message: Any, result: Result | None) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
-from inbox._wire import decode_redis
+from outbox.wire import redis as wire
 
 __all__ = ["RedisStreamConsumer"]
 
@@ -79,7 +79,7 @@ class RedisStreamConsumer(BrokerConsumer):
         await self._submit(*(self._delivery(client, e, f) for e, f in reply[1] if f))
 
     def _delivery(self, client: Any, entry_id: Any, fields: Any) -> Delivery:
-        decode = functools.partial(decode_redis, fields)
+        decode = functools.partial(wire.decode, fields)
         return Delivery(decode, functools.partial(self._settle, client, entry_id))
 
     async def _settle(self, client: Any, entry_id: Any, result: Result | None) -> None:

@@ -1,27 +1,12 @@
 """The contract every broker adapter fulfils, and how the envelope maps onto each broker.
 
-Wire mapping (the consumer runners in ``inbox`` decode exactly this; change both or neither).
-The body is always the raw ``payload`` bytes; the envelope fields travel as headers produced by
-:meth:`outbox.envelope.Envelope.to_headers` and are read back with ``Envelope.from_headers``:
-
-* NATS JetStream: subject = destination (default: the topic); headers = envelope headers plus
-  ``Nats-Msg-Id: <id>`` (JetStream's dedup window); wait for the PubAck.
-* RabbitMQ: destination ``exchange/routing_key`` (default: exchange ``""``, routing key = topic,
-  i.e. the queue named like the topic); properties ``message_id=<id>``,
-  ``content_type``, persistent delivery, ``headers`` = envelope headers; publisher confirms and
-  ``mandatory=True`` (an unroutable message is a PermanentPublishError, never dropped).
-* Kafka: topic = destination (default: the topic); message key = the outbox key (one key, one
-  partition, in order); value = payload; headers = envelope headers as UTF-8 bytes;
-  ``enable.idempotence=true``, ``acks=all``.
-* Redis Streams: stream = destination (default: the topic); ``XADD`` fields = envelope headers
-  plus ``payload`` (the body). Consumers rebuild headers from every field except ``payload``.
-* MQTT 5: topic = destination (default: the topic); payload = body; envelope headers as user
-  properties, ``content_type`` property; QoS 1 (QoS 0 for at-most-once topics).
-
-Notes for decoders (additions, not changes): brokers may add their own headers beside the
-envelope's (NATS: ``Nats-Msg-Id`` and other ``Nats-*``); drop them before comparing user
-headers. On Redis a user header named ``payload`` would collide with the body field, so the Redis
-adapter refuses such a message with a PermanentPublishError.
+How an envelope maps onto each broker's message (headers, id, key, content type, trace
+context) is :mod:`outbox.wire`, one module per broker that the inbox's consumers decode with;
+adapters send exactly what ``outbox.wire.<broker>.encode`` returns. What is the adapter's is
+the delivery: NATS waits for the PubAck; RabbitMQ uses publisher confirms, persistent delivery
+and ``mandatory=True`` (an unroutable message is a PermanentPublishError, never dropped);
+Kafka runs an idempotent producer with ``acks=all``; Redis appends with one pipelined round trip;
+MQTT publishes at QoS 1 (QoS 0 for at-most-once topics).
 
 The destination of an envelope is chosen by :class:`Destinations` (topic -> destination).
 """

@@ -1,4 +1,4 @@
-"""``file:/path`` sink: every message appended as one JSON line (see :mod:`relay.brokers._jsonl`).
+"""``file:/path`` sink: every message appended as one JSON line (see :mod:`outbox.wire.jsonl`).
 
 For debugging and for tests. A batch is written with one ``write`` from a worker thread, then
 flushed (and ``fsync``-ed when ``fsync=True``) before it is acknowledged.
@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TextIO
 
 from outbox.envelope import Envelope
+from outbox.wire import jsonl
 from relay.brokers._batch import Batch, check_size, retryable
-from relay.brokers._jsonl import decode_line, encode_line
 from relay.brokers.base import BrokerFeatures, Destinations
 
-__all__ = ["FilePublisher", "decode_line"]
+__all__ = ["FilePublisher"]
 
 
 class FilePublisher:
@@ -63,7 +63,7 @@ class FilePublisher:
             if err is not None:
                 batch.refuse(i, err)
                 continue
-            lines.append(encode_line(env, dest))
+            lines.append(jsonl.encode(env, dest))
             written.append(i)
         try:
             await asyncio.to_thread(self._write, "".join(lines))

@@ -23,6 +23,7 @@ from typing import Any
 
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
+from outbox.wire import kafka as wire
 from relay.brokers._batch import (
     Batch,
     PublishError,
@@ -175,11 +176,11 @@ class KafkaPublisher:
     ) -> PublishError | None:
         """Enqueue one message; when librdkafka's queue is full, wait for a delivery first."""
         callback = functools.partial(self._delivered, fut)
-        headers = [(k, v.encode()) for k, v in env.to_headers().items()]
+        record = wire.encode(env)
         while True:
             try:
                 self._producer.produce(
-                    dest, value=env.payload, key=env.key.encode(), headers=headers,
+                    dest, value=record.value, key=record.key, headers=record.headers,
                     on_delivery=callback,
                 )  # fmt: skip
                 return None

@@ -29,6 +29,7 @@ from typing import Any
 
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
+from outbox.wire import mqtt as wire
 from relay.brokers._batch import (
     Batch,
     PublishError,
@@ -199,7 +200,8 @@ class MqttPublisher:
             err = check_size(env, dest, self.features.max_payload_bytes, "MQTT")
             if err is None:
                 try:
-                    info = client.publish(dest, env.payload, qos, False, self._props(env))
+                    message = wire.encode(env)
+                    info = client.publish(dest, message.payload, qos, False, self._props(message))
                 except ValueError as exc:  # wildcard or empty topic, bad QoS
                     err = permanent(f"invalid MQTT publish: {exc}", env, dest, exc)
                 else:
@@ -240,12 +242,12 @@ class MqttPublisher:
             self._pending[info.mid] = pending[i] = fut
         return None
 
-    def _props(self, env: Envelope) -> Any:
+    def _props(self, message: wire.MqttMessage) -> Any:
         properties = require("paho.mqtt.properties", "mqtt")
         packettypes = require("paho.mqtt.packettypes", "mqtt")
         props = properties.Properties(packettypes.PacketTypes.PUBLISH)
-        props.UserProperty = list(env.to_headers().items())
-        props.ContentType = env.content_type
+        props.UserProperty = message.user_properties
+        props.ContentType = message.content_type
         return props
 
     def _classify(self, env: Envelope, dest: str, exc: BaseException) -> PublishError:

@@ -20,7 +20,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from outbox.envelope import HEADER_ID, Envelope
+from outbox.envelope import Envelope
+from outbox.wire import nats as wire
 from relay.brokers._batch import (
     Batch,
     PublishError,
@@ -37,7 +38,6 @@ __all__ = ["NatsPublisher"]
 
 log = logging.getLogger("relay.brokers.nats")
 
-MSG_ID_HEADER = "Nats-Msg-Id"
 DEFAULT_DUPLICATE_WINDOW = 120.0  # nats-server StreamDefaultDuplicatesWindow
 # What the NATS protocol cannot carry in a header name / value (the server closes the connection).
 _BAD_NAME = re.compile(r"[:\r\n ]")
@@ -162,14 +162,15 @@ class NatsPublisher:
         for i, env, dest in batch.items():
             if batch.skip_if_blocked(i):
                 continue
-            headers = env.to_headers()
-            headers[MSG_ID_HEADER] = headers[HEADER_ID]
-            err = self._refusal(env, dest, headers)
+            message = wire.encode(env)
+            err = self._refusal(env, dest, message.headers)
             if err is None:
                 err = await self._room(env, dest, pending, deadline)
             if err is None:
                 try:
-                    pending[i] = await self._js.publish_async(dest, env.payload, headers=headers)
+                    pending[i] = await self._js.publish_async(
+                        dest, message.data, headers=message.headers
+                    )
                     continue
                 except Exception as exc:
                     err = self._classify(env, dest, exc)

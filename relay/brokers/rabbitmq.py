@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from outbox.envelope import Envelope
+from outbox.wire import rabbitmq as wire
 from relay.brokers._batch import (
     Batch,
     PublishError,
@@ -130,11 +131,12 @@ class RabbitMQPublisher:
 
     def _message(self, env: Envelope) -> Any:
         mode = self._aio_pika.DeliveryMode
+        message = wire.encode(env)
         return self._aio_pika.Message(
-            env.payload,
-            message_id=str(env.id),
-            content_type=env.content_type,
-            headers=env.to_headers(),
+            message.body,
+            message_id=message.message_id,
+            content_type=message.content_type,
+            headers=message.headers,
             delivery_mode=mode.PERSISTENT if self._persistent else mode.NOT_PERSISTENT,
         )
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from outbox.envelope import Envelope
+from outbox.exceptions import InvalidMessageError
+from outbox.wire import redis as wire
 from relay.brokers._batch import (
     Batch,
     PublishError,
@@ -25,9 +27,8 @@ from relay.brokers._lazy import require
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 from relay.exceptions import RetryablePublishError
 
-__all__ = ["PAYLOAD_FIELD", "RedisPublisher"]
+__all__ = ["RedisPublisher"]
 
-PAYLOAD_FIELD = "payload"
 DEFAULT_MAX_BULK = 512 * 1024 * 1024  # proto-max-bulk-len
 #: error replies that say "later", not "never"
 _TRANSIENT_PREFIXES = ("OOM", "LOADING", "BUSY", "READONLY", "MASTERDOWN", "TRYAGAIN",
@@ -97,11 +98,15 @@ class RedisPublisher:
         for i, env, dest in batch.items():
             if batch.skip_if_blocked(i):
                 continue
-            err = self._refusal(env, dest)
+            try:
+                fields = wire.encode(env)
+            except InvalidMessageError as exc:
+                batch.refuse(i, permanent(str(exc), env, dest))
+                continue
+            err = check_size(env, dest, self.features.max_payload_bytes, "Redis")
             if err is not None:
                 batch.refuse(i, err)
                 continue
-            fields: dict[str, str | bytes] = {**env.to_headers(), PAYLOAD_FIELD: env.payload}
             pipe.xadd(dest, fields, maxlen=self._maxlen, approximate=True)
             sent.append(i)
         if not sent:
@@ -121,16 +126,6 @@ class RedisPublisher:
             if isinstance(reply, BaseException):
                 batch.results[i] = self._classify(envelopes[i], batch.destinations[i], reply)
         return batch.results
-
-    def _refusal(self, env: Envelope, dest: str) -> PublishError | None:
-        if PAYLOAD_FIELD in env.headers:
-            return permanent(
-                f"a user header named {PAYLOAD_FIELD!r} would overwrite the body field on "
-                "Redis: rename the header",
-                env,
-                dest,
-            )
-        return check_size(env, dest, self.features.max_payload_bytes, "Redis")
 
     async def _reset(self) -> None:
         try:

@@ -10,11 +10,11 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from outbox.envelope import Envelope
+from outbox.wire import jsonl
 from relay.brokers._batch import Batch, check_size
-from relay.brokers._jsonl import decode_line, encode_line
 from relay.brokers.base import BrokerFeatures, Destinations
 
-__all__ = ["StdoutPublisher", "decode_line"]
+__all__ = ["StdoutPublisher"]
 
 
 class StdoutPublisher:
@@ -59,7 +59,7 @@ class StdoutPublisher:
             if err is not None:
                 batch.refuse(i, err)
                 continue
-            lines.append(encode_line(env, dest))
+            lines.append(jsonl.encode(env, dest))
         self._stream.write("".join(lines))
         self._stream.flush()
         return batch.results

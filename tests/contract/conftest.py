@@ -91,3 +91,9 @@ def _make(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
 def adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
     """A harness for one adapter; the test opens and cleans it up with ``opened(harness)``."""
     return _make(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=[name for name in ADAPTERS if name != "memory"])
+def wire_adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
+    """A harness for each adapter that puts messages on a wire (all but the in-memory one)."""
+    return _make(request.param, request, tmp_path)

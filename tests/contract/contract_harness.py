@@ -1,5 +1,8 @@
 """One harness per adapter: a unique namespace on the live broker, and a reader that fetches
-what was published with the broker's own client, decoded with ``Envelope.from_headers``.
+what was published with the broker's own client. ``fetch`` returns each message as the client
+hands it to a consumer, in the shape of the broker's ``outbox.wire`` module (so it can be
+compared with what ``encode`` produced), and ``read`` decodes it with that module's ``decode``,
+the function the inbox's consumers use.
 
 Every harness maps topic ``t`` to its unique destination and topic ``bad`` to a destination the
 broker refuses for good (where the refusal is a destination property); ``bad_payload`` is the
@@ -19,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from outbox.envelope import Envelope
+from outbox.wire import jsonl, kafka, mqtt, nats, rabbitmq, redis
 from relay.brokers import Publisher
-from relay.brokers._jsonl import decode_line
 
 DEADLINE = 15.0
 
@@ -92,6 +95,17 @@ class Harness:
 
     async def read(self, n: int) -> list[Envelope]:
         """At least ``n`` envelopes from the destination, in broker order."""
+        return [self.decode(raw) for raw in await self.fetch(n)]
+
+    async def fetch(self, n: int) -> list[Any]:
+        """At least ``n`` messages as received, in the shape ``encode`` returns."""
+        raise NotImplementedError
+
+    def encode(self, env: Envelope) -> Any:
+        """What the broker's ``outbox.wire`` module says the relay sends for ``env``."""
+        raise NotImplementedError
+
+    def decode(self, raw: Any) -> Envelope:
         raise NotImplementedError
 
     async def stored(self) -> int:
@@ -129,11 +143,16 @@ class StdoutHarness(Harness):
         return StdoutPublisher(destinations=self.destinations(), stream=self.stream,
                                max_payload_bytes=1000, **options)  # fmt: skip
 
-    async def read(self, n: int) -> list[Envelope]:
-        lines = self.stream.getvalue().splitlines()
-        decoded = [decode_line(line) for line in lines]
-        assert all(d == self.dest for d, _ in decoded)
-        return [e for _, e in decoded]
+    async def fetch(self, n: int) -> list[Any]:
+        return self.stream.getvalue().splitlines(keepends=True)
+
+    def encode(self, env: Envelope) -> Any:
+        return jsonl.encode(env, self.dest)
+
+    def decode(self, raw: Any) -> Envelope:
+        destination, env = jsonl.decode(raw)
+        assert destination == self.dest
+        return env
 
 
 class FileHarness(Harness):
@@ -150,11 +169,18 @@ class FileHarness(Harness):
         return FilePublisher(self.path, destinations=self.destinations(), max_payload_bytes=1000,
                              fsync=True, **options)  # fmt: skip
 
-    async def read(self, n: int) -> list[Envelope]:
-        lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
-        decoded = [decode_line(line) for line in lines]
-        assert all(d == self.dest for d, _ in decoded)
-        return [e for _, e in decoded]
+    async def fetch(self, n: int) -> list[Any]:
+        if not self.path.exists():
+            return []
+        return self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+
+    def encode(self, env: Envelope) -> Any:
+        return jsonl.encode(env, self.dest)
+
+    def decode(self, raw: Any) -> Envelope:
+        destination, env = jsonl.decode(raw)
+        assert destination == self.dest
+        return env
 
 
 class NatsHarness(Harness):
@@ -194,19 +220,23 @@ class NatsHarness(Harness):
 
         return NatsPublisher("nats://127.0.0.1:1", connect_timeout=1)
 
-    async def read(self, n: int) -> list[Envelope]:
+    async def fetch(self, n: int) -> list[Any]:
         sub = await self.js.pull_subscribe(self.dest, stream=self.ns)
-        out: list[Envelope] = []
+        out: list[nats.NatsMessage] = []
         try:
             while len(out) < n:
                 for msg in await sub.fetch(min(500, n - len(out)), timeout=DEADLINE):
-                    headers = dict(msg.headers or {})
-                    assert headers.pop("Nats-Msg-Id") == headers["outbox-id"]
-                    out.append(Envelope.from_headers(headers, msg.data))
+                    out.append(nats.NatsMessage(headers=dict(msg.headers or {}), data=msg.data))
                     await msg.ack()
         finally:
             await sub.unsubscribe()
         return out
+
+    def encode(self, env: Envelope) -> Any:
+        return nats.encode(env)
+
+    def decode(self, raw: Any) -> Envelope:
+        return nats.decode(raw.headers, raw.data)
 
     async def stored(self) -> int:
         info = await self.js.stream_info(self.ns)
@@ -244,20 +274,25 @@ class RabbitHarness(Harness):
 
         return RabbitMQPublisher("amqp://guest:guest@127.0.0.1:1/", connect_timeout=1)
 
-    async def read(self, n: int) -> list[Envelope]:
-        out: list[Envelope] = []
+    async def fetch(self, n: int) -> list[Any]:
+        out: list[rabbitmq.RabbitMessage] = []
         end = time.monotonic() + DEADLINE
         while len(out) < n and time.monotonic() < end:
             msg = await self.queue.get(no_ack=True, fail=False)
             if msg is None:
                 await asyncio.sleep(0.02)
                 continue
-            env = Envelope.from_headers(dict(msg.headers), msg.body)
-            assert msg.message_id == str(env.id)
-            assert msg.content_type == env.content_type
             assert msg.delivery_mode == 2  # persistent
-            out.append(env)
+            out.append(rabbitmq.RabbitMessage(body=msg.body, message_id=msg.message_id,
+                                              content_type=msg.content_type,
+                                              headers=dict(msg.headers)))  # fmt: skip
         return out
+
+    def encode(self, env: Envelope) -> Any:
+        return rabbitmq.encode(env)
+
+    def decode(self, raw: Any) -> Envelope:
+        return rabbitmq.decode(raw.headers, raw.body)
 
 
 class KafkaHarness(Harness):
@@ -276,17 +311,23 @@ class KafkaHarness(Harness):
 
         return KafkaPublisher("127.0.0.1:1", connect_timeout=1, timeout=2)
 
-    async def read(self, n: int) -> list[Envelope]:
-        return await asyncio.to_thread(self._read, n)
+    async def fetch(self, n: int) -> list[Any]:
+        return await asyncio.to_thread(self._fetch, n)
 
-    def _read(self, n: int) -> list[Envelope]:
+    def encode(self, env: Envelope) -> Any:
+        return kafka.encode(env)
+
+    def decode(self, raw: Any) -> Envelope:
+        return kafka.decode(raw.headers, raw.value)
+
+    def _fetch(self, n: int) -> list[kafka.KafkaRecord]:
         import confluent_kafka
 
         consumer = confluent_kafka.Consumer({
             "bootstrap.servers": self.bootstrap, "group.id": self.ns,
             "auto.offset.reset": "earliest", "enable.auto.commit": False,
         })  # fmt: skip
-        out: list[Envelope] = []
+        out: list[kafka.KafkaRecord] = []
         try:
             consumer.subscribe([self.dest])
             end = time.monotonic() + DEADLINE
@@ -294,10 +335,8 @@ class KafkaHarness(Harness):
                 for msg in consumer.consume(500, 0.5):
                     if msg.error():
                         continue
-                    headers = {k: v.decode() for k, v in msg.headers() or []}
-                    env = Envelope.from_headers(headers, msg.value())
-                    assert msg.key() == env.key.encode()
-                    out.append(env)
+                    out.append(kafka.KafkaRecord(key=msg.key(), value=msg.value(),
+                                                 headers=list(msg.headers() or [])))  # fmt: skip
         finally:
             consumer.close()
         return out
@@ -331,13 +370,17 @@ class RedisHarness(Harness):
 
         return RedisPublisher("redis://127.0.0.1:1/0", connect_timeout=1)
 
-    async def read(self, n: int) -> list[Envelope]:
+    async def fetch(self, n: int) -> list[Any]:
         await wait_for(lambda: self._count_at_least(n), f"{n} stream entries")
-        out = []
-        for _, fields in await self.client.xrange(self.ns):
-            headers = {k.decode(): v.decode() for k, v in fields.items() if k != b"payload"}
-            out.append(Envelope.from_headers(headers, fields[b"payload"]))
-        return out
+        return [fields for _, fields in await self.client.xrange(self.ns)]
+
+    def encode(self, env: Envelope) -> Any:
+        # as Redis returns the fields: bytes, in the order they were added
+        return {k.encode(): v if isinstance(v, bytes) else v.encode()
+                for k, v in redis.encode(env).items()}  # fmt: skip
+
+    def decode(self, raw: Any) -> Envelope:
+        return redis.decode(raw)
 
     async def _count_at_least(self, n: int) -> bool:
         return int(await self.client.xlen(self.ns)) >= n
@@ -386,13 +429,18 @@ class MqttHarness(Harness):
 
         return MqttPublisher("127.0.0.1", 1, connect_timeout=1)
 
-    async def read(self, n: int) -> list[Envelope]:
+    async def fetch(self, n: int) -> list[Any]:
         await wait_for(lambda: len(self.received) >= n, f"{n} MQTT messages")
         out = []
         for msg in list(self.received):
-            props = msg.properties
-            env = Envelope.from_headers(dict(props.UserProperty), msg.payload)
-            assert props.ContentType == env.content_type
             assert msg.qos == 1
-            out.append(env)
+            props = msg.properties
+            out.append(mqtt.MqttMessage(payload=msg.payload, content_type=props.ContentType,
+                                        user_properties=list(props.UserProperty)))  # fmt: skip
         return out
+
+    def encode(self, env: Envelope) -> Any:
+        return mqtt.encode(env)
+
+    def decode(self, raw: Any) -> Envelope:
+        return mqtt.decode(raw.user_properties, raw.payload)

@@ -1,4 +1,4 @@
-"""Wire decoders (no I/O), the testing helpers, and the inbox revision vs schema.py."""
+"""The testing helpers, and the inbox revision vs schema.py."""
 
 from __future__ import annotations
 
@@ -16,34 +16,9 @@ from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
 from inbox import AsyncHandlerRunner, Outcome
-from inbox._wire import decode_kafka, decode_mqtt, decode_nats, decode_rabbitmq, decode_redis
 from inbox.testing import InMemoryBroker, ResultLog, wait_until_processed
-from outbox import InvalidMessageError, make_metadata
+from outbox import make_metadata
 from outbox._migrate import downgrade, sqlalchemy_url, upgrade
-
-
-def test_decoders_invert_the_wire_mapping() -> None:
-    env = make_envelope(seq=7, traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01")
-    h = env.to_headers()
-    decoded = [
-        decode_nats({**h, "Nats-Msg-Id": str(env.id)}, env.payload),
-        decode_rabbitmq({k: v.encode() for k, v in h.items()}, env.payload),
-        decode_kafka([(k, v.encode()) for k, v in h.items()], env.payload),
-        decode_redis({k.encode(): v.encode() for k, v in h.items()} | {b"payload": env.payload}),
-        decode_mqtt(list(h.items()), env.payload),
-    ]
-    for got in decoded:
-        assert (got.id, got.topic, got.key, got.seq, got.payload) == (
-            env.id,
-            env.topic,
-            env.key,
-            7,
-            env.payload,
-        )
-        assert got.traceparent == env.traceparent
-        assert got.headers.get("tenant") == "acme"
-    with pytest.raises(InvalidMessageError, match="outbox-id"):
-        decode_redis({b"payload": b"x"})
 
 
 def test_in_memory_broker_and_waiters(effects_url: str) -> None:

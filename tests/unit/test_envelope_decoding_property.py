@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inbox._wire import decode_kafka, decode_mqtt, decode_nats, decode_rabbitmq, decode_redis
 from outbox import InvalidMessageError
 from outbox.envelope import (
     HEADER_CREATED_AT,
@@ -21,6 +20,7 @@ from outbox.envelope import (
     HEADER_TOPIC,
     Envelope,
 )
+from outbox.wire import kafka, mqtt, nats, rabbitmq, redis
 
 _text = st.text(max_size=40)
 _values = {
@@ -68,11 +68,11 @@ def test_every_broker_decoder_fails_only_with_a_clear_error(
     text_pairs = [(str(k), str(v)) for k, v in fields.items()]
     byte_pairs = [(str(k), v if isinstance(v, bytes) else v.encode()) for k, v in fields.items()]
     decoders = [
-        lambda: decode_nats(dict(text_pairs), body),
-        lambda: decode_rabbitmq({str(k): v for k, v in fields.items()}, body),
-        lambda: decode_kafka(byte_pairs, body),
-        lambda: decode_redis({**fields, b"payload": body}),
-        lambda: decode_mqtt(text_pairs, body),
+        lambda: nats.decode(dict(text_pairs), body),
+        lambda: rabbitmq.decode({str(k): v for k, v in fields.items()}, body),
+        lambda: kafka.decode(byte_pairs, body),
+        lambda: redis.decode({**fields, b"payload": body}),
+        lambda: mqtt.decode(text_pairs, body),
     ]
     for decode in decoders:  # any other exception fails the test (and would crash a consumer)
         with contextlib.suppress(InvalidMessageError, UnicodeDecodeError):

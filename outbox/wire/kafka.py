@@ -1,0 +1,39 @@
+"""Kafka: record key = the outbox key (one key, one partition, in order), value = payload,
+record headers = the envelope headers as UTF-8 bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from outbox.envelope import Envelope
+from outbox.wire._text import text
+
+__all__ = ["KafkaRecord", "decode", "encode"]
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaRecord:
+    """What the relay produces: ``produce(topic, value=value, key=key, headers=headers)``."""
+
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+def encode(envelope: Envelope) -> KafkaRecord:
+    return KafkaRecord(
+        key=envelope.key.encode(),
+        value=envelope.payload,
+        headers=[(name, value.encode()) for name, value in envelope.to_headers().items()],
+    )
+
+
+def decode(headers: Iterable[tuple[str, bytes | None]] | None, value: bytes | None) -> Envelope:
+    """The envelope of a consumed record (``msg.headers()``, ``msg.value()``).
+
+    A header with a null value is not one of ours and is ignored; a null value is an empty body.
+    """
+    decoded = {name: text(v) for name, v in (headers or []) if v is not None}
+    return Envelope.from_headers(decoded, value or b"")

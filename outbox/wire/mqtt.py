@@ -1,0 +1,36 @@
+"""MQTT 5: payload = body, the envelope headers as user properties, the content type as the
+``content_type`` property.
+
+QoS (1, or 0 for at-most-once topics) is the adapter's setting, not part of the mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from outbox.envelope import Envelope
+
+__all__ = ["MqttMessage", "decode", "encode"]
+
+
+@dataclass(frozen=True, slots=True)
+class MqttMessage:
+    """What the relay publishes: a PUBLISH with this payload and these properties."""
+
+    payload: bytes
+    user_properties: list[tuple[str, str]]
+    content_type: str
+
+
+def encode(envelope: Envelope) -> MqttMessage:
+    return MqttMessage(
+        payload=envelope.payload,
+        user_properties=list(envelope.to_headers().items()),
+        content_type=envelope.content_type,
+    )
+
+
+def decode(user_properties: Iterable[tuple[str, str]] | None, payload: bytes) -> Envelope:
+    """The envelope of a received PUBLISH (its ``UserProperty`` list and payload)."""
+    return Envelope.from_headers(dict(user_properties or []), payload)

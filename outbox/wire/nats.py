@@ -1,0 +1,39 @@
+"""NATS JetStream: the envelope headers plus ``Nats-Msg-Id`` (JetStream's dedup), body = payload.
+
+JetStream drops a message whose ``Nats-Msg-Id`` it has seen within the stream's duplicate
+window, so a re-sent message (same outbox id) is stored once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from outbox.envelope import Envelope
+
+__all__ = ["MSG_ID_HEADER", "NatsMessage", "decode", "encode"]
+
+#: JetStream's dedup header; it carries the outbox id.
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+@dataclass(frozen=True, slots=True)
+class NatsMessage:
+    """What the relay publishes: ``js.publish(subject, data, headers=headers)``."""
+
+    headers: dict[str, str]
+    data: bytes
+
+
+def encode(envelope: Envelope) -> NatsMessage:
+    headers = envelope.to_headers()
+    headers[MSG_ID_HEADER] = str(envelope.id)
+    return NatsMessage(headers=headers, data=envelope.payload)
+
+
+def decode(headers: Mapping[str, str] | None, data: bytes) -> Envelope:
+    """The envelope of a received message (``msg.headers``, ``msg.data``).
+
+    ``Nats-Msg-Id`` is JetStream's and is not returned as a user header.
+    """
+    return Envelope.from_headers(dict(headers or {}), data)
