@@ -15,7 +15,6 @@ import logging
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from inbox._receive import invalid_ref
 from inbox._runner import AsyncAlso, AsyncHandlerRunner, Result
@@ -308,7 +307,3 @@ def _decoded(delivery: Delivery) -> Envelope | None:
     except (InvalidMessageError, UnicodeDecodeError):
         return None
 
-
-def settle_later(delay: float, callback: Callable[..., Any], *args: Any) -> None:
-    """Schedule ``callback(*args)`` after ``delay`` seconds on the running loop."""
-    asyncio.get_running_loop().call_later(delay, callback, *args)

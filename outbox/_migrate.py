@@ -18,8 +18,6 @@ from outbox.schema import check_identifier
 
 #: Standalone runs keep their own version table, so they never touch the app's alembic_version.
 VERSION_TABLE = "outbox_alembic_version"
-#: The branch label of our revisions: `alembic upgrade outbox@head` upgrades only ours.
-BRANCH = "outbox"
 
 
 def sqlalchemy_url(dsn: str) -> URL:
