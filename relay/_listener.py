@@ -50,6 +50,7 @@ class Listener:
                 async with asyncio.timeout(bound):
                     await conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
                 backoff.succeeded()
+                state.listening = True
                 state.wake.set()  # notifications sent while we were away are lost: poll now
                 while not state.stopping:
                     async for _ in conn.notifies(timeout=self._interval):
@@ -65,6 +66,7 @@ class Listener:
             except psycopg.Error as exc:
                 log.warning("relay: listener connection lost (%s); reconnecting", exc)
             finally:
+                state.listening = False
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(bound):
                         await conn.close()

@@ -15,7 +15,7 @@ __all__ = ["RunState"]
 
 
 class RunState:
-    __slots__ = ("_stopping", "last_db_ok", "wake")
+    __slots__ = ("_stopping", "last_db_ok", "listening", "wake")
 
     def __init__(self) -> None:
         self._stopping = asyncio.Event()
@@ -23,6 +23,8 @@ class RunState:
         self.wake = asyncio.Event()
         #: monotonic time of the last statement the database answered (health checks read it)
         self.last_db_ok = 0.0
+        #: the LISTEN connection is up: a commit's NOTIFY wakes the loop (else it polls)
+        self.listening = False
 
     def stop(self) -> None:
         self._stopping.set()

@@ -118,7 +118,7 @@ def test_concurrent_same_idempotency_key_writes_one_row_and_no_gap(database_url:
             if commit_first:
                 conn.commit()
             else:
-                time.sleep(0.05)
+                time.sleep(0.05)  # a late commit: the other transaction waits on it meanwhile
                 conn.commit()
 
     threads = [threading.Thread(target=race, args=(i == 0,)) for i in range(2)]

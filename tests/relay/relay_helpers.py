@@ -55,6 +55,44 @@ async def await_for(predicate: Callable[[], bool], within: float = 20.0, what: s
         await asyncio.sleep(0.02)
 
 
+async def db_clock_past(url: str, query: str, within: float = 20.0) -> None:
+    """Wait until the database's clock passes the time ``query`` returns (a lease's end, a
+    retry's due time): the claim compares with that clock, so the test waits for it, not for a
+    guessed interval of its own."""
+    deadline = time.monotonic() + within
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        while True:
+            cur = await conn.execute(f"SELECT clock_timestamp() > ({query})")
+            row = await cur.fetchone()
+            if row is not None and row[0]:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the database clock never passed {query}")
+            await asyncio.sleep(0.02)
+
+
+class ClaimRounds:
+    """Counts a relay's claim rounds, so a test that checks something does *not* happen can
+    wait for the relay to have looked several times, instead of sleeping."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.count = 0
+        inner = relay.claim
+
+        async def counted(pool: Any) -> Any:
+            try:
+                return await inner(pool)
+            finally:
+                self.count += 1
+
+        relay.claim = counted  # type: ignore[method-assign]
+
+    async def more(self, rounds: int = 3, within: float = 20.0) -> None:
+        """Return once ``rounds`` more claims have finished."""
+        target = self.count + rounds
+        await await_for(lambda: self.count >= target, within, f"{rounds} more claim rounds")
+
+
 class FakePublisher:
     """Records what it sends (shared log across relays); failures are injected per call."""
 
@@ -70,11 +108,13 @@ class FakePublisher:
         self.down: BaseException | None = None
         self.started = 0
         self.closed = 0
+        self.calls = 0  # publish_batch calls, including those that raised
 
     async def start(self) -> None:
         self.started += 1
 
     async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:
+        self.calls += 1
         if self.down is not None:
             raise self.down
         out: list[BaseException | None] = []

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from relay_helpers import FakePublisher, config, write
+from relay_helpers import FakePublisher, config, db_clock_past, write
 
 import relay._claim as _claim_module
 from outbox import Message, publish_batch
@@ -72,7 +72,7 @@ def test_claim_fenced_relay_cannot_mark_after_takeover(url: str) -> None:
         stale = await _claim(url, lease_seconds=0.3, publish_timeout=0.1, relay_id="slow")
         assert stale is not None
         assert await _claim(url, relay_id="other") is None  # lease still valid
-        await asyncio.sleep(0.4)
+        await db_clock_past(url, "SELECT max(lease_until) FROM outbox_messages")
         taken = await _claim(url, relay_id="other")
         assert _seqs(taken) == _seqs(stale)
         assert await _mark(url, stale) == set()  # fenced: the token changed
@@ -87,7 +87,7 @@ def test_claim_expired_but_untaken_lease_may_still_be_marked(url: str) -> None:
 
     async def go() -> None:
         claim = await _claim(url, lease_seconds=0.2, publish_timeout=0.1)
-        await asyncio.sleep(0.3)
+        await db_clock_past(url, "SELECT max(lease_until) FROM outbox_messages")
         assert claim is not None
         assert len(await _mark(url, claim)) == 1  # nobody else published it: right to mark
 
@@ -120,7 +120,9 @@ def test_claim_retry_postpones_the_whole_key(url: str) -> None:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             await mark_batch(conn, S, claim.token, [outcome])
         assert _seqs(await _claim(url)) == [("b", 1)]  # a1 waits, so a2 waits too
-        await asyncio.sleep(0.6)
+        await db_clock_past(
+            url, "SELECT available_at FROM outbox_messages WHERE key = 'a' AND seq = 1"
+        )
         assert _seqs(await _claim(url)) == [("a", 1), ("a", 2)]
 
     asyncio.run(go())
@@ -336,9 +338,7 @@ def test_relay_claim_after_a_batch_that_was_not_full_is_one_statement(
     starts: list[tuple[str, str]] = []
     real = _claim_module._claim_from
 
-    async def counting(
-        conn: Any, stmts: Any, cfg: Any, after: tuple[str, str], paused: Any
-    ) -> Any:
+    async def counting(conn: Any, stmts: Any, cfg: Any, after: tuple[str, str], paused: Any) -> Any:
         starts.append(after)
         return await real(conn, stmts, cfg, after, paused)
 

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 from relay_helpers import (
+    ClaimRounds,
     FakePublisher,
     await_for,
     config,
@@ -75,11 +76,12 @@ def test_relay_retries_then_dead_letters_keeping_key_order(url: str) -> None:
     pub = FakePublisher()
     pub.fail = fail
     relay = Relay(config(url, topics={"t": TopicPolicy(on_dead="hold", max_attempts=5)}), pub)
+    rounds = ClaimRounds(relay)
 
     async def go() -> None:
         async with running(relay):
             await await_for(lambda: _published(url) == 5, what="a1-3, c1-2 published")
-            await asyncio.sleep(0.3)  # b2 must stay held behind the dead b1
+            await rounds.more(3)  # b2 must stay held behind the dead b1
 
     asyncio.run(go())
     # a3 was already in flight when a2 failed (one batch): it is not marked, and is sent again
@@ -128,7 +130,7 @@ def test_relay_broker_down_loses_nothing_and_recovers(url: str) -> None:
 
     async def go() -> None:
         async with running(relay):
-            await asyncio.sleep(1.0)  # several failed rounds while the broker is down
+            await await_for(lambda: pub.calls >= 3, what="three rounds while the broker is down")
             assert _published(url) == 0
             with psycopg.connect(url) as conn:
                 attempts = conn.execute("SELECT max(attempts) FROM outbox_messages").fetchone()
@@ -146,11 +148,12 @@ def test_relay_at_most_once_marks_before_sending_and_never_retries(url: str) -> 
     pub = FakePublisher()
     pub.fail = lambda e: RetryablePublishError("lost") if e.seq == 2 else None
     relay = Relay(config(url, topics={"amo": TopicPolicy(semantics="at-most-once")}), pub)
+    rounds = ClaimRounds(relay)
 
     async def go() -> None:
         async with running(relay):
             await await_for(lambda: _published(url) == 3, what="all marked")
-            await asyncio.sleep(0.3)
+            await rounds.more(3)  # a retry of 2 would have been claimed by now
 
     asyncio.run(go())
     assert [e.seq for _, e in pub.log] == [1, 3]  # 2 was lost and never retried
@@ -159,10 +162,12 @@ def test_relay_at_most_once_marks_before_sending_and_never_retries(url: str) -> 
 def test_relay_wakes_on_notify_without_polling(url: str) -> None:
     pub = FakePublisher()
     relay = Relay(config(url, poll_interval=30.0), pub)
+    rounds = ClaimRounds(relay)
 
     async def go() -> None:
         async with running(relay):
-            await asyncio.sleep(0.5)  # past the first poll, now only a NOTIFY can wake it
+            # past the first poll, listening: now only a NOTIFY can wake it within 30 s
+            await await_for(lambda: rounds.count >= 1 and relay.state.listening, what="idle")
 
             def commit() -> None:
                 with psycopg.connect(url) as conn:
