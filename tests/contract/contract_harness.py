@@ -329,7 +329,12 @@ class KafkaHarness(Harness):
         })  # fmt: skip
         out: list[kafka.KafkaRecord] = []
         try:
-            consumer.subscribe([self.dest])
+            # a reader, not a group member: assign every partition from the start (no join)
+            topic = consumer.list_topics(self.dest, timeout=DEADLINE).topics[self.dest]
+            start = confluent_kafka.OFFSET_BEGINNING
+            consumer.assign(
+                [confluent_kafka.TopicPartition(self.dest, p, start) for p in topic.partitions]
+            )
             end = time.monotonic() + DEADLINE
             while len(out) < n and time.monotonic() < end:
                 for msg in consumer.consume(500, 0.5):

@@ -1,15 +1,13 @@
 """One small adapter per live broker for the consumer-runner tests.
 
-Test messages are produced with each broker's own client, following the relay's wire mapping in
-``relay/brokers/base.py`` exactly: body = payload, headers = ``Envelope.to_headers()`` plus the
-broker's id fields. Every name carries a uuid suffix; everything created is deleted.
+Test messages are produced with each broker's own client, sending exactly what the broker's
+``outbox.wire`` module encodes (what the relay sends). Every name carries a uuid suffix;
+everything created is deleted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
 import socket
 import uuid
 from collections.abc import Sequence
@@ -26,6 +24,7 @@ from inbox import (
     RedisStreamConsumer,
 )
 from inbox._consumer import ResultCallback
+from outbox import wire
 from outbox.envelope import Envelope
 
 
@@ -99,10 +98,10 @@ class Nats(Broker):
             # A copy re-sent after JetStream's dedup window (as after a long relay outage) is a
             # new stream message; emulated by varying the Nats-Msg-Id of copies.
             n = seen[env.id] = seen.get(env.id, 0) + 1
-            msg_id = str(env.id) if n == 1 else f"{env.id}/resent-{n}"
-            await self.js.publish(
-                self.subject, env.payload, headers={**env.to_headers(), "Nats-Msg-Id": msg_id}
-            )
+            msg = wire.nats.encode(env)
+            if n > 1:
+                msg.headers[wire.nats.MSG_ID_HEADER] = f"{env.id}/resent-{n}"
+            await self.js.publish(self.subject, msg.data, headers=msg.headers)
 
     def consumer(self, runner: Any, on_result: ResultCallback, instance: int) -> BrokerConsumer:
         return NatsConsumer(
@@ -140,12 +139,13 @@ class RabbitMQ(Broker):
         import aio_pika
 
         for env in envelopes:
+            msg = wire.rabbitmq.encode(env)
             message = aio_pika.Message(
-                env.payload,
-                message_id=str(env.id),
-                content_type=env.content_type,
+                msg.body,
+                message_id=msg.message_id,
+                content_type=msg.content_type,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers=dict(env.to_headers()),
+                headers=dict(msg.headers),
             )
             await self.channel.default_exchange.publish(message, self.queue, mandatory=True)
 
@@ -178,7 +178,7 @@ class Redis(Broker):
 
     async def publish(self, envelopes: Sequence[Envelope]) -> None:
         for env in envelopes:
-            fields: dict[Any, Any] = {**env.to_headers(), "payload": env.payload}
+            fields: dict[Any, Any] = wire.redis.encode(env)
             await self.client.xadd(self.stream, fields)
 
     def consumer(self, runner: Any, on_result: ResultCallback, instance: int) -> BrokerConsumer:
@@ -223,10 +223,11 @@ class Mqtt(Broker):
         client.loop_start()
         try:
             for env in envelopes:
+                msg = wire.mqtt.encode(env)
                 props = Properties(PacketTypes.PUBLISH)
-                props.ContentType = env.content_type
-                props.UserProperty = list(env.to_headers().items())
-                client.publish(self.topic, env.payload, qos=1, properties=props).wait_for_publish(5)
+                props.ContentType = msg.content_type
+                props.UserProperty = msg.user_properties
+                client.publish(self.topic, msg.payload, qos=1, properties=props).wait_for_publish(5)
         finally:
             client.disconnect()
             client.loop_stop()
@@ -258,21 +259,14 @@ class Mqtt(Broker):
             client.disconnect()
 
 
-class _BootstrapGrabber(logging.Handler):
-    address: str | None = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        found = re.search(r"replaced with (\S+)", record.getMessage())
-        if found:
-            self.address = found.group(1)
-
-
 class Kafka(Broker):
-    """librdkafka's mock cluster, alive as long as the producer that created it."""
+    """A real Kafka-protocol broker (tansu, see tests/kafka_broker.py); one topic of 4
+    partitions per test, so two consumers of a group split it."""
 
     name, port = "kafka", 0
     offsets_in_db = False
     bootstrap = ""
+    partitions = 4
 
     def names(self) -> None:
         self.topic = f"inbox-test-{self.tag}"
@@ -288,33 +282,21 @@ class Kafka(Broker):
 
     async def setup(self) -> None:
         from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient, NewTopic
+        from kafka_broker import bootstrap
 
-        grabber = _BootstrapGrabber()
-        logger = logging.getLogger(f"kafka-mock-{self.tag}")
-        logger.addHandler(grabber)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+        self.bootstrap = await asyncio.to_thread(bootstrap)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        (created,) = admin.create_topics([NewTopic(self.topic, self.partitions, 1)]).values()
+        await asyncio.to_thread(created.result, 10)
         self.producer = Producer(
-            {
-                "test.mock.num.brokers": 1,
-                "bootstrap.servers": "unused:9092",
-                "logger": logger,
-                "enable.idempotence": True,
-                "acks": "all",
-            }
+            {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "acks": "all"}
         )
-        async with asyncio.timeout(10):
-            while grabber.address is None:
-                await asyncio.to_thread(self.producer.poll, 0.1)
-        self.bootstrap = grabber.address
-        # a metadata request creates the topic in the mock cluster (4 partitions)
-        metadata = await asyncio.to_thread(self.producer.list_topics, self.topic, 10)
-        assert metadata.topics[self.topic].error is None
 
     async def publish(self, envelopes: Sequence[Envelope]) -> None:
         for env in envelopes:
-            headers = [(k, v.encode()) for k, v in env.to_headers().items()]
-            self.producer.produce(self.topic, env.payload, key=env.key.encode(), headers=headers)
+            record = wire.kafka.encode(env)
+            self.producer.produce(self.topic, record.value, key=record.key, headers=record.headers)
         remaining = await asyncio.to_thread(self.producer.flush, 10)
         assert remaining == 0
 
