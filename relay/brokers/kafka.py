@@ -9,6 +9,11 @@ a poll thread runs the delivery callbacks, which complete asyncio futures throug
 delivery: librdkafka gives up on a message by then and never sends it afterwards. It must end
 before the relay gives up on the batch and releases the rows (the relay checks
 ``features.ack_timeout_seconds``), or a stale copy could reach Kafka after the key's later rows.
+
+An outage is the broker's, not the messages': when librdkafka reports every broker down, the
+messages of the batch still unacknowledged come back as BrokerUnreachableError (the relay gives
+the rows back uncharged and pauses), and no later batch is handed to librdkafka until a metadata
+request answers again, so nothing waits in its queue to arrive late.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from relay.brokers._batch import (
 )
 from relay.brokers._lazy import require
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
-from relay.exceptions import RetryablePublishError
+from relay.exceptions import BrokerUnreachableError, RetryablePublishError
 
 __all__ = ["KafkaPublisher"]
 
@@ -88,6 +93,7 @@ class KafkaPublisher:
             "logger": log,
             **(config or {}),
             **_ENFORCED,
+            "error_cb": self._on_error,
         }
         self._bootstrap = bootstrap_servers
         self._destination = Destinations(destinations)
@@ -97,6 +103,8 @@ class KafkaPublisher:
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
         self._broken = False
+        #: librdkafka said every broker is down (set on its thread); cleared by a metadata answer
+        self._all_down = False
         self._done: deque[tuple[asyncio.Future[Any], Any]] = deque()  # from the poll thread
         self._wake_scheduled = False
         self.features = BrokerFeatures(
@@ -143,6 +151,8 @@ class KafkaPublisher:
 
     async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:
         await self.start()
+        if self._all_down:
+            await self._probe()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         batch = Batch(envelopes, self._destination)
@@ -164,7 +174,27 @@ class KafkaPublisher:
             lambda i, exc: self._classify(envelopes[i], batch.destinations[i], exc),
             "delivery report",
         )
+        if self._all_down:
+            batch.connection_lost(list(pending), "every Kafka broker is down")
         return batch.results
+
+    async def _probe(self) -> None:
+        """Raise BrokerUnreachableError unless the cluster answers a metadata request."""
+        try:
+            await asyncio.to_thread(self._producer.list_topics, timeout=self._connect_timeout)
+        except Exception as exc:
+            raise BrokerUnreachableError(
+                f"cannot reach Kafka at {self._bootstrap}: {exc} (every broker is down)",
+                bootstrap_servers=self._bootstrap,
+            ) from exc
+        self._all_down = False
+
+    def _on_error(self, error: Any) -> None:
+        """librdkafka's error callback (poll thread): note that every broker went down."""
+        if error.code() == self._ck.KafkaError._ALL_BROKERS_DOWN:
+            if not self._all_down:
+                log.warning("Kafka: every broker is down (%s); pausing", error.str())
+            self._all_down = True
 
     async def _produce(
         self,
@@ -254,15 +284,6 @@ def _poll_loop(producer: Any, stop: threading.Event) -> None:
     """Serve delivery callbacks (and logs) until told to stop."""
     while not stop.is_set():
         producer.poll(0.05)
-
-
-def _delivered(
-    loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], err: Any, _msg: Any
-) -> None:
-    """librdkafka's delivery callback, on the poll thread: hand the outcome to the event loop."""
-    if loop.is_closed():
-        return
-    loop.call_soon_threadsafe(_complete, fut, err)
 
 
 def _complete(fut: asyncio.Future[Any], err: Any) -> None:

@@ -132,3 +132,27 @@ async def stream_seqs(js: Any, stream: str) -> list[int]:
         msg = await js.get_msg(stream, n)
         out.append(int(msg.headers["outbox-seq"]))
     return out
+
+
+def kafka_records(bootstrap: str, topic: str, n: int, within: float = 30.0) -> list[Any]:
+    """At least ``n`` records of ``topic`` from the start of every partition (a reader, not a
+    group member), as confluent-kafka messages."""
+    import time
+
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+         "enable.auto.commit": False}
+    )  # fmt: skip
+    out: list[Any] = []
+    try:
+        partitions = consumer.list_topics(topic, timeout=within).topics[topic].partitions
+        start = confluent_kafka.OFFSET_BEGINNING
+        consumer.assign([confluent_kafka.TopicPartition(topic, p, start) for p in partitions])
+        deadline = time.monotonic() + within
+        while len(out) < n and time.monotonic() < deadline:
+            out.extend(m for m in consumer.consume(500, 0.5) if not m.error())
+    finally:
+        consumer.close()
+    return out

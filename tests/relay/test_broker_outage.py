@@ -8,9 +8,12 @@ import asyncio
 import uuid
 from typing import Any
 
+import kafka_broker
 import psycopg
 from broker_helpers import MqttSubscriber, Proxy, nats_stream, need, stream_seqs
+from broker_helpers import kafka_records as kafka_broker_records
 from relay_helpers import FakePublisher, await_for, config, running, statuses, write
+from services import import_or_missing
 
 from relay import BrokerUnreachableError, Relay, RetryablePublishError, TopicPolicy
 from relay.brokers import publisher_for_url
@@ -100,6 +103,36 @@ def test_relay_nats_outage_with_one_key_counts_no_attempt(url: str) -> None:
                 await proxy.down()
             return await stream_seqs(js, stream)
 
+    assert asyncio.run(go()) == [1, 2, 3]
+
+
+def test_relay_kafka_outage_with_one_key_counts_no_attempt(url: str) -> None:
+    """A real Kafka-protocol broker (tansu) reached only through the proxy: it advertises the
+    proxy's port, so every connection the client makes goes through it."""
+    import_or_missing("confluent_kafka", "kafka")
+    topic = f"rt-{uuid.uuid4().hex[:10]}"
+
+    async def go() -> list[int]:
+        broker_port = kafka_broker.free_port()
+        proxy = Proxy(broker_port)
+        await proxy.up()
+        broker = kafka_broker.launch(broker_port, advertised_port=proxy.port)
+        try:
+            bootstrap = f"127.0.0.1:{proxy.port}"
+            pub: Any = publisher_for_url(f"kafka://{bootstrap}", timeout=1.5)
+            relay = Relay(_outage_config(url), pub)
+            try:
+                await _outage_one_key(url, relay, proxy, lambda: not pub._all_down, topic)
+            finally:
+                await proxy.down()
+            await proxy.up()
+            records = await asyncio.to_thread(kafka_broker_records, bootstrap, topic, 3)
+            await proxy.down()
+        finally:
+            kafka_broker.stop(broker)
+        return [int(dict(r.headers())["outbox-seq"]) for r in records]
+
+    # nothing was handed to librdkafka while every broker was down: each arrives once
     assert asyncio.run(go()) == [1, 2, 3]
 
 
