@@ -4,11 +4,13 @@
 connection, retried in order) keeps each partition in produce order across internal retries; the
 message key is the outbox key, so one key stays in one partition. librdkafka is blocking C code
 with its own threads: ``produce`` only enqueues (called in input order from the event loop), and
-a poll thread runs the delivery callbacks, which complete asyncio futures through
-``loop.call_soon_threadsafe``. ``message.timeout.ms`` (set from ``timeout``) bounds every
-delivery: librdkafka gives up on a message by then and never sends it afterwards. It must end
-before the relay gives up on the batch and releases the rows (the relay checks
-``features.ack_timeout_seconds``), or a stale copy could reach Kafka after the key's later rows.
+a poll thread runs the delivery callbacks, which record each report in the batch's list and
+wake the event loop once, when the batch is complete (``loop.call_soon_threadsafe``): no future
+per message. A complete batch is sent at once (``flush(0)``), not after ``linger.ms``.
+``message.timeout.ms`` (set from ``timeout``) bounds every delivery: librdkafka gives up on a
+message by then and never sends it afterwards. It must end before the relay gives up on the
+batch and releases the rows (the relay checks ``features.ack_timeout_seconds``), or a stale
+copy could reach Kafka after the key's later rows.
 
 An outage is the broker's, not the messages': when librdkafka reports every broker down, the
 messages of the batch still unacknowledged come back as BrokerUnreachableError (the relay gives
@@ -19,11 +21,11 @@ request answers again, so nothing waits in its queue to arrive late.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from outbox.envelope import Envelope
@@ -105,8 +107,6 @@ class KafkaPublisher:
         self._broken = False
         #: librdkafka said every broker is down (set on its thread); cleared by a metadata answer
         self._all_down = False
-        self._done: deque[tuple[asyncio.Future[Any], Any]] = deque()  # from the poll thread
-        self._wake_scheduled = False
         self.features = BrokerFeatures(
             name="kafka",
             dedup_window_seconds=0,  # idempotence dedups internal retries of one producer only
@@ -156,26 +156,43 @@ class KafkaPublisher:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         batch = Batch(envelopes, self._destination)
-        pending: dict[int, asyncio.Future[Any]] = {}
+        reports = _Reports(loop)
+        sent: list[int] = []
+        limit = self.features.max_payload_bytes
+        produce = self._producer.produce
         for i, env, dest in batch.items():
             if batch.skip_if_blocked(i):
                 continue
-            fut: asyncio.Future[Any] = loop.create_future()
-            err = check_size(env, dest, self.features.max_payload_bytes, "Kafka message.max.bytes")
+            err = check_size(env, dest, limit, "Kafka message.max.bytes")
             if err is None:
-                err = await self._produce(env, dest, fut, pending, deadline)
+                record = wire.encode(env)
+                callback = functools.partial(reports.add, i)
+                try:  # the common case, without a coroutine per message
+                    produce(dest, value=record.value, key=record.key, headers=record.headers,
+                            on_delivery=callback)  # fmt: skip
+                except BufferError:
+                    err = await self._produce_when_room(env, dest, record, callback, reports,
+                                                        deadline)  # fmt: skip
+                except Exception as exc:
+                    err = self._classify(env, dest, exc)
             if err is not None:
                 batch.refuse(i, err)
             else:
-                pending[i] = fut
-        await batch.settle(
-            pending,
-            max(0.0, deadline - loop.time()) + 1,
-            lambda i, exc: self._classify(envelopes[i], batch.destinations[i], exc),
-            "delivery report",
-        )
+                sent.append(i)
+        if sent:
+            self._producer.flush(0)  # send now: the batch is complete, linger.ms has no use
+        reported = await reports.wait(len(sent), max(0.0, deadline - loop.time()) + 1)
+        for i, err in reports.errors():
+            failure = self._ck.KafkaException(err)
+            batch.results[i] = self._classify(envelopes[i], batch.destinations[i], failure)
+        for i in (i for i in sent if i not in reported):
+            batch.results[i] = retryable(
+                f"no delivery report from Kafka within {self._timeout} s",
+                envelopes[i],
+                batch.destinations[i],
+            )
         if self._all_down:
-            batch.connection_lost(list(pending), "every Kafka broker is down")
+            batch.connection_lost(sent, "every Kafka broker is down")
         return batch.results
 
     async def _probe(self) -> None:
@@ -196,47 +213,30 @@ class KafkaPublisher:
                 log.warning("Kafka: every broker is down (%s); pausing", error.str())
             self._all_down = True
 
-    async def _produce(
+    async def _produce_when_room(
         self,
         env: Envelope,
         dest: str,
-        fut: asyncio.Future[Any],
-        pending: Mapping[int, asyncio.Future[Any]],
+        record: wire.KafkaRecord,
+        callback: Callable[[Any, Any], None],
+        reports: _Reports,
         deadline: float,
     ) -> PublishError | None:
-        """Enqueue one message; when librdkafka's queue is full, wait for a delivery first."""
-        callback = functools.partial(self._delivered, fut)
-        record = wire.encode(env)
+        """librdkafka's local queue is full: wait for deliveries, then enqueue the message."""
         while True:
+            if asyncio.get_running_loop().time() >= deadline:
+                return retryable("librdkafka's local queue is full", env, dest)
+            await reports.progress(deadline)
             try:
                 self._producer.produce(
                     dest, value=record.value, key=record.key, headers=record.headers,
                     on_delivery=callback,
                 )  # fmt: skip
                 return None
-            except BufferError as exc:
-                waiting = [f for f in pending.values() if not f.done()][:1]
-                remaining = deadline - fut.get_loop().time()
-                if not waiting or remaining <= 0:
-                    return retryable("librdkafka's local queue is full", env, dest, exc)
-                await asyncio.wait(waiting, timeout=remaining)
+            except BufferError:
+                continue
             except Exception as exc:
                 return self._classify(env, dest, exc)
-
-    def _delivered(self, fut: asyncio.Future[Any], err: Any, _msg: Any) -> None:
-        """librdkafka's delivery callback, on the poll thread: hand the outcome to the loop,
-        with one wake-up per burst of deliveries rather than one per message."""
-        self._done.append((fut, err))
-        if not self._wake_scheduled:
-            self._wake_scheduled = True
-            loop = fut.get_loop()
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:
-        self._wake_scheduled = False  # before draining: a later append schedules another
-        while self._done:
-            _complete(*self._done.popleft())
 
     def _classify(self, env: Envelope, dest: str, exc: BaseException) -> PublishError:
         error = exc.args[0] if exc.args and hasattr(exc.args[0], "code") else None
@@ -286,12 +286,52 @@ def _poll_loop(producer: Any, stop: threading.Event) -> None:
         producer.poll(0.05)
 
 
-def _complete(fut: asyncio.Future[Any], err: Any) -> None:
-    if fut.done():
-        return
-    if err is None:
-        fut.set_result(None)
-    else:
-        from confluent_kafka import KafkaException
 
-        fut.set_exception(KafkaException(err))
+class _Reports:
+    """The delivery reports of one batch.
+
+    librdkafka calls ``add`` on the poll thread, once per message; a list append is atomic, so
+    that thread only appends, and wakes the event loop once, when the count the loop is waiting
+    for is reached (one wake-up per batch, not one future per message).
+    """
+
+    __slots__ = ("_done", "_expected", "_got", "_loop", "_progress")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._got: list[tuple[int, Any]] = []
+        self._expected = -1  # unknown until every message of the batch is handed over
+        self._done = asyncio.Event()
+        self._progress: asyncio.Event | None = None
+
+    def add(self, index: int, err: Any, _msg: Any) -> None:
+        self._got.append((index, err))
+        if len(self._got) == self._expected or self._progress is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        if len(self._got) >= self._expected >= 0:
+            self._done.set()
+        if self._progress is not None:
+            self._progress.set()
+
+    async def wait(self, expected: int, timeout: float) -> set[int]:  # noqa: ASYNC109
+        """Wait (at most ``timeout`` s) for ``expected`` reports; the indices reported."""
+        self._expected = expected
+        if len(self._got) < expected:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._done.wait()
+        return {i for i, _ in list(self._got)}
+
+    async def progress(self, deadline: float) -> None:
+        """Wait until another report arrives, or the deadline (librdkafka's queue is full)."""
+        self._progress = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await self._progress.wait()
+        self._progress = None
+
+    def errors(self) -> list[tuple[int, Any]]:
+        return [(i, err) for i, err in list(self._got) if err is not None]
