@@ -6,24 +6,33 @@ import datetime as dt
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from spark_ingest._config import DISCREPANCY_CLASSES, Source
 from spark_ingest._errors import SourceError
+from spark_ingest._report import format_duration
 from spark_ingest._sources import connect
 from spark_ingest._statements import spark_statements
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
 __all__ = [
+    "REPORT_ROWS",
     "carried_start",
     "format_summary",
     "judge",
     "output_files",
     "record_run",
+    "report_rows",
     "write_outputs",
 ]
+
+#: How many messages of each discrepancy class, and how many keys, the HTML report lists.
+REPORT_ROWS = 20
 
 
 def judge(counts: Mapping[str, int], thresholds: Mapping[str, int]) -> dict[str, Any]:
@@ -55,15 +64,94 @@ def output_files(target: Path) -> dict[str, str]:
     }
 
 
-def write_outputs(directory: Path, summary: dict[str, Any], lost_ids: list[str]) -> None:
+def write_outputs(
+    directory: Path, summary: dict[str, Any], lost_ids: list[str], *, top: int = REPORT_ROWS
+) -> None:
     """Next to ``directory/details`` (Parquet, written by the Spark pass): summary.json,
     redrive.txt and report.html. ``directory`` is the run's partial directory, renamed to
-    its final name (``summary["files"]``) only once everything is written and recorded."""
+    its final name (``summary["files"]``) only once everything is written and recorded.
+
+    The report lists the ``top`` oldest messages of each discrepancy class and the ``top``
+    worst keys, read from ``directory/details`` with the active Spark session
+    (``report_rows``, bounded); without either, it lists none. ``summary`` is not changed:
+    summary.json keeps its raw figures (milliseconds) and nothing else."""
     from spark_ingest._report import render_html
 
+    worst = _worst(directory / "details", summary, top)
+    redrive = {"href": "redrive.txt", "messages": len(lost_ids)}
     (directory / "redrive.txt").write_text("".join(f"{i}\n" for i in lost_ids))
-    (directory / "report.html").write_text(render_html(summary))
+    report = render_html(summary, worst=worst, redrive=redrive)
+    (directory / "report.html").write_text(report)
     (directory / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+
+def _worst(details: Path, summary: Mapping[str, Any], top: int) -> dict[str, Any] | None:
+    if not details.is_dir():
+        return None
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        return None
+    as_of = dt.datetime.fromisoformat(summary["as_of"])
+    return report_rows(spark.read.parquet(str(details)), as_of, top)
+
+
+def report_rows(details: DataFrame, as_of: dt.datetime, top: int = REPORT_ROWS) -> dict[str, Any]:
+    """What the report lists, from the details (``_outcomes.details``), collected bounded:
+    at most ``top`` rows per discrepancy class and ``top`` keys reach the driver.
+
+    ``messages``: class -> its ``top`` oldest rows (one per message and consumer: ``id, topic,
+    key, seq, consumer, age_ms``), oldest first. ``keys``: the ``top`` (topic, key) with the
+    most distinct problem messages (ties: the oldest first), with ``messages``, ``kinds`` and
+    ``age_ms`` of the oldest. An age is ``as_of`` minus ``created_at`` in ms; a phantom has
+    no outbox row, so its age runs from ``processed_at``."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    aware = as_of if as_of.tzinfo is not None else as_of.replace(tzinfo=dt.UTC)
+    as_of_us = (aware - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+
+    def age(col: Any) -> Any:
+        return (F.lit(as_of_us) - F.unix_micros(col)) / 1000.0
+
+    since = F.coalesce(F.col("created_at"), F.col("processed_at"))
+    problems = details.where(F.col("kind").isin(*DISCREPANCY_CLASSES))
+    oldest_first = Window.partitionBy("kind").orderBy(
+        since.asc_nulls_last(), F.col("id").asc_nulls_last(), F.col("consumer").asc_nulls_last()
+    )
+    ranked = problems.select(
+        "kind",
+        "id",
+        "topic",
+        "key",
+        "seq",
+        "consumer",
+        age(since).alias("age_ms"),
+        F.row_number().over(oldest_first).alias("rank"),
+    ).where(F.col("rank") <= top)
+    messages: dict[str, list[dict[str, Any]]] = {k: [] for k in DISCREPANCY_CLASSES}
+    for row in ranked.orderBy("kind", "rank").drop("rank").collect():
+        r = row.asDict()
+        messages[r.pop("kind")].append(r)
+    keys = (
+        problems.groupBy("topic", "key")
+        .agg(
+            F.countDistinct("id").alias("messages"),
+            F.sort_array(F.collect_set("kind")).alias("kinds"),
+            F.min(since).alias("oldest"),
+        )
+        .orderBy(
+            F.desc("messages"),
+            F.asc_nulls_last("oldest"),
+            F.asc_nulls_last("topic"),
+            F.asc_nulls_last("key"),
+        )
+        .select("topic", "key", "messages", "kinds", age(F.col("oldest")).alias("age_ms"))
+        .limit(top)
+        .collect()
+    )
+    return {"top": top, "messages": messages, "keys": [k.asDict() for k in keys]}
 
 
 def record_run(source: Source, summary: dict[str, Any], xmin: int) -> None:
@@ -127,8 +215,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         e2e = item["end_to_end"]
         lines.append(
             f"  latency {item['topic']} -> {item['consumer']}: n={item['n']} "
-            f"p50 {_ms(e2e['p50_ms'])} p90 {_ms(e2e['p90_ms'])} p99 {_ms(e2e['p99_ms'])} "
-            f"max {_ms(e2e['max_ms'])}"
+            f"p50 {format_duration(e2e['p50_ms'])}  p90 {format_duration(e2e['p90_ms'])}  "
+            f"p99 {format_duration(e2e['p99_ms'])}  max {format_duration(e2e['max_ms'])}"
         )
     if summary.get("unjudged_from"):
         lines.append(
@@ -142,9 +230,3 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     if files:
         lines.append(f"  report: {files['report']}  re-drive list: {files['redrive']}")
     return "\n".join(lines)
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value / 1000:.2f}s" if value >= 1000 else f"{value:.0f}ms"
