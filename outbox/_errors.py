@@ -34,6 +34,11 @@ EXTRA_OF_MODULE = {
     "paho": "mqtt",
     "prometheus_client": "metrics",
     "opentelemetry": "otel",
+    "starlette": "console",
+    "jinja2": "console",
+    "uvicorn": "console",
+    "multipart": "console",
+    "itsdangerous": "console",
 }
 
 

@@ -1,0 +1,63 @@
+"""Backlog and publish rate per topic over time, sampled while the console runs.
+
+The outbox keeps no history of its backlog, so the console samples it every ``interval``
+seconds and keeps the last ``keep`` samples in memory (an hour at the defaults): the overview's
+charts start when the console starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections import deque
+from typing import Any
+
+import psycopg
+
+from console._statements import console_statements
+from relay._admin import relay_status
+
+__all__ = ["History"]
+
+log = logging.getLogger("outbox.console")
+
+
+class History:
+    def __init__(self, url: str, schema: str | None, interval: float, keep: int = 360) -> None:
+        self._url, self._schema, self.interval = url, schema, interval
+        self.samples: deque[dict[str, Any]] = deque(maxlen=keep)
+
+    def sample(self) -> dict[str, Any]:
+        """One sample now: pending messages per topic, and messages published per second per
+        topic over the last interval."""
+        status = relay_status(self._url, schema=self._schema)
+        stmts = console_statements(self._schema)
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            published = conn.execute(stmts.published_since, {"seconds": self.interval}).fetchall()
+        point = {
+            "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "backlog": {t["topic"]: int(t["pending"]) for t in status.topics},
+            "rate": {topic: round(n / self.interval, 2) for topic, n in published},
+        }
+        self.samples.append(point)
+        return point
+
+    async def run(self) -> None:
+        """Sample every ``interval`` seconds until cancelled; a failed sample is logged."""
+        while True:
+            try:
+                await asyncio.to_thread(self.sample)
+            except psycopg.Error as exc:
+                log.warning("console: could not sample the backlog: %s", exc)
+            await asyncio.sleep(self.interval)
+
+    def series(self) -> dict[str, Any]:
+        """The samples as chart series: labels, then one series per topic and measure."""
+        samples = list(self.samples)
+        topics = sorted({t for s in samples for t in (*s["backlog"], *s["rate"])})
+        return {
+            "labels": [s["at"] for s in samples],
+            "backlog": {t: [s["backlog"].get(t, 0) for s in samples] for t in topics},
+            "rate": {t: [s["rate"].get(t, 0) for s in samples] for t in topics},
+        }

@@ -1,0 +1,110 @@
+"""The console served for real (uvicorn on a free port, in a thread) against a real PostgreSQL,
+and a real headless browser (Debian's chromium through chromedriver, driven by Selenium)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from services import import_or_missing, missing
+
+from outbox import Message, publish_batch
+
+TOKEN = "console-test-token-0123456789"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serve(url: str, **options: Any) -> Iterator[str]:
+    """The console at ``url``'s database, until the block ends; yields its base URL."""
+    uvicorn: Any = import_or_missing("uvicorn", "console")
+    from console import create_app
+
+    app = create_app(url, sample_seconds=1.0, **options)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise AssertionError("the console did not start")
+        time.sleep(0.02)  # uvicorn sets `started`; there is nothing to wait on
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(20)
+
+
+@pytest.fixture
+def console() -> Callable[..., Any]:
+    return serve
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    import_or_missing("selenium", "test")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if binary is None or driver_path is None:
+        missing("Chromium", "apt-get install chromium chromium-driver (Debian packages)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                "--window-size=1400,1000", "--disable-gpu"):  # fmt: skip
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def seed(url: str) -> dict[str, list[Any]]:
+    """Messages on two topics; some dead with different errors. Returns the dead ids by kind."""
+    with psycopg.connect(url) as conn:
+        ids = publish_batch(conn, [
+            Message(topic="orders", key="o-1", payload={"n": 1}, headers={"tenant": "acme"}),
+            Message(topic="orders", key="o-1", payload={"n": 2}),
+            Message(topic="orders", key="o-2", payload={"n": 3}),
+            Message(topic="payments", key="p-1", payload={"amount": "9.99"}),
+            Message(topic="payments", key="p-2", payload={"amount": "1.00"}),
+        ])  # fmt: skip
+        dead = {"too_large": [ids[0], ids[1]], "timeout": [ids[3]]}
+        conn.execute(
+            "UPDATE outbox_messages SET status = 'dead', attempts = 5, last_error = %s "
+            "WHERE id = ANY(%s)",
+            ("PermanentPublishError: payload too large", dead["too_large"]),
+        )
+        conn.execute(
+            "UPDATE outbox_messages SET status = 'dead', attempts = 3, last_error = %s "
+            "WHERE id = ANY(%s)",
+            ("RetryablePublishError: no PubAck within 8 s (timeout)", dead["timeout"]),
+        )
+        conn.commit()
+    return {**dead, "all": ids}
+
+
+def screenshot(driver: Any, name: str) -> None:
+    """Save a screenshot for the docs when OUTBOX_CONSOLE_SCREENSHOTS names a directory."""
+    directory = os.environ.get("OUTBOX_CONSOLE_SCREENSHOTS")
+    if directory:
+        driver.save_screenshot(os.path.join(directory, f"console-{name}.png"))
