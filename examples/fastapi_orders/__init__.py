@@ -1,0 +1,1 @@
+"""An order service on FastAPI: see app.py."""
