@@ -102,6 +102,11 @@ class Batch:
     def items(self) -> list[tuple[int, Envelope, str]]:
         return [(i, e, self.destinations[i]) for i, e in enumerate(self.envelopes)]
 
+    @property
+    def blocking(self) -> bool:
+        """Some key of the batch is held back (a cheap test before ``skip_if_blocked``)."""
+        return bool(self._blocked)
+
     def skip_if_blocked(self, i: int) -> bool:
         """True (and record why) when an earlier message of this key failed before sending."""
         env = self.envelopes[i]
