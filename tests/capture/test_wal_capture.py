@@ -54,6 +54,12 @@ def _rows(url: str) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
+def _registered(url: str, pid: int) -> bool:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox_relays WHERE pid = %s", (pid,)).fetchone()
+    return bool(row and row[0])
+
+
 async def _until(predicate: Any, within: float, what: str) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
@@ -203,6 +209,8 @@ async def test_kill_9_mid_stream_replays_with_the_same_ids_and_seqs(
             first.wait()
         second = _relay_process(wal_url, tmp_path / "relay2.log")
         try:
+            # registered: it runs, with its signal handlers (a SIGTERM during start-up kills it)
+            await _until(lambda: _registered(wal_url, second.pid), 60, "the second relay to start")
             await _until(
                 lambda: sum(1 for r in _rows(wal_url) if r[4] == "published") == total,
                 60, "the second relay to finish",
