@@ -38,7 +38,8 @@ __all__ = [
     "translate",
 ]
 
-#: One statement to run and its parameters; the generator is sent the first row (or None).
+#: One statement to run and its parameters; the generator is sent the statement's first row
+#: (None: no row), or ``(row count,)`` for a statement that returns no rows (no RETURNING).
 Step = tuple[bytes, dict[str, Any]]
 Steps = Generator[Step, tuple[Any, ...] | None, Any]
 
@@ -163,8 +164,8 @@ def _record_steps(
     stmts: InboxStatements, ref: MessageRef, ordered: bool, message: Any = None
 ) -> Steps:
     params = ref.params()
-    row = yield stmts.record, params
-    if row is None:
+    inserted = yield stmts.record, params
+    if inserted is None or inserted[0] == 0:
         noted = yield stmts.note_duplicate, params
         if not ordered:
             return Verdict.DUPLICATE
@@ -237,7 +238,8 @@ def run_steps(
     all_rows: bool = False,
 ) -> Any:
     """Run a statement generator on a sync connection; return its result. Each statement's
-    first row (or None) is sent back; with ``all_rows`` (batches) the list of its rows."""
+    first row (None: no row) is sent back, or ``(row count,)`` when it returns no rows; with
+    ``all_rows`` (batches) the list of its rows."""
     try:
         with raw.cursor() as cur:
             step = next(steps)
@@ -246,7 +248,7 @@ def run_steps(
                 if all_rows:
                     step = steps.send(cur.fetchall() if cur.description else [])
                 else:
-                    step = steps.send(cur.fetchone() if cur.description else None)
+                    step = steps.send(cur.fetchone() if cur.description else (cur.rowcount,))
     except StopIteration as done:
         return done.value
     except psycopg.Error as exc:
@@ -269,7 +271,7 @@ async def run_steps_async(
                 if all_rows:
                     step = steps.send(await cur.fetchall() if cur.description else [])
                 else:
-                    step = steps.send(await cur.fetchone() if cur.description else None)
+                    step = steps.send(await cur.fetchone() if cur.description else (cur.rowcount,))
     except StopIteration as done:
         return done.value
     except psycopg.Error as exc:
