@@ -347,6 +347,16 @@ def create_app(
         response.headers.update(_SECURITY_HEADERS)
         return response
 
+    async def database_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, psycopg.errors.UndefinedTable):
+            message = (
+                "the outbox-inbox tables are missing in this database: run `outbox migrate "
+                "upgrade --url ...` against it"
+            )
+        else:
+            message = f"the database cannot be reached or refused the query: {exc}".strip()
+        return render(request, "error.html", 503, message=message.splitlines()[0])
+
     from starlette.middleware.base import BaseHTTPMiddleware
 
     app = Starlette(
@@ -376,6 +386,7 @@ def create_app(
             Middleware(BaseHTTPMiddleware, dispatch=headers),
         ],
         lifespan=lifespan,
+        exception_handlers={psycopg.Error: database_error, OutboxError: database_error},
     )
     app.state.history = history
     return app

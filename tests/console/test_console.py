@@ -290,3 +290,22 @@ def test_retry_a_held_inbox_key_then_the_consumer_applies_it(
     assert applied == [1, 2, 3]
     audit = dead_audit(database_url, consumer="billing")
     assert any(r["actor"] == "erin (console)" and r["reason"] == "parser fixed" for r in audit)
+
+
+def test_an_unreachable_database_is_a_page_that_says_so(console: Any) -> None:
+    import httpx
+
+    with console("postgresql://postgres@127.0.0.1:1/nowhere") as base:
+        answer = httpx.get(base + "/")
+    assert answer.status_code == 503
+    assert "cannot be reached" in answer.text
+    assert "Traceback" not in answer.text
+
+
+def test_an_unmigrated_database_says_what_to_run(empty_database_url: str, console: Any) -> None:
+    import httpx
+
+    with console(empty_database_url) as base:
+        answer = httpx.get(base + "/dead")
+    assert answer.status_code == 503
+    assert "outbox migrate upgrade" in answer.text
