@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 
 from inbox._statements import InboxStatements, inbox_statements
 from inbox.exceptions import ConcurrentDeliveryError, OutOfOrderError
-from outbox._connections import AsyncTarget, Target, resolve_async, resolve_sync
+from outbox._connections import AsyncRaw, AsyncTarget, Target, resolve_async, resolve_sync
 from outbox._errors import translate as translate_database_error
 from outbox._message import MAX_KEY_BYTES, MAX_TOPIC_BYTES, check_text
 from outbox.exceptions import InvalidMessageError
@@ -256,13 +256,14 @@ def run_steps(
 
 
 async def run_steps_async(
-    raw: psycopg.AsyncConnection[Any],
+    raw: AsyncRaw,
     stmts: InboxStatements,
     steps: Generator[Step, Any, Any],
     *,
     all_rows: bool = False,
 ) -> Any:
-    """Async twin of :func:`run_steps`."""
+    """Async twin of :func:`run_steps`, on psycopg or asyncpg (whose errors come as psycopg's
+    classes of the same SQLSTATE: see ``outbox/_asyncpg.py``)."""
     try:
         async with raw.cursor() as cur:
             step = next(steps)

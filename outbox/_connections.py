@@ -1,9 +1,11 @@
-"""Finding the caller's psycopg connection, and refusing to write outside a transaction.
+"""Finding the caller's driver connection, and refusing to write outside a transaction.
 
 Every write of outbox-inbox runs on the *caller's* connection, inside the caller's
 transaction. SQLAlchemy objects (Session, Connection and their async twins) are unwrapped to
 the psycopg 3 connection they hold, after making sure SQLAlchemy has begun its transaction, so
-the statement commits or rolls back with the caller's business rows.
+the statement commits or rolls back with the caller's business rows. The async calls also take
+SQLAlchemy's asyncpg driver (``postgresql+asyncpg://``): its connection is wrapped in
+:class:`outbox._asyncpg.AsyncpgConnection`, which runs the same statements.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from outbox._asyncpg import AsyncpgConnection, is_asyncpg
 from outbox.exceptions import ConfigurationError, TransactionRequiredError
 
 if TYPE_CHECKING:
@@ -20,13 +23,13 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
     from sqlalchemy.orm import Session
 
-__all__ = ["AsyncTarget", "Target", "resolve_async", "resolve_sync"]
+__all__ = ["AsyncRaw", "AsyncTarget", "Target", "resolve_async", "resolve_sync"]
 
 #: What the sync calls (``publish``, ``publish_batch``, ``receive``) write through: the
 #: caller's SQLAlchemy Session or Connection on the psycopg driver, or a psycopg Connection.
 Target: TypeAlias = "Session | Connection | psycopg.Connection[Any]"
-#: What the async calls write through: an AsyncSession or AsyncConnection on the psycopg
-#: driver, or a psycopg AsyncConnection.
+#: What the async calls write through: an AsyncSession or AsyncConnection on the psycopg or
+#: asyncpg driver, or a psycopg AsyncConnection.
 AsyncTarget: TypeAlias = "AsyncSession | AsyncConnection | psycopg.AsyncConnection[Any]"
 
 _AUTOCOMMIT_HINT = (
@@ -49,10 +52,12 @@ def _check(raw: Any) -> None:
         raise TransactionRequiredError(_AUTOCOMMIT_HINT)
 
 
-def _not_psycopg(obj: Any, raw: Any) -> ConfigurationError:
+def _not_psycopg(
+    obj: Any, raw: Any, urls: str = "a 'postgresql+psycopg://' URL (psycopg 3)"
+) -> ConfigurationError:
     return ConfigurationError(
         f"{type(obj).__name__} uses the driver {type(raw).__module__}.{type(raw).__name__}; "
-        "outbox-inbox needs psycopg 3: create the engine with a 'postgresql+psycopg://' URL",
+        f"outbox-inbox does not support it: create the engine with {urls}",
         driver=type(raw).__name__,
     )
 
@@ -69,16 +74,37 @@ def resolve_sync(target: Target) -> psycopg.Connection[Any]:
     return raw
 
 
-async def resolve_async(target: AsyncTarget) -> psycopg.AsyncConnection[Any]:
-    """The psycopg async connection behind ``target``, in a transaction, or a clear error."""
+#: What the async calls run their statements on: psycopg's connection, or asyncpg's wrapped.
+AsyncRaw: TypeAlias = "psycopg.AsyncConnection[Any] | AsyncpgConnection"
+
+
+async def resolve_async(target: AsyncTarget) -> AsyncRaw:
+    """The driver connection behind ``target``, in a transaction, or a clear error."""
     if isinstance(target, psycopg.AsyncConnection):
-        raw: Any = target
-    else:
-        raw = await _unwrap_sqlalchemy_async(target)
-    if not isinstance(raw, psycopg.AsyncConnection):
-        raise _not_psycopg(target, raw)
-    _check(raw)
-    return raw
+        _check(target)
+        return target
+    conn, fairy = await _unwrap_sqlalchemy_async(target)
+    raw = fairy.driver_connection
+    if isinstance(raw, psycopg.AsyncConnection):
+        _check(raw)
+        return raw
+    if is_asyncpg(raw):
+        return await _asyncpg(conn, fairy, raw)
+    raise _not_psycopg(target, raw, "'postgresql+psycopg://' or 'postgresql+asyncpg://'")
+
+
+async def _asyncpg(conn: Any, fairy: Any, raw: Any) -> AsyncpgConnection:
+    """The asyncpg connection behind SQLAlchemy's AsyncConnection ``conn``, in its transaction.
+
+    A failed transaction is not caught here (asyncpg does not expose it): the server refuses
+    the first statement with InFailedSqlTransaction instead."""
+    if not raw.is_in_transaction():
+        if fairy.dbapi_connection.autocommit:  # isolation_level="AUTOCOMMIT": no transaction
+            raise TransactionRequiredError(_AUTOCOMMIT_HINT)
+        # SQLAlchemy's asyncpg adapter sends BEGIN (with the isolation level the caller chose)
+        # only with its own first statement: have it begin now, once per transaction.
+        await conn.exec_driver_sql("SELECT 1")
+    return AsyncpgConnection.of(raw, conn.engine.url)
 
 
 def _unsupported(target: Any, expected: str) -> ConfigurationError:
@@ -108,7 +134,8 @@ def _unwrap_sqlalchemy_sync(target: Any) -> Any:
     return conn.connection.driver_connection
 
 
-async def _unwrap_sqlalchemy_async(target: Any) -> Any:
+async def _unwrap_sqlalchemy_async(target: Any) -> tuple[Any, Any]:
+    """SQLAlchemy's AsyncConnection behind ``target``, in a transaction, and its pool entry."""
     try:
         from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
     except ImportError as exc:  # pragma: no cover - sqlalchemy[asyncio] missing
@@ -126,5 +153,4 @@ async def _unwrap_sqlalchemy_async(target: Any) -> Any:
             "a SQLAlchemy AsyncSession or AsyncConnection, or a psycopg.AsyncConnection "
             "(use publish for sync sessions and connections)",
         )
-    fairy = await conn.get_raw_connection()
-    return fairy.driver_connection
+    return conn, await conn.get_raw_connection()

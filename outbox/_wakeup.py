@@ -41,6 +41,10 @@ waits for a WAL flush (a notification has nothing to make durable) and the lock 
 microseconds, never while a business commit flushes. Rings coalesce: many commits, one
 notification. A rolled-back transaction rings nothing.
 
+Neither way depends on the caller's driver: an ``AsyncSession`` or ``AsyncConnection`` on
+asyncpg rings the same doorbell (its psycopg session connects to the engine's database), so
+asyncpg writers do not notify inside their transaction either.
+
 The doorbell is best effort by design: if it cannot connect, messages are not lost, the
 relay's fallback poll picks them up a little later.
 """
@@ -260,7 +264,10 @@ _doorbells: dict[str, Doorbell] = {}
 _by_connection: weakref.WeakKeyDictionary[Any, Doorbell] = weakref.WeakKeyDictionary()
 
 
-def _conninfo(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str:
+def _conninfo(raw: Any) -> str:
+    own = getattr(raw, "conninfo", None)  # outbox._asyncpg.AsyncpgConnection: its engine's
+    if isinstance(own, str):
+        return own
     params = raw.info.get_parameters()
     password = raw.info.password
     if password:
@@ -268,8 +275,9 @@ def _conninfo(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> st
     return make_conninfo("", **params)
 
 
-def doorbell_for(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Doorbell:
-    """The process's doorbell for the database ``raw`` is connected to."""
+def doorbell_for(raw: Any) -> Doorbell:
+    """The process's doorbell for the database ``raw`` is connected to (a psycopg connection,
+    or an asyncpg one wrapped by ``outbox._asyncpg``: the doorbell itself always uses psycopg)."""
     bell = _by_connection.get(raw)
     if bell is not None and not bell.closed:
         return bell
@@ -311,9 +319,7 @@ def _arm_session(session: Any, bell: Doorbell) -> None:
     event.listen(session, "after_commit", committed, once=True)
 
 
-def ring_after_commit(
-    target: Any, raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], tx_ids: Iterable[str]
-) -> None:
+def ring_after_commit(target: Any, raw: Any, tx_ids: Iterable[str]) -> None:
     """Wake relays once the caller's transaction (writer of ``tx_ids``) has committed."""
     try:
         bell = doorbell_for(raw)

@@ -507,3 +507,36 @@ async def test_switching_back_to_polling_publishes_what_was_emitted_before(wal_u
             await _until(lambda: len(publisher.log) == 3, 20, "the polled message")
     finally:
         open_tx.close()
+
+
+def test_publish_async_on_asyncpg_in_wal_mode_emits_and_writes_no_row(wal_url: str) -> None:
+    """asyncpg writers (SQLAlchemy's postgresql+asyncpg) take the same WAL path as psycopg's."""
+    pytest.importorskip("asyncpg")
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+    from sqlalchemy.pool import NullPool
+
+    from outbox import publish_async, publish_batch_async
+
+    async def main() -> None:
+        url = make_url(wal_url).set(drivername="postgresql+asyncpg")
+        engine = create_async_engine(url, poolclass=NullPool)
+        async with AsyncSession(engine) as session:
+            await publish_async(session, topic="orders", key="o-1", payload={"n": 0})
+            await session.rollback()
+        async with AsyncSession(engine) as session, session.begin():
+            await publish_async(session, topic="orders", key="o-1", payload={"n": 1})
+            await publish_batch_async(session, [Message("orders", "o-1", {"n": n}) for n in (2, 3)])
+        await engine.dispose()
+
+    asyncio.run(main())
+    with psycopg.connect(wal_url) as conn:
+        rows = conn.execute("SELECT count(*) FROM outbox_messages").fetchone()
+        peeked = conn.execute(
+            "SELECT count(*) FROM pg_logical_slot_peek_binary_changes("
+            "(SELECT slot FROM outbox_capture), NULL, NULL, 'proto_version', '1', "
+            "'publication_names', 'outbox_capture', 'messages', 'true') "
+            "WHERE substring(data FROM 1 FOR 1) = 'M'"
+        ).fetchone()
+    assert rows == (0,)  # no row: the relay numbers and records them
+    assert peeked == (3,)  # the rolled-back message never reached the stream
