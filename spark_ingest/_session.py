@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from spark_ingest._errors import JdbcDriverNotFoundError
 
 if TYPE_CHECKING:
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
 __all__ = ["DEBIAN_JAR", "find_jdbc_jar", "spark_session"]
@@ -42,12 +43,22 @@ def find_jdbc_jar(configured: str | None = None) -> str:
     )
 
 
-def _provided_by_spark_conf() -> bool:
-    """True when spark-submit / spark-defaults already put a driver on the classpath."""
-    from pyspark import SparkConf
+def _submitted_conf() -> SparkConf | None:
+    """Spark's configuration when spark-submit (or a pyspark shell) started this process, else
+    None. The JVM is already up then, and only its SparkConf holds spark-submit's settings: a
+    SparkConf made in Python before any SparkContext exists is empty. A bare ``python`` run
+    has no JVM yet (getOrCreate starts one), so there is nothing to read."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return None
+    from pyspark import SparkConf, SparkContext
 
-    conf = SparkConf()
-    return any(
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM; starts nothing
+    return SparkConf()
+
+
+def _provided_by_spark_conf(conf: SparkConf | None) -> bool:
+    """True when spark-submit already put a driver on the classpath."""
+    return conf is not None and any(
         "postgresql" in (conf.get(key) or "")
         for key in ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
     )
@@ -63,10 +74,9 @@ def spark_session(
     """Get or create the session.
 
     ``master`` wins when given; otherwise a master already configured (spark-submit,
-    ``spark.master`` in spark-defaults) is kept, and only a bare ``python`` run gets
-    ``local[*]``.
+    ``spark.master`` in spark-defaults) is kept, and a run with none configured gets
+    ``local[*]``. Under spark-submit, its jars and ``spark.sql.shuffle.partitions`` are kept.
     """
-    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -75,17 +85,21 @@ def spark_session(
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
-    elif not SparkConf().contains("spark.master"):
-        builder = builder.master("local[*]")
-    if jdbc_jar is not None or not _provided_by_spark_conf():
+    # Otherwise no master is set here: spark-submit's --master, else spark.master from
+    # spark-defaults.conf, else $MASTER, else local[*] (spark-submit's own default, which
+    # also applies to the JVM a bare ``python`` run starts).
+    submitted = _submitted_conf()
+    if jdbc_jar is not None or not _provided_by_spark_conf(submitted):
         builder = builder.config("spark.jars", find_jdbc_jar(jdbc_jar))
     builder = (
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
-        .config("spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2) * 2)))
     )
+    if submitted is None or not submitted.contains("spark.sql.shuffle.partitions"):
+        partitions = max(2, (os.cpu_count() or 2) * 2)
+        builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

@@ -15,6 +15,10 @@ def source(name: str, url: str) -> Source:
     return Source(name, url)
 
 
+#: The variable the cluster tests pass the database password in: the driver's alone, never the
+#: workers' (the driver reads it and hands it to the JDBC reads it sends to the executors).
+RECON_PASSWORD_ENV = "OUTBOX_TEST_RECON_PW"
+
 #: An xid below any live horizon: planted rows stand for transactions long committed, so a
 #: concurrent test's open transaction elsewhere in the cluster cannot defer them.
 OLD_XID = 3
