@@ -303,7 +303,9 @@ class Kafka(Broker):
     def consumer(self, runner: Any, on_result: ResultCallback, instance: int) -> BrokerConsumer:
         config = {
             "bootstrap.servers": self.bootstrap,
-            "group.id": "svc",
+            # one group per test (the same in every process of the test): a member another
+            # test left behind (a killed process) never holds up this test's group
+            "group.id": f"svc-{self.tag}",
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 500,
         }
