@@ -69,7 +69,17 @@ class Delivery:
 
 
 #: decoded deliveries on their way to one worker
-Chunk = list[tuple[Envelope, Delivery]]
+@dataclass(frozen=True)
+class Invalid:
+    """A broker message that is not a valid outbox envelope, on its way to be recorded dead."""
+
+    envelope: Envelope | None  # decoded, when only its fields are invalid
+    error: Exception
+
+
+#: What a worker takes: envelopes to apply, and invalid messages to record dead, each with the
+#: broker delivery to settle, in the order they arrived.
+Chunk = list[tuple[Envelope | Invalid, Delivery]]
 
 
 class BrokerConsumer:
@@ -155,19 +165,29 @@ class BrokerConsumer:
         here at once."""
         chunks: list[Chunk] = [[] for _ in self._queues]
         for delivery in deliveries:
+            item: Envelope | Invalid
             try:
-                envelope = delivery.decode()
+                item = envelope = delivery.decode()
                 self.runner.check(envelope)
             except (InvalidMessageError, UnicodeDecodeError) as exc:
                 log.error("inbox: a broker message is not a valid outbox envelope: %s", exc)
-                await self._settle_invalid(None if isinstance(exc, UnicodeDecodeError) else
-                                           _decoded(delivery), exc, None)  # fmt: skip
-                await delivery.settle(None)
-                continue
+                decoded = None if isinstance(exc, UnicodeDecodeError) else _decoded(delivery)
+                data = getattr(exc, "data", {})
+                topic = getattr(decoded, "topic", data.get("topic"))
+                key = getattr(decoded, "key", data.get("key"))
+                if not isinstance(topic, str) or not isinstance(key, str):
+                    # no key to keep in order with: recorded (if it has an id) and settled now
+                    await self._settle_invalid(decoded, exc, None)
+                    await delivery.settle(None)
+                    continue
+                # Its key's worker records it dead in turn, after the messages of the key
+                # before it: recorded earlier, while a predecessor was still being applied,
+                # it could not move the key on, and the key's later messages waited forever.
+                item = Invalid(decoded, exc)
             route = 0
             if len(chunks) > 1:
-                route = zlib.crc32(f"{envelope.topic}\x00{envelope.key}".encode()) % len(chunks)
-            chunks[route].append((envelope, delivery))
+                route = zlib.crc32(f"{topic_key(item)}".encode()) % len(chunks)
+            chunks[route].append((item, delivery))
         for queue, chunk in zip(self._queues, chunks, strict=True):
             if chunk:
                 await queue.put(chunk)
@@ -202,6 +222,21 @@ class BrokerConsumer:
                     return
 
     async def _settle_batch(self, batch: Chunk) -> None:
+        """Apply the envelopes and record the invalid messages dead, in arrival order."""
+        run: list[tuple[Envelope, Delivery]] = []
+        for item, delivery in batch:
+            if isinstance(item, Invalid):
+                await self._settle_envelopes(run)
+                run = []
+                await self._settle_invalid(item.envelope, item.error, None)
+                await delivery.settle(None)
+            else:
+                run.append((item, delivery))
+        await self._settle_envelopes(run)
+
+    async def _settle_envelopes(self, batch: list[tuple[Envelope, Delivery]]) -> None:
+        if not batch:
+            return
         envelopes = [envelope for envelope, _ in batch]
         if len(batch) == 1:
             results = [await self.runner.handle(envelopes[0])]
@@ -307,3 +342,12 @@ def _decoded(delivery: Delivery) -> Envelope | None:
     except (InvalidMessageError, UnicodeDecodeError):
         return None
 
+
+def topic_key(item: Envelope | Invalid) -> str:
+    """What routes a message to its key's worker: its topic and key."""
+    if isinstance(item, Invalid):
+        data = getattr(item.error, "data", {})
+        topic = getattr(item.envelope, "topic", data.get("topic"))
+        key = getattr(item.envelope, "key", data.get("key"))
+        return f"{topic}\x00{key}"
+    return f"{item.topic}\x00{item.key}"

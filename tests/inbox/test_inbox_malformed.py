@@ -95,3 +95,48 @@ def test_invalid_ref_makes_any_text_storable() -> None:
     assert ref.seq is None
     assert invalid_ref("svc", "not-a-uuid", "t", "k", 1) is None
     assert invalid_ref("svc", None, "t", "k", 1) is None
+
+
+def test_a_malformed_message_fetched_with_its_predecessor_still_moves_the_key_on(
+    effects_url: str,
+) -> None:
+    """Published before the consumer starts, the three messages of a key arrive in one fetch:
+    the malformed second one is recorded dead after the first is applied (in its key's turn),
+    so it moves the key on and the third is applied."""
+
+    async def main() -> None:
+        broker = _broker("nats")
+        first, broken, third = (make_envelope(key="K", seq=s) for s in (1, 2, 3))
+        await broker.setup()
+        try:
+            js: Any = broker.js  # type: ignore[attr-defined]
+            subject: str = broker.subject  # type: ignore[attr-defined]
+            await broker.publish([first])
+            bad = {**broken.to_headers(), HEADER_CREATED_AT: "yesterday",
+                   "Nats-Msg-Id": str(broken.id)}  # fmt: skip
+            await js.publish(subject, b'{"n": 2}', headers=bad)
+            await broker.publish([third])
+            async with AsyncConnectionPool(effects_url, min_size=1, max_size=2) as pool:
+
+                async def handler(conn: Any, msg: Any) -> None:
+                    await conn.execute(
+                        "INSERT INTO effects (consumer, message_id, key, seq) "
+                        "VALUES ('svc', %s, %s, %s)",
+                        (msg.id, msg.key, msg.seq),
+                    )
+
+                runner = AsyncHandlerRunner(pool, handler, consumer="svc", ordered=True)
+                consumer = broker.consumer(runner, ResultLog(), 0)
+                task = asyncio.create_task(consumer.run())
+                await asyncio.to_thread(
+                    wait_until_processed, effects_url, consumer="svc",
+                    ids=[first.id, broken.id, third.id], timeout=30,
+                )  # fmt: skip
+                consumer.stop()
+                await task
+        finally:
+            await broker.teardown()
+
+    asyncio.run(main())
+    assert [row[3] for row in effects(effects_url, "svc")] == [1, 3]
+    assert blocked_keys(effects_url, min_age=dt.timedelta(0)) == []
