@@ -175,10 +175,14 @@ def create_app(
 
     async def change(
         request: Request,
-        apply: Callable[[str, str | None, bool], Awaitable[list[uuid.UUID]]],
-        back: str,
         form: Any,
+        where: Callable[[], Awaitable[Any]],
+        retry: Callable[..., list[uuid.UUID]],
+        purge: Callable[..., list[uuid.UUID]],
+        back: str,
     ) -> Response:
+        """Requeue or purge what ``where()`` selects (a filter, or None: nothing matches),
+        through ``retry`` or ``purge``: the CLI's audited functions."""
         try:
             operator = check_change(request, token, form)
         except Forbidden as exc:
@@ -193,7 +197,19 @@ def create_app(
             )
         dry_run = form.get("dry_run") == "1"
         try:
-            changed = await apply(action, reason, dry_run)
+            selected = await where()
+            changed: list[uuid.UUID] = []
+            if selected is not None:
+                changed = await read(
+                    retry if action == "retry" else purge,
+                    url,
+                    selected,
+                    actor=f"{operator} (console)",
+                    reason=reason,
+                    limit=CHANGE_LIMIT,
+                    dry_run=dry_run,
+                    schema=schema,
+                )
         except psycopg.errors.InsufficientPrivilege as exc:
             return render(
                 request,
@@ -205,7 +221,7 @@ def create_app(
                     "(outbox migrate grants) to requeue or purge"
                 ),
             )
-        except OutboxError as exc:
+        except (OutboxError, ValueError) as exc:  # a malformed id or filter in the form
             return render(request, "error.html", 400, message=str(exc))
         if dry_run:
             return render(
@@ -221,36 +237,26 @@ def create_app(
         request.session["notice"] = f"{len(changed)} message(s) {verb} by {operator}"
         return RedirectResponse(back, status_code=303)
 
+    def _message_ids(raw: object) -> list[uuid.UUID]:
+        try:
+            return [uuid.UUID(str(raw))]
+        except ValueError as exc:
+            raise ValueError(f"{raw!r} is not a message id") from exc
+
     async def dead_change(request: Request) -> Response:
         form = await request.form()
 
-        async def apply(action: str, reason: str | None, dry_run: bool) -> list[uuid.UUID]:
+        async def where() -> DeadFilter | None:
             scope = form.get("scope")
             if scope == "one":
-                where = DeadFilter(ids=[uuid.UUID(str(form.get("id")))])
-            elif scope == "key":
-                where = DeadFilter(topic=str(form.get("topic")), key=str(form.get("key")))
-            else:
-                filters, error = _dead_filter(form)
-                ids = [m.id for m in await read(_matching, filters, error, CHANGE_LIMIT)]
-                if not ids:
-                    return []
-                where = DeadFilter(ids=ids)
-            fn = dead_retry if action == "retry" else dead_purge
-            actor = f"{request.session.get('operator')} (console)"
-            result: list[uuid.UUID] = await read(
-                fn,
-                url,
-                where,
-                actor=actor,
-                reason=reason,
-                limit=CHANGE_LIMIT,
-                dry_run=dry_run,
-                schema=schema,
-            )
-            return result
+                return DeadFilter(ids=_message_ids(form.get("id")))
+            if scope == "key":
+                return DeadFilter(topic=str(form.get("topic")), key=str(form.get("key")))
+            filters, error = _dead_filter(form)  # what the listing shows, error text included
+            ids = [m.id for m in await read(_matching, filters, error, CHANGE_LIMIT)]
+            return DeadFilter(ids=ids) if ids else None
 
-        return await change(request, apply, "/dead", form)
+        return await change(request, form, where, dead_retry, dead_purge, "/dead")
 
     async def held(request: Request) -> Response:
         q = request.query_params
@@ -265,29 +271,20 @@ def create_app(
     async def held_change(request: Request) -> Response:
         form = await request.form()
 
-        async def apply(action: str, reason: str | None, dry_run: bool) -> list[uuid.UUID]:
-            ids = [uuid.UUID(str(form.get("id")))] if form.get("scope") == "one" else []
-            where = inbox_dead.HeldFilter(
+        async def where() -> inbox_dead.HeldFilter:
+            chosen = inbox_dead.HeldFilter(
                 consumer=str(form.get("consumer") or "") or None,
                 topic=str(form.get("topic") or "") or None,
                 key=str(form.get("key") or "") or None,
-                ids=ids,
+                ids=_message_ids(form.get("id")) if form.get("scope") == "one" else (),
             )
-            fn = inbox_dead.dead_retry if action == "retry" else inbox_dead.dead_purge
-            actor = f"{request.session.get('operator')} (console)"
-            result: list[uuid.UUID] = await read(
-                fn,
-                url,
-                where,
-                actor=actor,
-                reason=reason,
-                limit=CHANGE_LIMIT,
-                dry_run=dry_run,
-                schema=schema,
-            )
-            return result
+            if chosen.empty:
+                raise ValueError("say which held keys: a consumer, topic, key or message id")
+            return chosen
 
-        return await change(request, apply, "/held", form)
+        return await change(
+            request, form, where, inbox_dead.dead_retry, inbox_dead.dead_purge, "/held"
+        )
 
     async def audit(request: Request) -> Response:
         outbox_rows = await read(audit_log, url, limit=LIST_LIMIT, schema=schema)

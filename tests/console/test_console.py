@@ -309,3 +309,41 @@ def test_an_unmigrated_database_says_what_to_run(empty_database_url: str, consol
         answer = httpx.get(base + "/dead")
     assert answer.status_code == 503
     assert "outbox migrate upgrade" in answer.text
+
+
+@pytest.mark.parametrize(
+    ("path", "form", "problem"),
+    [
+        ("/dead/change", {"action": "retry", "scope": "one", "id": "{id}", "reason": " "},
+         "say why"),
+        ("/dead/change", {"action": "resend", "scope": "one", "id": "{id}", "reason": "x"},
+         "action must be retry or purge"),
+        ("/dead/change", {"action": "retry", "scope": "one", "id": "not-an-id", "reason": "x"},
+         "is not a message id"),
+        ("/dead/change", {"action": "purge", "scope": "filter", "older_than_minutes": "soon",
+                          "reason": "x"}, "not a number of minutes"),
+        ("/held/change", {"action": "purge", "scope": "filter", "reason": "x"},
+         "say which held keys"),
+    ],
+)  # fmt: skip
+def test_a_bad_change_is_refused_with_its_reason_and_changes_nothing(
+    database_url: str, console: Any, path: str, form: dict[str, str], problem: str
+) -> None:
+    import httpx
+
+    dead = seed(database_url)
+    target = str(dead["timeout"][0])
+    with console(database_url, token=TOKEN) as base, httpx.Client(base_url=base) as client:
+        csrf = client.get("/login").text.split('name="csrf" value="')[1].split('"')[0]
+        logged = client.post("/login", data={"csrf": csrf, "operator": "fay", "token": TOKEN})
+        cookie = logged.headers["set-cookie"].lower()
+        assert "httponly" in cookie
+        assert "samesite=strict" in cookie
+        csrf = client.get("/").text.split('name="csrf" value="')[1].split('"')[0]
+        filled = {k: v.replace("{id}", target) for k, v in form.items()}
+        answer = client.post(path, data={**filled, "csrf": csrf})
+    assert answer.status_code == 400
+    assert problem in answer.text
+    assert "Traceback" not in answer.text
+    assert all(_row(database_url, i)[0] == "dead" for i in dead["too_large"] + dead["timeout"])  # type: ignore[index]
+    assert _audit(database_url) == []
