@@ -127,7 +127,10 @@ async def raw_redis(envs: list[Envelope], ns: str) -> float:
         await client.aclose()
 
 
-def raw_kafka_sync(envs: list[Envelope], bootstrap: str, ns: str) -> float:
+def raw_kafka_sync(
+    envs: list[Envelope], bootstrap: str, ns: str, flush: Callable[[Any], object] | None = None
+) -> float:
+    """Produce each batch, then ``flush(producer)`` (default: ``producer.flush(30)`` here)."""
     import confluent_kafka
 
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
@@ -144,7 +147,10 @@ def raw_kafka_sync(envs: list[Envelope], bootstrap: str, ns: str) -> float:
         for e in chunk:
             headers = [(k, v.encode()) for k, v in e.to_headers().items()]
             producer.produce(ns, e.payload, e.key.encode(), on_delivery=done, headers=headers)
-        producer.flush(30)
+        if flush is None:
+            producer.flush(30)
+        else:
+            flush(producer)
     assert not errors, errors[:3]
     return len(envs) / (time.perf_counter() - began)
 
