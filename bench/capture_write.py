@@ -8,21 +8,27 @@ each), in two databases of that cluster: one in 'polling' mode, one in 'wal' mod
 * ``baseline``: INSERT one ~300-byte business row, COMMIT.
 * ``naive``: the same plus one plain INSERT into a bigserial outbox table (what a user would
   write by hand: no per-key sequence, no idempotency, no wake-up).
-* ``polling``: the same plus ``publish(...)`` in polling mode (defaults: after-commit wake-up).
+* ``polling``: the same plus ``publish(...)`` in polling mode, with its defaults. The relay's
+  commit watch runs meanwhile (only during these runs), reading every 2 ms as it does while
+  writers are active: its server time is charged to this variant.
 * ``wal``: the same plus ``publish(...)`` in 'wal' mode (a transactional logical message).
 
 The transactions are bench/write_overhead.py's. Variants are interleaved in rounds, the median
-reported, with ratios against ``naive``. No relay runs: the slot keeps the WAL meanwhile.
+reported, with ratios against ``naive``. No relay publishes: the slot keeps the WAL meanwhile.
 Run: ``python bench/capture_write.py [--seconds S] [--rounds R]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import importlib.util
+import multiprocessing
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,6 +37,9 @@ _HERE = Path(__file__).resolve().parent
 # bench/relay.py would shadow the relay package: import it before bench/ joins sys.path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 from relay._admin import enable_capture  # noqa: E402
+from relay._queries import relay_statements  # noqa: E402
+from relay._state import RunState  # noqa: E402
+from relay._watch import CommitWatch  # noqa: E402
 
 
 def _load(name: str, path: Path) -> ModuleType:
@@ -95,7 +104,8 @@ def _measure(admin_url: str, seconds: float, rounds: int) -> dict[str, Any]:
         runs: dict[str, list[float]] = {v: [] for v in variants}
         for _ in range(rounds):
             for name, (url, txn) in variants.items():
-                runs[name].append(round(overhead.run(url, txn, clients, seconds), 1))
+                with _watching(polling_url) if name == "polling" else contextlib.nullcontext():
+                    runs[name].append(round(overhead.run(url, txn, clients, seconds), 1))
         medians = {v: statistics.median(r) for v, r in runs.items()}
         out[f"{clients}_clients"] = {
             **{f"{v}_tx_per_s_median": round(m, 1) for v, m in medians.items()},
@@ -107,6 +117,34 @@ def _measure(admin_url: str, seconds: float, rounds: int) -> dict[str, Any]:
         print(clients, {k: v for k, v in out[f"{clients}_clients"].items() if k != "runs"},
               flush=True)
     return out
+
+
+@contextlib.contextmanager
+def _watching(url: str) -> Iterator[None]:
+    """The relay's commit watch on ``url``, in a process of its own (as the relay is), while
+    the block runs."""
+    stop = multiprocessing.Event()
+    proc = multiprocessing.Process(target=_watch_process, args=(url, stop))
+    proc.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        proc.join(30)
+
+
+def _watch_process(url: str, stop: Any) -> None:
+    async def main() -> None:
+        state = RunState()
+        watch = CommitWatch(
+            url, relay_statements(None), state, interval=0.002, idle_interval=0.05, bound=5.0
+        )
+        task = asyncio.create_task(watch.run())
+        await asyncio.to_thread(stop.wait)
+        state.stop()
+        await task
+
+    asyncio.run(main())
 
 
 if __name__ == "__main__":

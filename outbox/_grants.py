@@ -29,6 +29,7 @@ from outbox.schema import (
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
     OUTBOX_SEQUENCES,
+    OUTBOX_WRITE_COUNTER,
     check_identifier,
 )
 
@@ -74,6 +75,14 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
     ],
 }
 
+#: Sequences each kind of role uses: nextval needs USAGE; the relay's commit watch reads the
+#: write counter (SELECT) and its dead-letter retries bump it.
+_SEQUENCES: dict[str, list[tuple[str, str]]] = {
+    "producer": [("USAGE", OUTBOX_WRITE_COUNTER)],
+    "relay": [("SELECT, USAGE", OUTBOX_WRITE_COUNTER)],
+    "consumer": [],
+}
+
 ROLE_KINDS = tuple(_NEEDS)
 
 
@@ -98,4 +107,9 @@ def grant_statements(kind: str, role: str, *, schema: str | None = None) -> list
                 sql.SQL(privileges), sql.SQL(", ").join(map(sql.Identifier, columns))
             )
         out.append(sql.SQL("GRANT {} ON TABLE {} TO {}").format(target, name, grantee))
+    for privileges, sequence in _SEQUENCES[kind]:
+        name = sql.Identifier(schema, sequence) if schema else sql.Identifier(sequence)
+        out.append(
+            sql.SQL("GRANT {} ON SEQUENCE {} TO {}").format(sql.SQL(privileges), name, grantee)
+        )
     return [s.as_string(None) for s in out]

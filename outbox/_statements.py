@@ -14,8 +14,14 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from outbox._capture import PREFIX
-from outbox._sql import Names, qualified, registry
-from outbox.schema import OUTBOX_CAPTURE, OUTBOX_DEAD_AUDIT, OUTBOX_MESSAGES, OUTBOX_SEQUENCES
+from outbox._sql import Names, qualified, registry, table_name
+from outbox.schema import (
+    OUTBOX_CAPTURE,
+    OUTBOX_DEAD_AUDIT,
+    OUTBOX_MESSAGES,
+    OUTBOX_SEQUENCES,
+    OUTBOX_WRITE_COUNTER,
+)
 
 __all__ = [
     "WAKEUP_CHANNEL",
@@ -79,16 +85,21 @@ inserted AS (
     JOIN bumped AS b USING (topic, key)
     ORDER BY f.ord
     ON CONFLICT (id) DO NOTHING
-    RETURNING m.id, m.seq, m.tx_id
+    RETURNING m.id, m.seq, m.tx_id, nextval({counter})
 )
 SELECT i.id, ins.seq, ins.tx_id::text, f.id IS NOT NULL AS fresh,
-       (SELECT c.mode FROM {capture} AS c) AS mode
+       (SELECT c.mode FROM {capture} AS c) AS mode, 0::bigint
 FROM input AS i
 LEFT JOIN fresh AS f ON f.id = i.id
 LEFT JOIN inserted AS ins ON ins.id = i.id
 ORDER BY i.ord
 """
 
+# Both inserts also take a number from outbox_write_counter once their rows are written (the
+# transaction has its id by then): that is what a polling relay's commit watch sees
+# (relay/_watch.py). nextval never waits and is never rolled back; in RETURNING it runs per
+# row, after the row's insert.
+#
 # Both inserts also return the capture mode (outbox_capture, one row in shared buffers): that
 # is how a writer learns, at no extra round trip, that the database switched to 'wal' mode.
 
@@ -110,7 +121,8 @@ INSERT INTO {messages} AS m
 SELECT %(id)s, %(topic)s, %(key)s, b.last_seq, %(headers)s::jsonb, %(payload)s,
        %(content_type)s, %(traceparent)s, coalesce(%(available_at)s::timestamptz, clock_timestamp())
 FROM bumped AS b
-RETURNING m.id, m.seq, m.tx_id::text, true, (SELECT c.mode FROM {capture} AS c)
+RETURNING m.id, m.seq, m.tx_id::text, true, (SELECT c.mode FROM {capture} AS c),
+          nextval({counter})
 """
 # The clause that makes outbox_messages_insert_one idempotent (insert_one_idempotent): no row
 # in `bumped` when the id exists, so the counter stays and nothing is inserted.
@@ -161,6 +173,7 @@ SELECT pg_logical_emit_message(true, {prefix}, %(record)s::bytea)
 FROM {capture} AS c WHERE c.mode = 'wal'
 """
 
+
 @dataclass(frozen=True)
 class ProducerStatements:
     insert: bytes
@@ -176,6 +189,7 @@ def _names(schema: str | None) -> Names:
         "messages": qualified(schema, OUTBOX_MESSAGES),
         "sequences": qualified(schema, OUTBOX_SEQUENCES),
         "capture": qualified(schema, OUTBOX_CAPTURE),
+        "counter": table_name(schema, OUTBOX_WRITE_COUNTER),
         "prefix": sql.Literal(PREFIX),
     }
 
@@ -223,7 +237,8 @@ SELECT id::text, status FROM {messages} WHERE id = ANY(%(ids)s::uuid[])
 #   copied into the audit row too); published_at is cleared because the row is no longer
 #   published (the relay sets it again).
 # * Returns the ids that changed, each with the writing transaction's id, which the caller
-#   hands to the doorbell (outbox/_wakeup.py) to wake relays once it has committed.
+#   hands to the doorbell (outbox/_wakeup.py) to wake relays once it has committed; the
+#   number taken from outbox_write_counter wakes a watching relay (relay/_watch.py) as well.
 _REDRIVE = """
 WITH requeued AS (
     UPDATE {messages}
@@ -233,7 +248,7 @@ WITH requeued AS (
 )
 INSERT INTO {audit} (actor, action, message_id, topic, key, seq, last_error, reason)
 SELECT %(actor)s, 'redrive', id, topic, key, seq, last_error, %(reason)s FROM requeued
-RETURNING message_id::text, pg_current_xact_id()::text
+RETURNING message_id::text, pg_current_xact_id()::text, nextval({counter})
 """
 
 
@@ -250,5 +265,6 @@ redrive_statements = registry(
     lambda schema: {
         "messages": qualified(schema, OUTBOX_MESSAGES),
         "audit": qualified(schema, OUTBOX_DEAD_AUDIT),
+        "counter": table_name(schema, OUTBOX_WRITE_COUNTER),
     },
 )

@@ -26,6 +26,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
+    Sequence,
     Table,
     Text,
     text,
@@ -48,6 +49,7 @@ __all__ = [
     "OUTBOX_MESSAGES",
     "OUTBOX_RELAYS",
     "OUTBOX_SEQUENCES",
+    "OUTBOX_WRITE_COUNTER",
     "RECONCILIATION_RUNS",
     "Xid8",
     "check_identifier",
@@ -59,6 +61,8 @@ __all__ = [
 OUTBOX_MESSAGES = "outbox_messages"
 OUTBOX_SEQUENCES = "outbox_key_sequences"
 OUTBOX_CAPTURE = "outbox_capture"
+#: A sequence: bumped by every polling-mode write, read by the relay's commit watch.
+OUTBOX_WRITE_COUNTER = "outbox_write_counter"
 INBOX_MESSAGES = "inbox_messages"
 INBOX_POSITIONS = "inbox_key_positions"
 INBOX_KAFKA_OFFSETS = "inbox_kafka_offsets"
@@ -190,6 +194,11 @@ def make_metadata(schema: str | None = None) -> MetaData:
         PrimaryKeyConstraint("topic", "key"),
         CheckConstraint("last_seq >= 0", name="last_seq_not_negative"),
     )
+
+    # Bumped (nextval) by every statement that writes messages as rows, after the rows: a
+    # polling relay's commit watch reads it with the server's snapshot (outbox_0012,
+    # relay/_watch.py). Never rolled back, never waited on.
+    Sequence(OUTBOX_WRITE_COUNTER, metadata=md, data_type=BigInteger, cycle=True)
 
     Table(
         INBOX_MESSAGES,

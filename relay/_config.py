@@ -96,6 +96,12 @@ class RelayConfig:
     poll_interval: float = 1.0
     #: LISTEN for the producers' wake-ups (off: poll only)
     listen: bool = True
+    #: watch the server for committed writes ('polling' mode; relay/_watch.py)
+    watch: bool = True
+    #: how often the watch looks while writers are active
+    watch_interval: float = 0.002
+    #: how often it looks at most when nothing moves (it backs off to this)
+    watch_idle_interval: float = 0.05
     #: first wait after a failure; doubles per consecutive failure, with jitter
     backoff_base: float = 0.5
     #: longest wait between retries of a failing message or an unreachable broker
@@ -145,6 +151,13 @@ class RelayConfig:
             "a finite number of seconds > 0 (omit it to keep published rows)",
         )
         _check("listen", self.listen, isinstance(self.listen, bool), "true or false")
+        _check("watch", self.watch, isinstance(self.watch, bool), "true or false")
+        _check(
+            "watch_idle_interval",
+            self.watch_idle_interval,
+            self.watch_idle_interval >= self.watch_interval,
+            f"a number of seconds >= watch_interval ({self.watch_interval})",
+        )
         port = self.metrics_port
         _check(
             "metrics_port",
@@ -208,6 +221,8 @@ _SECONDS = (
     "lease_seconds",
     "publish_timeout",
     "poll_interval",
+    "watch_interval",
+    "watch_idle_interval",
     "backoff_base",
     "backoff_max",
     "heartbeat_interval",

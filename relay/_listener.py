@@ -9,18 +9,16 @@ the loop once: the claim that follows finds what they announced.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
+from typing import Any
 
 import psycopg
 
 from outbox._statements import WAKEUP_CHANNEL
-from relay._retry import DB_BACKOFF, Backoff
+from relay._connection import keep_connected
+from relay._retry import Backoff
 from relay._state import RunState
 
 __all__ = ["Listener"]
-
-log = logging.getLogger("relay")
 
 
 class Listener:
@@ -30,43 +28,23 @@ class Listener:
         self._state = state
 
     async def run(self) -> None:
-        backoff = Backoff.of(DB_BACKOFF)
-        bound = max(self._interval, 1.0)
+        await keep_connected(
+            self._dsn, self._state, max(self._interval, 1.0), "listener", self._listen
+        )
+
+    async def _listen(self, conn: psycopg.AsyncConnection[Any], backoff: Backoff) -> None:
         state = self._state
-        while not state.stopping:
-            try:
+        bound = max(self._interval, 1.0)
+        try:
+            async with asyncio.timeout(bound):
+                await conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
+            backoff.succeeded()
+            state.listening = True
+            state.wake.set()  # notifications sent while we were away are lost: poll now
+            while not state.stopping:
+                async for _ in conn.notifies(timeout=self._interval):
+                    state.wake.set()
                 async with asyncio.timeout(bound):
-                    conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
-            except (psycopg.Error, TimeoutError) as exc:
-                delay = backoff.failed()
-                log.warning(
-                    "relay: listener cannot connect (%s); retrying in %.1fs",
-                    exc or "timed out",
-                    delay,
-                )
-                await state.sleep(delay)
-                continue
-            try:
-                async with asyncio.timeout(bound):
-                    await conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
-                backoff.succeeded()
-                state.listening = True
-                state.wake.set()  # notifications sent while we were away are lost: poll now
-                while not state.stopping:
-                    async for _ in conn.notifies(timeout=self._interval):
-                        state.wake.set()
-                    async with asyncio.timeout(bound):
-                        await conn.execute("SELECT 1")  # detect a dead connection
-            except TimeoutError:
-                log.warning(
-                    "relay: listener connection did not answer within %.1fs (half-open TCP "
-                    "connection?); reconnecting, wake-ups rely on poll_interval meanwhile",
-                    bound,
-                )
-            except psycopg.Error as exc:
-                log.warning("relay: listener connection lost (%s); reconnecting", exc)
-            finally:
-                state.listening = False
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(bound):
-                        await conn.close()
+                    await conn.execute("SELECT 1")  # detect a dead connection
+        finally:
+            state.listening = False

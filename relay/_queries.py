@@ -35,6 +35,7 @@ from outbox.schema import (
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
     OUTBOX_SEQUENCES,
+    OUTBOX_WRITE_COUNTER,
 )
 
 __all__ = ["RelayStatements", "relay_statements"]
@@ -329,9 +330,20 @@ FROM {messages} WHERE {filter}
 ORDER BY topic, key, seq LIMIT %(limit)s
 """
 
+# outbox_watch_reading (relay/_watch.py), one statement, in this order: the snapshot (taken as
+# the statement starts), the write counter (a sequence: a one-page read that locks no table, read
+# by the scan), then the transaction counter (computed by the target list, after the scan):
+# age() of a fixed normal xid is the next xid to be assigned minus that xid (32 bits, signed),
+# read without taking an id; relay/_watch.py widens it with the snapshot's epoch.
+_WATCH_READING = """
+SELECT s.last_value, s.is_called, pg_current_snapshot()::text, 3 + age('3'::xid)::bigint
+FROM {counter} AS s
+"""
+
 # outbox_dead_retry: back to pending, fresh attempts, available now, with an audit row in the
 # same statement (so the change and its audit commit together). FOR UPDATE: two operators
-# re-queueing at once audit each message once.
+# re-queueing at once audit each message once. The number taken from the write counter per
+# re-queued row wakes watching relays (relay/_watch.py) once the change commits.
 _DEAD_RETRY = """
 WITH picked AS MATERIALIZED (
     SELECT id FROM {messages} WHERE {filter} ORDER BY topic, key, seq
@@ -342,7 +354,7 @@ changed AS (
     SET status = 'pending', attempts = 0, available_at = clock_timestamp(),
         lease_owner = NULL, lease_token = NULL, lease_until = NULL
     FROM picked WHERE m.id = picked.id AND m.status = 'dead'
-    RETURNING m.id, m.topic, m.key, m.seq, m.last_error
+    RETURNING m.id, m.topic, m.key, m.seq, m.last_error, nextval({counter_name}) AS watch
 )
 INSERT INTO {audit} (actor, action, message_id, topic, key, seq, last_error, reason)
 SELECT %(actor)s, 'retry', id, topic, key, seq, last_error, %(reason)s FROM changed
@@ -485,6 +497,7 @@ class RelayStatements:
     capture_waiting_keys: bytes
     capture_record: bytes
     capture_slot: bytes
+    watch_reading: bytes
 
 
 def _names(schema: str | None) -> Names:
@@ -494,6 +507,8 @@ def _names(schema: str | None) -> Names:
         "audit": qualified(schema, OUTBOX_DEAD_AUDIT),
         "sequences": qualified(schema, OUTBOX_SEQUENCES),
         "capture": qualified(schema, OUTBOX_CAPTURE),
+        "counter": qualified(schema, OUTBOX_WRITE_COUNTER),
+        "counter_name": table_name(schema, OUTBOX_WRITE_COUNTER),
         "messages_name": table_name(schema, OUTBOX_MESSAGES),
         "relays_name": table_name(schema, OUTBOX_RELAYS),
         "audit_name": table_name(schema, OUTBOX_DEAD_AUDIT),
@@ -529,6 +544,7 @@ relay_statements = registry(
         "capture_waiting_keys": _CAPTURE_WAITING_KEYS,
         "capture_record": _CAPTURE_RECORD,
         "capture_slot": _CAPTURE_SLOT,
+        "watch_reading": _WATCH_READING,
     },
     _names,
 )

@@ -32,6 +32,7 @@ from relay._queries import relay_statements
 from relay._registration import Registration
 from relay._retry import DB_BACKOFF, Backoff, retry
 from relay._state import RunState
+from relay._watch import CommitWatch
 from relay.brokers.base import Publisher
 
 __all__ = ["Relay"]
@@ -69,6 +70,8 @@ class Relay:
         #: the LISTEN connection's DSN (tests put a proxy here)
         self.listen_dsn = config.database_url
         self.capture: WalCapture | None = None
+        #: the commit watch ('polling' mode wake-ups; None with watch = false)
+        self.watch: CommitWatch | None = None
         self._capture_task: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -125,6 +128,16 @@ class Relay:
             if self.config.listen:
                 listener = Listener(self.listen_dsn, self.config.heartbeat_interval, self.state)
                 background.append(asyncio.create_task(listener.run()))
+            if self.config.watch:
+                self.watch = CommitWatch(
+                    self.config.database_url,
+                    self.stmts,
+                    self.state,
+                    interval=self.config.watch_interval,
+                    idle_interval=self.config.watch_idle_interval,
+                    bound=max(self.config.heartbeat_interval, 1.0),
+                )
+                background.append(asyncio.create_task(self.watch.run()))
             await self._start_publisher()
             # 'wal' mode: stream the slot too (it waits while the database polls)
             self.capture = WalCapture(self.config, pool, self.stmts, self.dispatcher, self.state)

@@ -166,7 +166,7 @@ async def test_unmigrated_database_says_to_migrate(empty_database_url: str) -> N
     engine = asyncpg_engine(empty_database_url)
     async with AsyncSession(engine) as session, session.begin():
         with pytest.raises(SchemaNotInstalledError, match="outbox migrate upgrade"):
-            await publish_async(session, topic="t", key="k", payload=1)
+            await publish_async(session, topic="t", key="k", payload=1, wakeup=True)
     async with AsyncSession(engine) as session, session.begin():
         with pytest.raises(SchemaNotInstalledError):
             await receive_async(session, consumer="c", message=ref())
@@ -190,10 +190,10 @@ async def test_commit_wakes_the_relay(database_url: str) -> None:
             return False
 
         async with AsyncSession(engine) as session, session.begin():
-            await publish_async(session, topic="t", key="k", payload=1)
+            await publish_async(session, topic="t", key="k", payload=1, wakeup=True)
         assert await asyncio.to_thread(woken)
         async with engine.begin() as conn:
-            await publish_async(conn, topic="t", key="k", payload=2)
+            await publish_async(conn, topic="t", key="k", payload=2, wakeup=True)
         assert await asyncio.to_thread(woken)
     await engine.dispose()
 

@@ -1,4 +1,4 @@
-"""The relay wake-up: one NOTIFY after commit, none for a rollback, and never from the caller's
+"""The opt-in doorbell (`publish(..., wakeup=True)`): one NOTIFY after commit, none for a rollback,
 own transaction (so business commits never take PostgreSQL's notify commit lock)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_commit_wakes_listener_after_commit_only(database_url: str) -> None:
         psycopg.connect(database_url) as producer,
     ):
         listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
-        publish(producer, topic="t", key="k", payload=1)
+        publish(producer, topic="t", key="k", payload=1, wakeup=True)
         # The transaction is open: nothing may wake the relay yet (it would find nothing).
         assert list(listener.notifies(timeout=0.3)) == []
         producer.commit()
@@ -47,7 +47,7 @@ def test_rollback_rings_nothing(database_url: str) -> None:
         listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
         bell = doorbell_for(producer)
         sent = bell.notifications_sent
-        publish(producer, topic="t", key="k", payload=1)
+        publish(producer, topic="t", key="k", payload=1, wakeup=True)
         producer.rollback()
         _wait_idle(producer)
         assert bell.notifications_sent == sent
@@ -59,7 +59,7 @@ def test_many_commits_coalesce_into_few_notifications(database_url: str) -> None
         bell = doorbell_for(producer)
         sent = bell.notifications_sent
         for i in range(50):
-            publish(producer, topic="t", key=str(i % 5), payload=i)
+            publish(producer, topic="t", key=str(i % 5), payload=i, wakeup=True)
             producer.commit()
         _wait_idle(producer)
         assert 1 <= bell.notifications_sent - sent <= 50
@@ -86,14 +86,14 @@ def test_sqlalchemy_session_rings_from_after_commit_hook(database_url: str) -> N
     with psycopg.connect(database_url, autocommit=True) as listener:
         listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
         with Session(engine) as session:
-            publish(session, topic="t", key="k", payload=1)
-            publish(session, topic="t", key="k", payload=2)
+            publish(session, topic="t", key="k", payload=1, wakeup=True)
+            publish(session, topic="t", key="k", payload=2, wakeup=True)
             assert list(listener.notifies(timeout=0.3)) == []
             session.commit()
             got = list(listener.notifies(timeout=5, stop_after=1))
             assert [n.channel for n in got] == [WAKEUP_CHANNEL]
             # a rolled-back transaction does not ring
-            publish(session, topic="t", key="k", payload=3)
+            publish(session, topic="t", key="k", payload=3, wakeup=True)
             session.rollback()
             assert list(listener.notifies(timeout=0.3)) == []
     engine.dispose()
@@ -113,7 +113,7 @@ def test_doorbell_is_looked_up_once_per_connection_and_never_reused_closed(
         assert _wakeup._by_connection[producer] is bell  # cached: no conninfo work per publish
         assert doorbell_for(producer) is bell
         bell.close()  # e.g. interpreter shutdown ran, or a test closed it
-        publish(producer, topic="t", key="k", payload=1)
+        publish(producer, topic="t", key="k", payload=1, wakeup=True)
         producer.commit()
         fresh = doorbell_for(producer)
         assert fresh is not bell
@@ -138,11 +138,11 @@ def test_a_long_open_writer_does_not_slow_the_next_wake_up(database_url: str) ->
     ):
         listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
         bell = doorbell_for(producer)
-        publish(long_writer, topic="t", key="slow", payload=1)  # stays open
+        publish(long_writer, topic="t", key="slow", payload=1, wakeup=True)  # stays open
         _await_backoff(bell, 0.02)  # checked at ages of 2, 4, 8, 16 and 32 ms: backed off
-        publish(long_writer, topic="t", key="slow", payload=2)
+        publish(long_writer, topic="t", key="slow", payload=2, wakeup=True)
         assert bell.cadence > _MIN_POLL  # a second publish of the same writer changes nothing
-        publish(producer, topic="t", key="fast", payload=3)
+        publish(producer, topic="t", key="fast", payload=3, wakeup=True)
         assert bell.cadence <= _MIN_POLL  # the new writer is checked MIN after its publish
         producer.commit()
         got = list(listener.notifies(timeout=5, stop_after=1))
@@ -181,7 +181,7 @@ def test_publish_is_first_checked_no_sooner_than_min_after_it(database_url: str)
             for i in range(rounds):
                 _wait_idle(producer)  # nothing watched: no check of an earlier round is due
                 before = time.monotonic()
-                publish(producer, topic="t", key="k", payload=i)
+                publish(producer, topic="t", key="k", payload=i, wakeup=True)
                 producer.execute("SELECT pg_sleep(0.0005)")  # the transaction goes on a little
                 producer.commit()
                 committed = time.monotonic()

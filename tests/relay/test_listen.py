@@ -29,9 +29,10 @@ def test_relay_listener_reconnects_after_its_connection_goes_half_open(
     url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="relay")
-    # poll_interval 60 s: within the test only a notification (or a listener reconnect) wakes it
+    # poll_interval 60 s, no commit watch: within the test only a notification (or a listener
+    # reconnect) wakes it
     publisher = FakePublisher()
-    relay = Relay(config(url, poll_interval=60, heartbeat_interval=0.5), publisher)
+    relay = Relay(config(url, poll_interval=60, heartbeat_interval=0.5, watch=False), publisher)
     target = int(conninfo_to_dict(url).get("port") or 5432)
 
     def published() -> set[str]:

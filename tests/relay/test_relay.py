@@ -165,7 +165,8 @@ def test_relay_at_most_once_marks_before_sending_and_never_retries(url: str) -> 
 
 def test_relay_wakes_on_notify_without_polling(url: str) -> None:
     pub = FakePublisher()
-    relay = Relay(config(url, poll_interval=30.0), pub)
+    # no commit watch: within 30 s only the doorbell's NOTIFY can wake it
+    relay = Relay(config(url, poll_interval=30.0, watch=False), pub)
     rounds = ClaimRounds(relay)
 
     async def go() -> None:
@@ -175,7 +176,7 @@ def test_relay_wakes_on_notify_without_polling(url: str) -> None:
 
             def commit() -> None:
                 with psycopg.connect(url) as conn:
-                    publish_batch(conn, [Message(topic="t", key="k", payload=1)])
+                    publish_batch(conn, [Message(topic="t", key="k", payload=1)], wakeup=True)
                     conn.commit()
 
             await asyncio.to_thread(commit)

@@ -1,0 +1,111 @@
+"""A polling relay wakes up on commits it watches for, with no NOTIFY from the writer.
+
+Every relay here polls only every 60 s and does not LISTEN: within a test, only its commit
+watch (relay/_watch.py) can wake it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+from relay_helpers import ClaimRounds, FakePublisher, await_for, config, running
+
+from outbox import Message, publish, publish_batch
+from relay import Relay
+
+
+def _relay(url: str) -> tuple[Relay, FakePublisher, ClaimRounds]:
+    pub = FakePublisher()
+    relay = Relay(config(url, poll_interval=60.0, listen=False), pub)
+    return relay, pub, ClaimRounds(relay)
+
+
+async def _idle(relay: Relay, rounds: ClaimRounds) -> None:
+    """Past the first claim and with the watch reading: nothing else can wake it now."""
+    await await_for(
+        lambda: rounds.count >= 1 and relay.watch is not None and relay.watch.readings >= 3,
+        what="the relay idle, its watch reading",
+    )
+
+
+def test_a_commit_wakes_the_relay_without_a_notification(url: str) -> None:
+    relay, pub, rounds = _relay(url)
+
+    def commit() -> None:
+        with psycopg.connect(url) as conn:
+            publish(conn, topic="t", key="k", payload=1)  # wakeup defaults to off
+            conn.commit()
+
+    async def go() -> None:
+        async with running(relay):
+            await _idle(relay, rounds)
+            await asyncio.to_thread(commit)
+            await await_for(lambda: len(pub.log) == 1, within=5.0, what="woken by the watch")
+
+    asyncio.run(go())
+
+
+def test_a_writer_that_commits_long_after_publishing_is_seen(url: str) -> None:
+    relay, pub, rounds = _relay(url)
+
+    async def go() -> None:
+        async with running(relay):
+            await _idle(relay, rounds)
+            watch = relay.watch
+            assert watch is not None
+            conn = await psycopg.AsyncConnection.connect(url)
+            try:
+                async with conn.cursor() as cur:
+                    await cur.execute("SELECT 1")  # the transaction starts
+                from outbox import publish_batch_async
+
+                await publish_batch_async(conn, [Message(topic="t", key="late", payload=1)])
+                # open across many readings: the watch has backed off to its idle interval
+                seen = watch.readings
+                await await_for(lambda: watch.readings >= seen + 10, what="ten more readings")
+                assert pub.log == []
+                await conn.commit()
+            finally:
+                await conn.close()
+            await await_for(lambda: len(pub.log) == 1, within=5.0, what="the late commit seen")
+
+    asyncio.run(go())
+
+
+def test_a_sql_publish_wakes_the_relay(url: str) -> None:
+    relay, pub, rounds = _relay(url)
+
+    def commit() -> None:
+        with psycopg.connect(url) as conn:
+            conn.execute("SELECT outbox_publish('t', 'sql', '{\"n\": 1}'::jsonb)")
+            conn.commit()
+
+    async def go() -> None:
+        async with running(relay):
+            await _idle(relay, rounds)
+            await asyncio.to_thread(commit)
+            await await_for(lambda: len(pub.log) == 1, within=5.0, what="woken by the watch")
+
+    asyncio.run(go())
+    assert pub.log[0][1].key == "sql"
+
+
+def test_a_batch_and_a_rollback(url: str) -> None:
+    relay, pub, rounds = _relay(url)
+
+    def work() -> None:
+        with psycopg.connect(url) as conn:
+            publish_batch(conn, [Message(topic="t", key="gone", payload=0)])
+            conn.rollback()
+            publish_batch(conn, [Message(topic="t", key=f"b{i}", payload=i) for i in range(5)])
+            conn.commit()
+
+    async def go() -> None:
+        async with running(relay):
+            await _idle(relay, rounds)
+            await asyncio.to_thread(work)
+            await await_for(lambda: len(pub.log) == 5, within=5.0, what="the batch")
+
+    asyncio.run(go())
+    assert sorted(env.key for _, env in pub.log) == [f"b{i}" for i in range(5)]
