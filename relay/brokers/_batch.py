@@ -95,7 +95,11 @@ class Batch:
 
     def __init__(self, envelopes: Sequence[Envelope], destination: Callable[[str], str]) -> None:
         self.envelopes = envelopes
-        self.destinations = [destination(e.topic) for e in envelopes]
+        by_topic: dict[str, str] = {}  # a batch has few topics: resolve each once
+        self.destinations = [
+            by_topic.get(e.topic) or by_topic.setdefault(e.topic, destination(e.topic))
+            for e in envelopes
+        ]
         self.results: list[BaseException | None] = [None] * len(envelopes)
         self._blocked: dict[tuple[str, str], Envelope] = {}
 

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from outbox.envelope import Envelope
+from outbox.envelope import HEADER_ID, Envelope
 from outbox.exceptions import ConfigurationError
 from outbox.wire import kafka as wire
 from relay.brokers._batch import (
@@ -149,20 +148,22 @@ class KafkaPublisher:
         sent: list[int] = []
         limit = self.features.max_payload_bytes
         produce = self._producer.produce
-        for i, env, dest in batch.items():
+        report = reports.add
+        destinations = batch.destinations
+        for i, env in enumerate(envelopes):
             if batch.blocking and batch.skip_if_blocked(i):
                 continue
+            dest = destinations[i]
             err = None
             if limit and len(env.payload) > limit:
                 err = check_size(env, dest, limit, "Kafka message.max.bytes")
             if err is None:
                 record = wire.encode(env)
-                callback = functools.partial(reports.add, i)
-                try:  # the common case, without a coroutine per message
-                    produce(dest, value=record.value, key=record.key, headers=record.headers,
-                            on_delivery=callback)  # fmt: skip
+                try:  # the common case, without a coroutine or a closure per message
+                    produce(dest, record.value, record.key, headers=record.headers,
+                            on_delivery=report)  # fmt: skip
                 except BufferError:
-                    err = await self._produce_when_room(env, dest, record, callback, deadline)
+                    err = await self._produce_when_room(env, dest, record, report, deadline)
                 except Exception as exc:
                     err = self._classify(env, dest, exc)
             if err is not None:
@@ -175,16 +176,26 @@ class KafkaPublisher:
             # from a thread of its own, polling all along, made the event loop and that thread
             # fight over the GIL while the next batch was produced: half the raw client's rate.
             await asyncio.to_thread(self._producer.flush, max(0.0, deadline - loop.time()))
-        reported = await reports.wait(len(sent), max(0.0, deadline - loop.time()) + 1)
-        for i, err in reports.errors():
-            failure = self._ck.KafkaException(err)
-            batch.results[i] = self._classify(envelopes[i], batch.destinations[i], failure)
-        for i in (i for i in sent if i not in reported):
-            batch.results[i] = retryable(
-                f"no delivery report from Kafka within {self._timeout} s",
-                envelopes[i],
-                batch.destinations[i],
-            )
+        complete = await reports.wait(len(sent), max(0.0, deadline - loop.time()) + 1)
+        if not complete or reports.failed:
+            # The rare path: which message each report is for, from its outbox id header.
+            index = {str(envelopes[i].id).encode(): i for i in sent}
+            reported: set[int] = set()
+            for err, msg in reports.got():
+                key = _outbox_id(msg)
+                at = index.get(key) if key is not None else None
+                if at is None:
+                    continue
+                reported.add(at)
+                if err is not None:
+                    failure = self._ck.KafkaException(err)
+                    batch.results[at] = self._classify(envelopes[at], destinations[at], failure)
+            for i in (i for i in sent if i not in reported):
+                batch.results[i] = retryable(
+                    f"no delivery report from Kafka within {self._timeout} s",
+                    envelopes[i],
+                    destinations[i],
+                )
         if self._all_down:
             batch.connection_lost(sent, "every Kafka broker is down")
         return batch.results
@@ -277,24 +288,38 @@ def _message_timeout(config: Mapping[str, Any]) -> float:
 
 
 
+def _outbox_id(msg: Any) -> bytes | None:
+    """The outbox id header of a produced message (what a delivery report carries)."""
+    for name, value in msg.headers() or ():
+        if name == HEADER_ID:
+            return bytes(value) if value is not None else None
+    return None
+
+
 class _Reports:
     """The delivery reports of one batch.
 
-    librdkafka calls ``add`` on the poll thread, once per message; a list append is atomic, so
-    that thread only appends, and wakes the event loop once, when the count the loop is waiting
-    for is reached (one wake-up per batch, not one future per message).
+    librdkafka calls ``add`` on the flushing thread, once per message; a list append is atomic,
+    so that thread only appends (and notes a failure), and wakes the event loop once, when the
+    count the loop is waiting for is reached: one wake-up per batch, no future and no closure
+    per message. Which message a report is for is worked out only when some failed or are
+    missing (``publish_batch``'s rare path), from the message's outbox id header.
     """
 
-    __slots__ = ("_done", "_expected", "_got", "_loop")
+    __slots__ = ("_done", "_expected", "_got", "_loop", "failed")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._got: list[tuple[int, Any]] = []
+        self._got: list[tuple[Any, Any]] = []
         self._expected = -1  # unknown until every message of the batch is handed over
         self._done = asyncio.Event()
+        #: some report carried an error
+        self.failed = False
 
-    def add(self, index: int, err: Any, _msg: Any) -> None:
-        self._got.append((index, err))
+    def add(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.failed = True
+        self._got.append((err, msg))
         if len(self._got) == self._expected:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
                 self._loop.call_soon_threadsafe(self._wake)
@@ -303,14 +328,15 @@ class _Reports:
         if len(self._got) >= self._expected >= 0:
             self._done.set()
 
-    async def wait(self, expected: int, timeout: float) -> set[int]:  # noqa: ASYNC109
-        """Wait (at most ``timeout`` s) for ``expected`` reports; the indices reported."""
+    async def wait(self, expected: int, timeout: float) -> bool:  # noqa: ASYNC109
+        """Wait (at most ``timeout`` s) for ``expected`` reports; True if they all came."""
         self._expected = expected
         if len(self._got) < expected:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._done.wait()
-        return {i for i, _ in list(self._got)}
+        return len(self._got) >= expected
 
-    def errors(self) -> list[tuple[int, Any]]:
-        return [(i, err) for i, err in list(self._got) if err is not None]
+    def got(self) -> list[tuple[Any, Any]]:
+        """The reports so far: (error or None, message)."""
+        return list(self._got)
