@@ -30,39 +30,20 @@ __all__ = ["publish", "publish_async", "publish_batch", "publish_batch_async"]
 @dataclass(frozen=True)
 class _Batch:
     ids: list[uuid.UUID]  # one per input message, in order
-    params: dict[str, Any]
     lock_keys: list[int]
     single: PreparedMessage | None  # the fast path: exactly one distinct message
     rows: list[PreparedMessage]  # the distinct messages, in order
 
     def wal_statement(self, stmts: ProducerStatements) -> tuple[bytes, dict[str, Any]]:
         """The WAL emit statement and its parameters: each distinct message as a record."""
-        params = self.wal_params()
-        if len(params["records"]) == 1:
-            return stmts.wal_emit_one, {"record": params["records"][0]}
-        return stmts.wal_emit, params
-
-    def wal_params(self) -> dict[str, Any]:
-        """Parameters of outbox_wal_emit: each distinct message as a WAL record."""
-        records = [
-            encode_record(
-                id=p.id,
-                topic=p.topic,
-                key=p.key,
-                content_type=p.content_type,
-                traceparent=p.traceparent,
-                headers=p.headers,
-                payload=p.payload,
-                available_at=p.available_at,
-                idempotent=p.idempotent,
-            )
-            for p in self.rows
-        ]
-        return {"records": records}
+        records = [_record(p) for p in self.rows]
+        if len(records) == 1:
+            return stmts.wal_emit_one, {"record": records[0]}
+        return stmts.wal_emit, {"records": records}
 
     def lock_params(self) -> dict[str, Any]:
         """Parameters of the idempotency lock: every (topic, key) of the batch, then the ids."""
-        pairs = sorted(set(zip(self.params["topics"], self.params["keys"], strict=True)))
+        pairs = sorted({(p.topic, p.key) for p in self.rows})
         return {
             "row_topics": [t for t, _ in pairs],
             "row_keys": [k for _, k in pairs],
@@ -73,7 +54,18 @@ class _Batch:
         """The insert statement and its parameters."""
         one = self.single
         if one is None:
-            return stmts.insert, self.params
+            rows = self.rows
+            params = {
+                "ids": [p.id for p in rows],
+                "topics": [p.topic for p in rows],
+                "keys": [p.key for p in rows],
+                "headers": [p.headers for p in rows],
+                "payloads": [p.payload for p in rows],
+                "content_types": [p.content_type for p in rows],
+                "traceparents": [p.traceparent for p in rows],
+                "available_ats": [p.available_at for p in rows],
+            }
+            return stmts.insert, params
         params = {
             "id": one.id,
             "topic": one.topic,
@@ -87,6 +79,26 @@ class _Batch:
         return (stmts.insert_one_idempotent if one.idempotent else stmts.insert_one), params
 
 
+def _record(p: PreparedMessage) -> bytes:
+    """One distinct message as a WAL record."""
+    return encode_record(
+        id=p.id,
+        topic=p.topic,
+        key=p.key,
+        content_type=p.content_type,
+        traceparent=p.traceparent,
+        headers=p.headers,
+        payload=p.payload,
+        available_at=p.available_at,
+        idempotent=p.idempotent,
+    )
+
+
+def _lock_key(msg_id: uuid.UUID) -> int:
+    """The idempotency lock's key of a derived id: its first four bytes as a signed int4."""
+    return int.from_bytes(msg_id.bytes[:4], "big", signed=True)
+
+
 def _build(messages: Iterable[Message], max_payload_bytes: int) -> _Batch:
     """Validate everything first: a bad message raises before any statement is sent."""
     prepared: list[PreparedMessage] = []
@@ -96,27 +108,17 @@ def _build(messages: Iterable[Message], max_payload_bytes: int) -> _Batch:
                 f"messages[{index}] is a {type(message).__name__}; pass outbox.Message objects"
             )
         prepared.append(prepare(message, max_payload_bytes=max_payload_bytes))
+    if len(prepared) == 1:  # publish(): nothing to deduplicate or sort
+        p = prepared[0]
+        return _Batch([p.id], [_lock_key(p.id)] if p.idempotent else [], p, prepared)
     ids = [p.id for p in prepared]
     unique: dict[uuid.UUID, PreparedMessage] = {}
     for p in prepared:  # the same idempotency key twice in one batch is one message
         unique.setdefault(p.id, p)
     rows = list(unique.values())
-    params = {
-        "ids": [p.id for p in rows],
-        "topics": [p.topic for p in rows],
-        "keys": [p.key for p in rows],
-        "headers": [p.headers for p in rows],
-        "payloads": [p.payload for p in rows],
-        "content_types": [p.content_type for p in rows],
-        "traceparents": [p.traceparent for p in rows],
-        "available_ats": [p.available_at for p in rows],
-    }
-    lock_keys = sorted(
-        {int.from_bytes(p.id.bytes[:4], "big", signed=True) for p in rows if p.idempotent}
-    )
+    lock_keys = sorted({_lock_key(p.id) for p in rows if p.idempotent})
     return _Batch(
         ids=ids,
-        params=params,
         lock_keys=lock_keys,
         single=rows[0] if len(rows) == 1 else None,
         rows=rows,
@@ -167,7 +169,7 @@ def publish_batch(
         with raw.cursor() as cur:
             if known_mode(raw) in (MODE_WAL, None):
                 cur.execute(*batch.wal_statement(stmts))
-                if len(cur.fetchall()) == len(batch.rows):
+                if cur.rowcount == len(batch.rows):
                     return batch.ids  # the relay decodes them after commit
                 remember_mode(raw, None)  # not in 'wal' mode (any more): write rows
             if batch.lock_keys:
@@ -203,7 +205,7 @@ async def publish_batch_async(
         async with raw.cursor() as cur:
             if known_mode(raw) in (MODE_WAL, None):
                 await cur.execute(*batch.wal_statement(stmts))
-                if len(await cur.fetchall()) == len(batch.rows):
+                if cur.rowcount == len(batch.rows):
                     return batch.ids  # the relay decodes them after commit
                 remember_mode(raw, None)
             if batch.lock_keys:
