@@ -23,6 +23,8 @@ from outbox.schema import check_identifier
 
 __all__ = [
     "CLASSES",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_ROWS_PER_PARTITION",
     "DISCREPANCY_CLASSES",
     "THRESHOLD_NAMES",
     "JobConfig",
@@ -30,6 +32,7 @@ __all__ = [
     "Window",
     "check_inboxes",
     "check_thresholds",
+    "database_of",
     "load_toml",
     "parse_duration",
     "previous_day",
@@ -49,9 +52,35 @@ DISCREPANCY_CLASSES = (
 )
 
 
+#: Partition queries the job runs at once against one database, at most (``max_connections``).
+DEFAULT_MAX_CONNECTIONS = 4
+
+#: Rows per JDBC partition when the job sizes its reads from the data. A read task costs a
+#: query start and a Spark task (~0.1 s); the measured read floor (docs/reconciliation.md, "Where
+#: the time goes": 6 partitions, ~3M rows, 11.7 CPU s) is ~250k rows per task-second. 200,000
+#: rows is ~1 s of fetching (20 round trips of the 10,000-row fetch size), so the overhead stays
+#: near 10%, a failed task redoes about a second, and the rows (~30-50 MB as Spark rows) fit a
+#: 512 MiB executor with room to spare.
+DEFAULT_ROWS_PER_PARTITION = 200_000
+
+
+def _check_count(where: str, key: str, value: object, *, example: int) -> None:
+    """A whole number >= 1 (not a bool, not a float, not a string)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            f"{where}: {key} = {value!r}: must be a whole number >= 1 (e.g. {key} = {example})",
+            key=key,
+            value=value,
+        )
+
+
 @dataclass(frozen=True)
 class Source:
-    """One PostgreSQL database: a JDBC URL (or a libpq URL), a user, where the password is."""
+    """One PostgreSQL database: a JDBC URL (or a libpq URL), a user, where the password is.
+
+    ``max_connections`` bounds the partition queries the reconciliation runs at once against
+    this source's database (see ``_job.read_sources``).
+    """
 
     name: str
     url: str
@@ -59,10 +88,17 @@ class Source:
     password_env: str | None = None
     password_file: str | None = None
     schema: str | None = None
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     def __post_init__(self) -> None:
         if self.schema is not None:
             check_identifier(self.schema)
+        _check_count(
+            f"source {self.name!r}",
+            "max_connections",
+            self.max_connections,
+            example=DEFAULT_MAX_CONNECTIONS,
+        )
         self._parts()  # validate early
 
     def __repr__(self) -> str:  # never show where a password might be embedded
@@ -164,6 +200,12 @@ def _redact(url: str) -> str:
     return url
 
 
+def database_of(source: Source) -> tuple[str, int, str]:
+    """Where ``source``'s connections go: host, port and database (any schema)."""
+    host, port, dbname, _ = source._parts()
+    return host.lower(), port, dbname
+
+
 def _database_key(source: Source) -> tuple[str, int, str, str]:
     """What makes two sources the same inbox table: host, port, database and schema."""
     host, port, dbname, _ = source._parts()
@@ -232,7 +274,11 @@ class JobConfig:
     window: Window
     sla: dt.timedelta = dt.timedelta(hours=1)
     thresholds: dict[str, int] = field(default_factory=dict)
+    #: JDBC partitions per read, instead of sizing them from the data (still bounded by the
+    #: sources' ``max_connections``).
     partitions: int | None = None
+    #: Rows per JDBC partition when the reads are sized from the data.
+    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION
 
     def __post_init__(self) -> None:
         if not self.subscriptions:
@@ -248,6 +294,33 @@ class JobConfig:
         check_thresholds(self.thresholds, "thresholds")
         if self.sla <= dt.timedelta(0):
             raise ConfigurationError(f"the SLA must be positive, not {self.sla}: e.g. 1h")
+        if self.partitions is not None:
+            _check_count("job", "partitions", self.partitions, example=4)
+        _check_count(
+            "job", "rows_per_partition", self.rows_per_partition, example=DEFAULT_ROWS_PER_PARTITION
+        )
+        check_connections((self.outbox, *self.inboxes))
+
+
+def check_connections(sources: Sequence[Source]) -> None:
+    """Every database can serve its reads within its ``max_connections``.
+
+    Each read (the outbox, each inbox) needs one connection at least while it runs, and the
+    reads of one run may run at once; sources in one database (host, port, database) share the
+    smallest ``max_connections`` among them.
+    """
+    groups: dict[tuple[str, int, str], list[Source]] = {}
+    for src in sources:
+        groups.setdefault(database_of(src), []).append(src)
+    for (host, port, dbname), members in groups.items():
+        cap = min(s.max_connections for s in members)
+        if len(members) > cap:
+            names = ", ".join(repr(s.name) for s in members)
+            raise ConfigurationError(
+                f"sources {names} read {host}:{port}/{dbname} at once: {len(members)} reads "
+                f"need max_connections >= {len(members)} there, not {cap}",
+                key="max_connections",
+            )
 
 
 #: Thresholds may bound each discrepancy class, ``lagging`` and their ``total``.
@@ -314,8 +387,8 @@ def parse_duration(text: str, *, what: str | None = None) -> dt.timedelta:
     return value
 
 
-_SOURCE_KEYS = ("name", "url", "user", "password_env", "password_file", "schema")
-_TOP_KEYS = ("outbox", "inbox", "subscriptions", "sla", "thresholds")
+_SOURCE_KEYS = ("name", "url", "user", "password_env", "password_file", "schema", "max_connections")
+_TOP_KEYS = ("outbox", "inbox", "subscriptions", "sla", "thresholds", "rows_per_partition")
 
 
 def _source(where: str, default_name: str, table: object) -> Source:
@@ -328,7 +401,9 @@ def _source(where: str, default_name: str, table: object) -> Source:
             key="url",
         )
     for key, value in table.items():
-        if not isinstance(value, str) or not value:
+        if key == "max_connections":
+            _check_count(where, key, value, example=DEFAULT_MAX_CONNECTIONS)
+        elif not isinstance(value, str) or not value:
             raise ConfigurationError(
                 f"{where}: {key} must be a non-empty string, got {value!r}", key=key
             )
@@ -339,6 +414,7 @@ def _source(where: str, default_name: str, table: object) -> Source:
         password_env=table.get("password_env"),
         password_file=table.get("password_file"),
         schema=table.get("schema"),
+        max_connections=table.get("max_connections", DEFAULT_MAX_CONNECTIONS),
     )
 
 
@@ -374,7 +450,7 @@ def _table(where: str, key: str, value: object) -> dict[str, Any]:
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a job file into keyword pieces: ``outbox``, ``inboxes``, ``subscriptions``,
-    ``sla``, ``thresholds`` (each present only if the file sets it).
+    ``sla``, ``thresholds``, ``rows_per_partition`` (each present only if the file sets it).
 
     The file is checked against its schema: unknown keys (at any level), wrong types,
     ``[inbox]`` for ``[[inbox]]``, bad durations or thresholds raise ConfigurationError
@@ -402,4 +478,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         thresholds = _table(where, "thresholds", doc["thresholds"])
         check_thresholds(thresholds, f"{where}: [thresholds]")
         out["thresholds"] = dict(thresholds)
+    if "rows_per_partition" in doc:
+        rows = doc["rows_per_partition"]
+        _check_count(where, "rows_per_partition", rows, example=DEFAULT_ROWS_PER_PARTITION)
+        out["rows_per_partition"] = rows
     return out

@@ -12,14 +12,24 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
 from spark_ingest import _outcomes, _outputs, _transforms
-from spark_ingest._config import CLASSES, DISCREPANCY_CLASSES, JobConfig
-from spark_ingest._sources import Horizon, connect, read_horizon, read_inbox, read_outbox
+from spark_ingest._config import CLASSES, DISCREPANCY_CLASSES, JobConfig, Source, database_of
+from spark_ingest._sources import (
+    Horizon,
+    connect,
+    count_inbox,
+    count_outbox,
+    partitions_for,
+    read_horizon,
+    read_inbox,
+    read_outbox,
+    share_connections,
+)
 from spark_ingest._statements import spark_statements
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Reads", "RunResult", "classified_rows", "read_sources", "reconcile"]
+__all__ = ["Reads", "RunResult", "classified_rows", "plan_partitions", "read_sources", "reconcile"]
 
 #: Upper bounds (ms) of the end-to-end latency histogram buckets in the report.
 LATENCY_BUCKETS = (10.0, 50.0, 100.0, 500.0, 1_000.0, 5_000.0, 30_000.0, 300_000.0, 3_600_000.0)
@@ -63,6 +73,27 @@ class Reads:
     as_of: dt.datetime  #: the earliest clock below which every source is complete
     outbox: DataFrame
     inbox: DataFrame
+    #: JDBC partitions of each read (at most; fewer if the window has fewer microseconds):
+    #: the outbox first, then each inbox in the configuration's order.
+    partitions: tuple[int, ...] = ()
+    #: The rows each read was sized on (counted up to what its partitions can use), same
+    #: order; None with an explicit ``config.partitions``.
+    estimated_rows: tuple[int, ...] | None = None
+
+
+def plan_partitions(sources: list[Source], wanted: list[int]) -> tuple[int, ...]:
+    """Partitions per read, ``wanted`` bounded per database: the reads whose sources are in one
+    database (host, port, database) get at most the smallest ``max_connections`` among those
+    sources, in all (``share_connections``)."""
+    groups: dict[tuple[str, int, str], list[int]] = {}
+    for i, src in enumerate(sources):
+        groups.setdefault(database_of(src), []).append(i)
+    got = list(wanted)
+    for members in groups.values():
+        cap = min(sources[i].max_connections for i in members)
+        for i, n in zip(members, share_connections([wanted[i] for i in members], cap), strict=True):
+            got[i] = n
+    return tuple(got)
 
 
 def read_sources(spark: SparkSession, config: JobConfig) -> Reads:
@@ -70,23 +101,46 @@ def read_sources(spark: SparkSession, config: JobConfig) -> Reads:
     the inbox rows from the window start (less a clock margin) up to each inbox's safe time.
     The plan built on them reads each source exactly once; ``bench/reconcile.py`` times these
     same reads as its floor.
+
+    Each read gets ``ceil(rows / rows_per_partition)`` partitions (one at least), the rows
+    counted on the driver with the read's own predicate (``count_outbox`` / ``count_inbox``),
+    or ``config.partitions``; then the reads of one database share its ``max_connections``
+    (``plan_partitions``), so no more partition queries than that run against it at once.
     """
     ob_h = read_horizon(config.outbox, OUTBOX_MESSAGES)
     ib_hs = [read_horizon(src, INBOX_MESSAGES) for src in config.inboxes]
     # SLA judgements use the earliest clock below which every source is complete.
     as_of = min([ob_h.now, *(h.safe_time for h in ib_hs)])
     end = min(config.window.end, ob_h.now)
-    parts = config.partitions or spark.sparkContext.defaultParallelism
     start = config.window.start
-    outbox = read_outbox(spark, config.outbox, start, end, parts)
+    sources = [config.outbox, *config.inboxes]
+    rows: tuple[int, ...] | None = None
+    if config.partitions is not None:
+        wanted = [config.partitions] * len(sources)
+    else:
+        per = config.rows_per_partition
+
+        def limit(src: Source) -> int:  # more rows than this cannot get more partitions
+            return src.max_connections * per
+
+        rows = (
+            count_outbox(config.outbox, start, end, limit(config.outbox)),
+            *(
+                count_inbox(src, start, h.safe_time, limit(src))
+                for src, h in zip(config.inboxes, ib_hs, strict=True)
+            ),
+        )
+        wanted = [partitions_for(n, per) for n in rows]
+    parts = plan_partitions(sources, wanted)
+    outbox = read_outbox(spark, config.outbox, start, end, parts[0])
     inbox_frames = [
-        read_inbox(spark, src, start, end, parts, until=h.safe_time)
-        for src, h in zip(config.inboxes, ib_hs, strict=True)
+        read_inbox(spark, src, start, end, n, until=h.safe_time)
+        for src, h, n in zip(config.inboxes, ib_hs, parts[1:], strict=True)
     ]
     inbox = inbox_frames[0]
     for frame in inbox_frames[1:]:
         inbox = inbox.unionByName(frame)
-    return Reads(ob_h, ib_hs, end, as_of, outbox, inbox)
+    return Reads(ob_h, ib_hs, end, as_of, outbox, inbox, parts, rows)
 
 
 def classified_rows(config: JobConfig, reads: Reads) -> DataFrame:

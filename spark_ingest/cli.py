@@ -16,6 +16,7 @@ import click
 
 from outbox.exceptions import ConfigurationError
 from spark_ingest._config import (
+    DEFAULT_ROWS_PER_PARTITION,
     JobConfig,
     Source,
     Window,
@@ -171,6 +172,7 @@ def _job_config(opts: dict[str, Any]) -> JobConfig:
             else file.get("sla", dt.timedelta(hours=1))
         ),
         thresholds=file.get("thresholds", {}) | _thresholds(opts["fail_above"]),
+        rows_per_partition=file.get("rows_per_partition", DEFAULT_ROWS_PER_PARTITION),
     )
     if since is None:
         # Messages the last run left in flight, lagging or deferred are judged now, not never.

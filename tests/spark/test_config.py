@@ -286,3 +286,100 @@ def test_cli_bad_configuration_is_one_line_and_exit_2(
     assert len(lines) == 1, result.output
     assert lines[0].startswith("error: ")
     assert re.search(error, lines[0]), lines[0]
+
+
+# --- sizing the reads: max_connections, rows_per_partition, partitions ------------------------
+
+
+@pytest.mark.parametrize("value", [0, -3, True, 2.5, "4", None])
+def test_source_max_connections_must_be_a_whole_number_from_1(value: object) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        Source("billing", URL, max_connections=value)  # type: ignore[arg-type]
+    assert str(err.value) == (
+        f"source 'billing': max_connections = {value!r}: must be a whole number >= 1 "
+        "(e.g. max_connections = 4)"
+    )
+    assert err.value.key == "max_connections"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        ({"partitions": 0}, r"job: partitions = 0: must be a whole number >= 1"),
+        ({"partitions": -2}, r"partitions = -2: must be a whole number >= 1"),
+        ({"rows_per_partition": 0}, r"job: rows_per_partition = 0: must be a whole number >= 1"),
+        ({"rows_per_partition": True}, r"rows_per_partition = True: must be a whole number"),
+        ({"rows_per_partition": 1e5}, r"rows_per_partition = 100000\.0: must be a whole number"),
+        (
+            {
+                "outbox": Source("outbox", "jdbc:postgresql://h/app", max_connections=1),
+                "inboxes": (Source("billing", "postgresql://H:5432/app", schema="billing"),),
+            },
+            r"sources 'outbox', 'billing' read h:5432/app at once: 2 reads need "
+            r"max_connections >= 2 there, not 1",
+        ),
+    ],
+)
+def test_job_config_rejects_bad_read_sizing(overrides: dict[str, Any], error: str) -> None:
+    with pytest.raises(ConfigurationError, match=error):
+        _config(**overrides)
+
+
+def test_job_config_read_sizing_defaults_and_one_database_shared() -> None:
+    config = _config()
+    assert (config.partitions, config.rows_per_partition) == (None, 200_000)
+    assert config.outbox.max_connections == 4
+    shared = _config(
+        outbox=Source("outbox", "jdbc:postgresql://h/app", max_connections=2),
+        inboxes=(Source("billing", "jdbc:postgresql://h/app", schema="billing"),),
+    )
+    assert shared.inboxes[0].max_connections == 4
+
+
+def test_load_toml_reads_max_connections_and_rows_per_partition(tmp_path: Path) -> None:
+    text = GOOD.replace('user = "recon"', 'user = "recon"\nmax_connections = 8')
+    got = load_toml(_job_file(tmp_path, "rows_per_partition = 50000\n" + text))
+    assert got["rows_per_partition"] == 50_000
+    assert got["outbox"].max_connections == 8
+    assert [s.max_connections for s in got["inboxes"]] == [4, 4]
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (
+            f'[outbox]\nurl = "{URL}"\nmax_connections = 0',
+            r"\[outbox\]: max_connections = 0: must be a whole number >= 1",
+        ),
+        (
+            f'[[inbox]]\nurl = "{URL}"\nmax_connections = "4"',
+            r"\[\[inbox\]\] #1: max_connections = '4': must be a whole number >= 1",
+        ),
+        ("rows_per_partition = -5", r"job file .*: rows_per_partition = -5: must be a whole"),
+        ('rows_per_partition = "big"', r"rows_per_partition = 'big': must be a whole number"),
+        ("rows_per_partition = 1.5", r"rows_per_partition = 1\.5: must be a whole number"),
+    ],
+)
+def test_load_toml_rejects_bad_read_sizing(tmp_path: Path, text: str, error: str) -> None:
+    with pytest.raises(ConfigurationError, match=error):
+        load_toml(_job_file(tmp_path, text))
+
+
+def test_cli_takes_read_sizing_from_the_job_file(tmp_path: Path) -> None:
+    text = "rows_per_partition = 9\n" + GOOD.replace(
+        'user = "recon"', 'user = "recon"\nmax_connections = 2'
+    )
+    config = _job_config(_opts(config_file=str(_job_file(tmp_path, text)), user="flag-user"))
+    assert config.rows_per_partition == 9
+    assert [s.max_connections for s in (config.outbox, *config.inboxes)] == [2, 4, 4]
+    assert _job_config(_opts(config_file=str(_job_file(tmp_path, GOOD)))).rows_per_partition == (
+        200_000
+    )
+
+
+def test_cli_bad_read_sizing_in_the_job_file_is_exit_2(tmp_path: Path) -> None:
+    job = _job_file(tmp_path, "rows_per_partition = 0\n" + GOOD)
+    result = CliRunner().invoke(main, ["reconcile", "--config", str(job), "--no-record"])
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert re.search(r"^error: job file .*: rows_per_partition = 0: must be a whole", line), line
