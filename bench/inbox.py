@@ -29,7 +29,7 @@ the same NatsConsumer with a runner that opens the transaction, applies the effe
 commits, without recording.
 
 Run: python bench/inbox.py [--url postgresql://postgres@127.0.0.1:5432/postgres]
-     [--seconds 3] [--rounds 5] [--messages 4000] [--pipeline-rounds 3]
+     [--seconds 3] [--rounds 5] [--messages 4000] [--pipeline-rounds 3] [--no-save]
 """
 
 from __future__ import annotations
@@ -333,6 +333,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--messages", type=int, default=4000)
     parser.add_argument("--pipeline-rounds", type=int, default=3, help="0: skip part (b)")
+    parser.add_argument(
+        "--no-save", action="store_true", help="print only; leave bench/results/inbox.json"
+    )
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     name, url = _database(args.url)
@@ -344,9 +347,7 @@ def main() -> None:
             results[key] = _measure(ctx, url, consumers, args.rounds, args.seconds)
             print(key, {k: v for k, v in results[key].items() if k != "runs"}, flush=True)
         pipeline = (
-            _pipeline(ctx, url, args.pipeline_rounds, args.messages)
-            if args.pipeline_rounds
-            else {}
+            _pipeline(ctx, url, args.pipeline_rounds, args.messages) if args.pipeline_rounds else {}
         )
         print("pipeline", {k: v for k, v in pipeline.items() if k != "runs"}, flush=True)
     finally:
@@ -354,6 +355,8 @@ def main() -> None:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+    if args.no_save:
+        return
     path = write_result(
         "inbox",
         {

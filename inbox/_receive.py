@@ -1,7 +1,9 @@
 """``receive`` / ``record`` and their async twins: the inbox record in the caller's transaction.
 
 The decisions are a small generator of statements (:func:`_record_steps`) shared by both twins;
-each twin only runs the statements it yields on its own kind of connection.
+each twin only runs the statements it yields on its own kind of connection. The common case, a
+new message for an unordered consumer, is one statement, run without the generator
+(:func:`record_on`): the per-message path of ``receive`` and of the runners.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ __all__ = [
     "receive_async",
     "record",
     "record_async",
+    "record_on",
+    "record_on_async",
     "run_steps",
     "run_steps_async",
     "translate",
@@ -165,6 +169,18 @@ def _record_steps(
 ) -> Steps:
     params = ref.params()
     inserted = yield stmts.record, params
+    return (yield from _decision_steps(stmts, ref, ordered, message, params, inserted))
+
+
+def _decision_steps(
+    stmts: InboxStatements,
+    ref: MessageRef,
+    ordered: bool,
+    message: Any,
+    params: dict[str, Any],
+    inserted: tuple[Any, ...] | None,
+) -> Steps:
+    """What follows inbox_record, given what it returned (``(row count,)``)."""
     if inserted is None or inserted[0] == 0:
         noted = yield stmts.note_duplicate, params
         if not ordered:
@@ -279,6 +295,53 @@ async def run_steps_async(
         raise translate(exc, stmts) from exc
 
 
+def record_on(
+    raw: psycopg.Connection[Any],
+    stmts: InboxStatements,
+    ref: MessageRef,
+    ordered: bool,
+    message: Any = None,
+) -> Verdict:
+    """:func:`_record_steps` on a sync connection, with its common case run directly: a new
+    message for an unordered consumer is inbox_record alone (one statement, one round trip, no
+    generator to drive). The other cases (a duplicate, an ordered consumer) go on with the
+    same steps, from the row count inbox_record gave."""
+    params = ref.params()
+    try:
+        with raw.cursor() as cur:
+            cur.execute(stmts.record, params)
+            inserted = cur.rowcount
+    except psycopg.Error as exc:
+        raise translate(exc, stmts) from exc
+    if inserted != 0 and not ordered:
+        return Verdict.PROCESS
+    steps = _decision_steps(stmts, ref, ordered, message, params, (inserted,))
+    verdict: Verdict = run_steps(raw, stmts, steps)
+    return verdict
+
+
+async def record_on_async(
+    raw: AsyncRaw,
+    stmts: InboxStatements,
+    ref: MessageRef,
+    ordered: bool,
+    message: Any = None,
+) -> Verdict:
+    """Async twin of :func:`record_on`."""
+    params = ref.params()
+    try:
+        async with raw.cursor() as cur:
+            await cur.execute(stmts.record, params)
+            inserted = cur.rowcount
+    except psycopg.Error as exc:
+        raise translate(exc, stmts) from exc
+    if inserted != 0 and not ordered:
+        return Verdict.PROCESS
+    steps = _decision_steps(stmts, ref, ordered, message, params, (inserted,))
+    verdict: Verdict = await run_steps_async(raw, stmts, steps)
+    return verdict
+
+
 def record(
     target: Target,
     *,
@@ -295,9 +358,7 @@ def record(
     """
     ref = as_ref(consumer, message, ordered=ordered)
     stmts = inbox_statements(schema)
-    steps = _record_steps(stmts, ref, ordered, message)
-    verdict: Verdict = run_steps(resolve_sync(target), stmts, steps)
-    return verdict
+    return record_on(resolve_sync(target), stmts, ref, ordered, message)
 
 
 async def record_async(
@@ -311,10 +372,7 @@ async def record_async(
     """Async twin of :func:`record`."""
     ref = as_ref(consumer, message, ordered=ordered)
     stmts = inbox_statements(schema)
-    raw = await resolve_async(target)
-    steps = _record_steps(stmts, ref, ordered, message)
-    verdict: Verdict = await run_steps_async(raw, stmts, steps)
-    return verdict
+    return await record_on_async(await resolve_async(target), stmts, ref, ordered, message)
 
 
 def _to_bool(verdict: Verdict, ref: Any) -> bool:

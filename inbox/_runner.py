@@ -31,9 +31,10 @@ from inbox._receive import (
     MessageRef,
     Steps,
     Verdict,
-    _record_steps,
     as_ref,
     held_params,
+    record_on,
+    record_on_async,
     run_steps,
     run_steps_async,
 )
@@ -438,8 +439,7 @@ class HandlerRunner(_RunnerBase):
         try:
             with self._transactions() as target:
                 raw = resolve_sync(target)
-                steps = _record_steps(cfg.stmts, ref, cfg.ordered, message)
-                verdict = run_steps(raw, cfg.stmts, steps)
+                verdict = record_on(raw, cfg.stmts, ref, cfg.ordered, message)
                 if verdict is Verdict.PROCESS:
                     started = time.perf_counter()
                     self._handler(target, message)
@@ -640,8 +640,7 @@ class AsyncHandlerRunner(_RunnerBase):
         try:
             async with self._transactions() as target:
                 raw = await resolve_async(target)
-                steps = _record_steps(cfg.stmts, ref, cfg.ordered, message)
-                verdict = await run_steps_async(raw, cfg.stmts, steps)
+                verdict = await record_on_async(raw, cfg.stmts, ref, cfg.ordered, message)
                 if verdict is Verdict.PROCESS:
                     started = time.perf_counter()
                     await self._handler(target, message)

@@ -106,9 +106,7 @@ def test_a_failing_message_is_isolated_and_the_rest_commits(
     ]  # fmt: skip
 
 
-def test_hold_parks_a_batch_behind_its_dead_message(
-    pool: ConnectionPool, effects_url: str
-) -> None:
+def test_hold_parks_a_batch_behind_its_dead_message(pool: ConnectionPool, effects_url: str) -> None:
     runner = HandlerRunner(pool, _apply, consumer="c", ordered=True, max_attempts=1,
                            on_dead="hold")  # fmt: skip
     poison = make_envelope(key="a", seq=1, payload=b"poison")

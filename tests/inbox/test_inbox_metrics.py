@@ -65,9 +65,7 @@ def test_ordered_outcomes_and_gauges(pool: ConnectionPool) -> None:
     assert runner.refresh_key_gauges() == (0, 0)
     assert _gauge(registry, "inbox_blocked_keys") == 0
 
-    assert runner.handle(make_envelope(key="b", seq=1, payload=b"poison")).outcome is (
-        Outcome.DEAD
-    )
+    assert runner.handle(make_envelope(key="b", seq=1, payload=b"poison")).outcome is (Outcome.DEAD)
     assert runner.handle(make_envelope(key="b", seq=2)).outcome is Outcome.PARKED
     assert runner.refresh_key_gauges()[1] == 1
     assert _gauge(registry, "inbox_held_keys") == 1

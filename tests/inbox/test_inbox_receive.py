@@ -252,3 +252,41 @@ def test_a_deadlock_is_a_concurrent_delivery_too() -> None:
     err = translate(psycopg.errors.DeadlockDetected("deadlock detected"), inbox_statements(None))
     assert isinstance(err, ConcurrentDeliveryError)
     assert err.retryable
+
+
+def _statements_sent(conn: psycopg.Connection[Any], tmp_path: Any, call: Callable[[], Any]) -> int:
+    """How many statements ``call`` sends on ``conn`` (libpq's protocol trace), BEGIN aside."""
+    trace = tmp_path / "trace.txt"
+    with trace.open("w") as f:
+        conn.pgconn.trace(f.fileno())
+        conn.pgconn.set_trace_flags(
+            psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE
+        )
+        try:
+            call()
+        finally:
+            conn.pgconn.untrace()
+    sent = [line.split("\t") for line in trace.read_text().splitlines()]
+    return sum(
+        1
+        for line in sent
+        if line[0] == "F" and line[2] in ("Execute", "Query") and '"BEGIN"' not in line[3]
+    )
+
+
+def test_first_delivery_is_one_statement_a_duplicate_two(pg_conn: Any, tmp_path: Any) -> None:
+    """The common case (a new message, unordered) is the insert alone: one round trip."""
+    msg = make_envelope()
+    pg_conn.execute("SELECT 1")  # in the transaction already: BEGIN is not counted anyway
+
+    def deliver() -> None:
+        receive(pg_conn, consumer="c", message=msg)
+
+    assert _statements_sent(pg_conn, tmp_path, deliver) == 1
+    assert _statements_sent(pg_conn, tmp_path, deliver) == 2  # the insert, then the count
+    row = pg_conn.execute(
+        "SELECT status, attempts, duplicates FROM inbox_messages "
+        "WHERE consumer = 'c' AND message_id = %s",
+        (msg.id,),
+    ).fetchone()
+    assert row == ("processed", 2, 1)

@@ -108,9 +108,7 @@ def test_async_runner_ordered_dead_message_after_seq_1_moves_the_key_on(effects_
 
     async def main() -> list[Outcome]:
         async with AsyncConnectionPool(effects_url, min_size=1, max_size=2) as apool:
-            runner = AsyncHandlerRunner(
-                apool, handler, consumer="c", ordered=True, max_attempts=2
-            )
+            runner = AsyncHandlerRunner(apool, handler, consumer="c", ordered=True, max_attempts=2)
             msgs = [make_envelope(key="B", seq=1), make_envelope(key="B", seq=2, payload=b"poison")]
             msgs.append(make_envelope(key="B", seq=3))
             return [(await runner.handle(m)).outcome for m in (msgs[0], msgs[1], msgs[1], msgs[2])]
