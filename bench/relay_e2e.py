@@ -44,18 +44,28 @@ _CTX = mp.get_context("spawn")
 # ---- databases -------------------------------------------------------------------------------
 
 
-def create_db() -> tuple[str, str]:
-    """A fresh, migrated database: (name, url)."""
+def create_db(*, capture: bool = False) -> tuple[str, str]:
+    """A fresh, migrated database: (name, url); with ``capture``, in 'wal' capture mode (the
+    server needs wal_level = logical)."""
     name = f"outbox_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = ADMIN.rsplit("/", 1)[0] + "/" + name
     upgrade(url)
+    if capture:
+        from relay._admin import enable_capture
+
+        enable_capture(url, slot=f"bench_{name}")
     return name, url
 
 
 def drop_db(name: str) -> None:
     with psycopg.connect(ADMIN, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE database = %s",
+            [name],
+        )
         conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
@@ -202,11 +212,15 @@ class Relays:
 # ---- (c) and (e): drain a pre-written backlog ------------------------------------------------
 
 
-def _pending(conn: psycopg.Connection[Any]) -> int:
+def _pending(conn: psycopg.Connection[Any], n: int) -> bool:
+    """Messages not published yet: rows not marked, or (in 'wal' mode, where the relay writes
+    the rows as it publishes them) fewer than ``n`` published rows."""
     row = conn.execute(
-        "SELECT count(*) FROM outbox_messages WHERE status <> 'published'"
+        "SELECT count(*) FILTER (WHERE status <> 'published'), "
+        "count(*) FILTER (WHERE status = 'published') FROM outbox_messages"
     ).fetchone()
-    return int(row[0]) if row else 0
+    assert row is not None
+    return bool(row[0]) or row[1] < n
 
 
 def _last_published(conn: psycopg.Connection[Any]) -> float:
@@ -223,14 +237,15 @@ def rate_row(n: int, keys: int, took: float, **extra: Any) -> dict[str, Any]:
             "msg_per_s": round(n / took)}  # fmt: skip
 
 
-def wait_drained(url: str, started: float, timeout: float) -> float:
-    """Seconds from ``started`` (wall clock) to the last ``published_at`` once nothing is left.
+def wait_drained(url: str, started: float, timeout: float, n: int) -> float:
+    """Seconds from ``started`` (wall clock) to the last ``published_at`` once all ``n`` are
+    published.
 
     One connection, polled every 50 ms: the watcher shares the two cores with the relay.
     """
     deadline = time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True) as conn:
-        while _pending(conn):
+        while _pending(conn, n):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the relay did not drain the outbox within {timeout}s")
             time.sleep(0.05)
@@ -246,14 +261,16 @@ def drain(
     relays: int = 1,
     settings: Mapping[str, Any] | None = None,
     timeout: float = 300.0,
+    capture: bool = False,
 ) -> dict[str, Any]:
-    """Commit ``n`` rows, then let ``relays`` relay processes publish them all; the rate."""
-    name, url = create_db()
+    """Commit ``n`` messages, then let ``relays`` relay processes publish them all; the rate.
+    With ``capture``, in 'wal' capture mode: the messages wait in the slot."""
+    name, url = create_db(capture=capture)
     try:
         fill(url, topic, n, keys)
         group = Relays(url, broker, relays, settings)
         try:
-            took = wait_drained(url, group.go(), timeout)
+            took = wait_drained(url, group.go(), timeout, n)
         finally:
             reports = group.stop()
     finally:
@@ -364,7 +381,7 @@ def naive_drain(nats_url: str, topic: str, n: int, *, keys: int = 1000, batch: i
             assert kind == "ready", kind
             started = time.time()
             go.set()
-            took = wait_drained(url, started, timeout)
+            took = wait_drained(url, started, timeout, n)
             kind, report = out.get(timeout=60)
             assert kind == "done", kind
         finally:
@@ -429,11 +446,12 @@ async def latency(
     warmup: float = 2.0,
     threads: int = 4,
     settings: Mapping[str, Any] | None = None,
+    capture: bool = False,
 ) -> dict[str, Any]:
     """Commit -> NATS arrival latency at a steady ``rate`` msg/s (one message per commit)."""
     import nats
 
-    name, url = create_db()
+    name, url = create_db(capture=capture)
     arrivals: dict[str, float] = {}
     nc = await nats.connect(nats_url)
 

@@ -1,0 +1,124 @@
+"""End to end to NATS JetStream in both capture modes, side by side in one run.
+
+On one private PostgreSQL 15 cluster (wal_level = logical, fsync on, started on a free port;
+the machine's own server is never reconfigured) and the machine's nats-server:
+
+* ``raw``: the raw client's async publish (nats-py ``publish_async``, acks awaited per batch of
+  1,000) of the same number of messages: the ceiling for any relay.
+* ``naive``: the naive relay of bench/relay_e2e.py (SELECT unpublished, publish, UPDATE) over
+  a backlog committed first.
+* ``polling``: one relay process over a backlog committed first, 'polling' mode.
+* ``wal``: one relay process over a backlog committed first in 'wal' mode (the messages wait
+  in the slot; the relay decodes, numbers, records and publishes them).
+
+Rounds alternate the four; medians are reported with the ratios the issue asks for (wal / raw,
+wal / naive). Then commit -> broker latency at a steady 1,000 msg/s in both modes (one message
+per transaction, 4 producer threads; relay_e2e.latency).
+Run: ``python bench/capture_e2e.py [--messages N] [--rounds R] [--latency-seconds S]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import harness  # noqa: E402
+
+from bench import relay_e2e  # noqa: E402
+from bench.common import write_result  # noqa: E402
+from bench.relay import envelopes, raw_nats  # noqa: E402
+
+NATS = "nats://127.0.0.1:4222"
+
+
+async def _raw(n: int, stream: str) -> float:
+    return await raw_nats(envelopes(n, f"{stream}.raw"), stream)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--latency-seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="outbox-bench-e2e-") as workdir:
+        server = harness.logical_server(workdir, durable=True)
+        if server is None:
+            sys.exit(harness.LOGICAL_HOW_TO)
+        relay_e2e.ADMIN = server.admin_url
+        os.environ["OUTBOX_TEST_DATABASE_URL"] = server.admin_url
+        try:
+            result = asyncio.run(_measure(args.messages, args.rounds, args.latency_seconds))
+        finally:
+            server.stop()
+    print(write_result("capture_e2e", result))
+
+
+async def _measure(n: int, rounds: int, latency_seconds: float) -> dict[str, Any]:
+    import nats
+
+    nc = await nats.connect(NATS)
+    js = nc.jetstream()
+    stream = f"bench{uuid.uuid4().hex[:8]}"
+    await js.add_stream(name=stream, subjects=[f"{stream}.>"])
+    runs: dict[str, list[float]] = {"raw": [], "naive": [], "polling": [], "wal": []}
+    details: dict[str, list[dict[str, Any]]] = {"naive": [], "polling": [], "wal": []}
+    try:
+        for r in range(rounds):
+            runs["raw"].append(round(await _raw(n, stream)))
+            naive = await asyncio.to_thread(
+                relay_e2e.naive_drain, NATS, f"{stream}.naive{r}", n, keys=1000
+            )
+            polling = await asyncio.to_thread(
+                relay_e2e.drain, NATS, f"{stream}.poll{r}", n, keys=1000
+            )
+            wal = await asyncio.to_thread(
+                relay_e2e.drain, NATS, f"{stream}.wal{r}", n, keys=1000, capture=True
+            )
+            for name, row in (("naive", naive), ("polling", polling), ("wal", wal)):
+                runs[name].append(row["msg_per_s"])
+                details[name].append(row)
+            print({"round": r, **{k: v[-1] for k, v in runs.items()}}, flush=True)
+        latency = {}
+        for mode, capture in (("polling", False), ("wal", True)):
+            latency[mode] = await relay_e2e.latency(
+                NATS, f"{stream}.lat{mode}", seconds=latency_seconds, capture=capture
+            )
+            print({"latency": mode, **latency[mode]}, flush=True)
+    finally:
+        await js.delete_stream(stream)
+        await nc.close()
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    return {
+        "what": "backlog of N committed messages drained to NATS JetStream by one relay process",
+        "server": "private PostgreSQL 15 cluster, wal_level = logical, fsync on",
+        "messages": n,
+        "keys": 1000,
+        "rounds": rounds,
+        "msg_per_s": runs,
+        "medians_msg_per_s": med,
+        "ratio_wal_over_raw": round(med["wal"] / med["raw"], 3),
+        "ratio_wal_over_naive": round(med["wal"] / med["naive"], 3),
+        "ratio_polling_over_raw": round(med["polling"] / med["raw"], 3),
+        "ratio_polling_over_naive": round(med["polling"] / med["naive"], 3),
+        "every_message_acked_once": all(
+            row.get("acked_by_broker") == n for rows in details.values() for row in rows
+        ),
+        "details": details,
+        "latency_at_1000_msg_per_s": latency,
+    }
+
+
+if __name__ == "__main__":
+    main()
