@@ -6,10 +6,13 @@ bench/results/faststream_outbox.json.
     python bench/peer_faststream.py [--clients 4] [--seconds 3] [--rounds 3]
 
 Each client is an OS process with one AsyncSession on its own asyncpg connection. A transaction
-is one UPDATE of a business row plus, per variant: nothing (``bare``), our ``publish_async``
-(polling capture mode, the default), or faststream-outbox's ``broker.publish`` (its recommended
-set-up: an ``OutboxBroker`` on its own table, the caller's session). Variants are interleaved in
-rounds; medians are reported with the ratio ours / peer.
+is one UPDATE of a business row plus, per variant: nothing (``bare``), our ``publish_async`` in
+'polling' capture mode (the default; ``ours``) and in 'wal' mode (``ours_wal``), or
+faststream-outbox's ``broker.publish`` (its recommended set-up: an ``OutboxBroker`` on its own
+table, the caller's session). Everything runs on one private PostgreSQL 15 cluster this script
+starts on a free port (wal_level = logical, fsync on), in two databases of it: 'wal' mode in
+one, the other variants in the other. Variants are interleaved in rounds; medians are reported
+with the ratios ours / peer.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import multiprocessing as mp
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -31,7 +35,7 @@ from psycopg import sql
 
 from bench.common import write_result
 
-VARIANTS = ("bare", "ours", "faststream_outbox")
+VARIANTS = ("bare", "ours", "ours_wal", "faststream_outbox")
 ROWS_PER_CLIENT = 50
 
 
@@ -57,7 +61,7 @@ def _client(url: str, variant: str, worker: int, seconds: float, out: Any) -> No
             row = worker * ROWS_PER_CLIENT + done % ROWS_PER_CLIENT
             async with sessions() as session, session.begin():
                 await session.execute(update, {"id": row})
-                if variant == "ours":
+                if variant in ("ours", "ours_wal"):
                     await publish_async(session, topic="orders", key=f"k{row}",
                                         payload={"order": done})  # fmt: skip
                 elif variant == "faststream_outbox":
@@ -107,24 +111,36 @@ def _database(admin_url: str) -> tuple[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     import faststream_outbox  # noqa: F401 - fail early with ImportError when it is missing
 
-    name, url = _database(args.url)
-    runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    try:
-        _measure(url, "ours", args.clients, 1.0)  # warm-up, not counted
-        for _ in range(args.rounds):
-            for variant in VARIANTS:
-                runs[variant].append(round(_measure(url, variant, args.clients, args.seconds), 1))
-                print(variant, runs[variant][-1], flush=True)
-    finally:
-        with psycopg.connect(args.url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import harness
+
+    from relay._admin import enable_capture
+
+    with tempfile.TemporaryDirectory(prefix="outbox-bench-peer-") as workdir:
+        server = harness.logical_server(workdir, durable=True)
+        if server is None:
+            sys.exit(harness.LOGICAL_HOW_TO)
+        try:
+            _, url = _database(server.admin_url)
+            _, wal_url = _database(server.admin_url)
+            enable_capture(wal_url, slot="bench_peer")
+            urls = {v: wal_url if v == "ours_wal" else url for v in VARIANTS}
+            runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            _measure(url, "ours", args.clients, 1.0)  # warm-up, not counted
+            _measure(wal_url, "ours_wal", args.clients, 1.0)
+            for _ in range(args.rounds):
+                for variant in VARIANTS:
+                    rate = _measure(urls[variant], variant, args.clients, args.seconds)
+                    runs[variant].append(round(rate, 1))
+                    print(variant, runs[variant][-1], flush=True)
+        finally:
+            server.stop()
     medians = {v: statistics.median(r) for v, r in runs.items()}
     from importlib import metadata
 
@@ -133,13 +149,15 @@ def main() -> None:
         "SQLAlchemy AsyncSession on asyncpg; clients are OS processes",
         "driver": "asyncpg " + metadata.version("asyncpg"),
         "peer": "faststream-outbox " + metadata.version("faststream-outbox"),
-        "capture_mode": "polling (the default; WAL mode needs a server with wal_level=logical)",
+        "server": "private PostgreSQL 15 cluster, wal_level = logical, fsync on",
+        "capture_modes": "ours: 'polling' (the default); ours_wal: 'wal'",
         "clients": args.clients,
         "seconds_per_run": args.seconds,
         "rounds": args.rounds,
         "runs_tx_per_s": runs,
         "medians_tx_per_s": {v: round(m, 1) for v, m in medians.items()},
         "ratio_ours_over_peer": round(medians["ours"] / medians["faststream_outbox"], 3),
+        "ratio_ours_wal_over_peer": round(medians["ours_wal"] / medians["faststream_outbox"], 3),
         "ratio_ours_over_bare": round(medians["ours"] / medians["bare"], 3),
         "ratio_peer_over_bare": round(medians["faststream_outbox"] / medians["bare"], 3),
     }
