@@ -225,7 +225,8 @@ WHERE lease_owner = %(owner)s AND lease_token = ANY(%(tokens)s::uuid[]) AND stat
 
 # outbox_tables_present: the relay's startup probe. Catalog lookups only (no lock, no table
 # access): are the relay's tables there, and is the messages table migrated far enough to
-# carry leases (outbox_0002)? Without it every claim would fail with "relation does not
+# carry leases (outbox_0002) and the write counter (outbox_0012)? Without them every claim (or
+# every reading of the commit watch) would fail with "relation does not
 # exist" and be retried forever.
 _TABLES_PRESENT = """
 SELECT to_regclass({messages_name}) IS NOT NULL
@@ -234,6 +235,7 @@ SELECT to_regclass({messages_name}) IS NOT NULL
        EXISTS (SELECT 1 FROM pg_attribute
                WHERE attrelid = to_regclass({messages_name}) AND attname = 'lease_token'
                  AND NOT attisdropped)
+       AND to_regclass({counter_name}) IS NOT NULL
 """
 
 # outbox_relay_register: at start and every heartbeat. A relay id names one live process;

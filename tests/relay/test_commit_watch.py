@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import psycopg
+import pytest
 from relay_helpers import ClaimRounds, FakePublisher, await_for, config, running
 
 from outbox import Message, publish, publish_batch
@@ -109,3 +110,14 @@ def test_a_batch_and_a_rollback(url: str) -> None:
 
     asyncio.run(go())
     assert sorted(env.key for _, env in pub.log) == [f"b{i}" for i in range(5)]
+
+
+def test_a_relay_refuses_a_database_without_the_write_counter(empty_database_url: str) -> None:
+    from outbox._migrate import upgrade
+    from outbox.exceptions import SchemaNotInstalledError
+
+    upgrade(empty_database_url, revision="outbox_0011")  # before the commit watch's counter
+    relay = Relay(config(empty_database_url), FakePublisher())
+    with pytest.raises(SchemaNotInstalledError, match="predate this relay") as raised:
+        asyncio.run(relay.run())
+    assert "outbox migrate upgrade" in str(raised.value)
