@@ -162,7 +162,9 @@ class Relay:
         if not (tables and leases):
             raise schema_not_installed(
                 self.config.schema,
-                "do not exist" if not tables else "predate this relay (its lease columns, its write counter)",
+                "do not exist"
+                if not tables
+                else "predate this relay (its lease columns, its write counter)",
                 then="then start the relay",
             )
 
