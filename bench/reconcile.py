@@ -45,6 +45,7 @@ from common import write_result
 from outbox._migrate import upgrade
 from spark_ingest import JobConfig, Source, Window, reconcile, spark_session
 from spark_ingest._job import classified_rows, read_sources
+from spark_ingest._transforms import co_partitioned
 
 ADMIN = os.environ.get("OUTBOX_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -153,9 +154,22 @@ def _read_floor(spark: Any, config: JobConfig) -> int:
 
 def _core(spark: Any, config: JobConfig) -> int:
     """(e): the job's classified rows on its own reads, counted per row kind, class and flags."""
-    rows = classified_rows(config, read_sources(spark, config))
-    counts = rows.groupBy("row", "class", "duplicate", "out_of_order").count().collect()
+    with co_partitioned(spark):  # as reconcile plans it
+        rows = classified_rows(config, read_sources(spark, config))
+        counts = rows.groupBy("row", "class", "duplicate", "out_of_order").count().collect()
     return sum(int(r["count"]) for r in counts)
+
+
+def _shuffles(spark: Any, config: JobConfig) -> int:
+    """Shuffles (Exchange nodes) in the physical plan of the job's main pass: the classified
+    rows counted by ``outcome_groups``, as ``reconcile`` runs them (planned, not executed)."""
+    from spark_ingest._job import LATENCY_BUCKETS
+    from spark_ingest._outcomes import outcome_groups
+
+    with co_partitioned(spark):
+        rows = classified_rows(config, read_sources(spark, config))
+        plan = str(outcome_groups(rows, LATENCY_BUCKETS)._jdf.queryExecution().executedPlan())
+    return sum(1 for line in plan.splitlines() if "Exchange " in line)
 
 
 def _exists(name: str) -> bool:
@@ -196,6 +210,7 @@ def run_size(spark: Any, n: int, out: Path, *, reuse: bool = False) -> dict[str,
         )
         night = JobConfig(**{**full.__dict__, "window": Window(
             T0 + dt.timedelta(days=DAYS - 1), T0 + dt.timedelta(days=DAYS))})  # fmt: skip
+        shuffles = _shuffles(spark, full)
         read_s, rows = _timed(lambda: _read_floor(spark, full))
         full_s, result = _timed(lambda: reconcile(spark, full, out))
         core_s, _ = _timed(lambda: _core(spark, full))
@@ -207,6 +222,7 @@ def run_size(spark: Any, n: int, out: Path, *, reuse: bool = False) -> dict[str,
         return {
             "messages": n,
             "rows_read": rows,
+            "main_pass_shuffles": shuffles,
             "seed_s": None if seed_s is None else round(seed_s, 1),
             "a_read_floor_s": round(read_s, 2),
             "b_full_reconcile_s": round(full_s, 2),

@@ -184,6 +184,23 @@ def reconcile(
 ) -> RunResult:
     """Run one reconciliation of ``config.window``; write outputs under ``output_dir/<run>``.
 
+    Its queries are planned under ``_transforms.co_partitioned`` (one shuffle per side for
+    the window and the join); the session's setting is restored afterwards.
+    """
+    with _transforms.co_partitioned(spark):
+        return _reconcile(spark, config, output_dir, record=record, now=now)
+
+
+def _reconcile(
+    spark: SparkSession,
+    config: JobConfig,
+    output_dir: str | Path | None,
+    *,
+    record: bool,
+    now: dt.datetime | None,
+) -> RunResult:
+    """``reconcile``, planned under ``co_partitioned``.
+
     One Spark job does the work: it reads every source once, joins, classifies and counts the
     rows in one aggregation whose small result (the figures, and the few rows that are
     details) is cached; the summary and the details come from that result, and the rest reads
@@ -199,7 +216,15 @@ def reconcile(
     rows = classified_rows(config, reads)
     # The one expensive pass: read every source once, join, classify, count. Its result is a
     # few rows plus one per detail row: cached, it is all the rest reads.
-    groups = _outcomes.outcome_groups(rows, LATENCY_BUCKETS).persist(StorageLevel.MEMORY_AND_DISK)
+    # A cached plan keeps its shuffle partitions (AQE does not coalesce them), so the small
+    # result would be read by spark.sql.shuffle.partitions tiny tasks in every job after the
+    # pass: merged (no shuffle) into one partition per core instead.
+    cores = max(1, spark.sparkContext.defaultParallelism)
+    groups = (
+        _outcomes.outcome_groups(rows, LATENCY_BUCKETS)
+        .coalesce(cores)
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
     target = None if output_dir is None else Path(output_dir) / str(run_id)
     # Everything is written under a partial directory and renamed to ``target`` last, once the
     # run is recorded: a run that fails half-way publishes nothing that looks finished.

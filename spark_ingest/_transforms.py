@@ -10,13 +10,15 @@ Inputs (column names as the readers produce them):
 The job evaluates everything in ONE pass over the sources: ``reconcile_rows`` joins the outbox
 rows read (one row per expected consumer) with the inbox rows in a single full outer join, so the
 same shuffle yields the classified pairs and the phantom candidates; ``_outcomes`` then counts
-them in one aggregation that also keeps the detail rows.
+them in one aggregation that also keeps the detail rows. Each side is shuffled once, on a hash of
+(topic, key), which both the out-of-order window and the join use.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, Window
@@ -26,12 +28,39 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
+    "CO_PARTITION_CONF",
     "classify",
+    "co_partitioned",
     "daily_counts",
     "judged_outbox",
     "reconcile_rows",
     "subscriptions_frame",
 ]
+
+
+#: Spark's guard against co-partitioning on a subset of the join keys (default true: a join is
+#: only planned without a shuffle when its sides are hash-partitioned on ALL its keys).
+CO_PARTITION_CONF = "spark.sql.requireAllClusterKeysForCoPartition"
+
+
+@contextmanager
+def co_partitioned(spark: SparkSession) -> Iterator[None]:
+    """Plan the queries run inside with ``CO_PARTITION_CONF`` false, then restore it.
+
+    ``reconcile_rows`` partitions both sides on a hash of (topic, key) alone, a subset of its
+    join keys: only with this setting false does the join reuse that partitioning instead of
+    shuffling both sides again (the skew the guard is there for is the window's anyway: it
+    needs every row of a consumer, topic and key in one partition). The setting is read when
+    a query is planned, that is at its first action."""
+    before = spark.conf.get(CO_PARTITION_CONF, None)
+    spark.conf.set(CO_PARTITION_CONF, "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(CO_PARTITION_CONF)
+        else:
+            spark.conf.set(CO_PARTITION_CONF, before)
 
 
 def subscriptions_frame(
@@ -80,14 +109,19 @@ def _class(deadline: dt.datetime) -> Column:
     )
 
 
-def _processed_out_of_order() -> Column:
+def _processed_out_of_order(
+    consumer: str = "consumer", topic: str = "topic", key: str = "key", hashed: str | None = None
+) -> Column:
     """On inbox rows: True when a processed row's seq is below one that the same consumer
-    processed before it (by processed_at, then seq) for the same topic and key."""
+    processed before it (by processed_at, then seq) for the same topic and key.
+
+    ``hashed``: a column holding ``xxhash64(topic, key)`` (the rows are partitioned on it, so
+    the window needs no shuffle of its own); without it the hash is computed here."""
     # The 64-bit hash leads the partition keys only to make the sort cheap (it compares one
     # long before any string); the string keys that follow keep the groups exact.
-    group = ("consumer", "topic", "key")
+    lead = F.xxhash64(topic, key) if hashed is None else F.col(hashed)
     w = (
-        Window.partitionBy(F.xxhash64(*group), *group)
+        Window.partitionBy(lead, consumer, topic, key)
         .orderBy("processed_at", "seq")
         .rowsBetween(Window.unboundedPreceding, -1)
     )
@@ -147,10 +181,23 @@ def reconcile_rows(
     on the narrow inbox rows and once). Rows with ``row = 'candidate'``: inbox rows
     received in ``[start, end)`` that matched no pair (the message was not read, or the consumer
     is not expected to process its topic): phantom candidates, to be confirmed by the caller.
+
+    An inbox row matches its pair on (message id, consumer) and on the message's topic and key,
+    which it copies from the message: one hash partitioning on (topic, key) then serves the
+    window and the join, with one shuffle per side, when the plan is made under
+    ``co_partitioned`` (else the join shuffles both sides again). An inbox row carrying
+    another topic or key than its message's is a candidate (found in the outbox, so not a
+    phantom), and its pair has no inbox row.
     """
     judged = _between("created_at", start, end)
     if xmin is not None:
         judged = judged & (F.col("tx_id") < F.lit(xmin))
+    # Both sides are hash-partitioned ONCE, on the same column: the 64-bit hash of (topic, key).
+    # The out-of-order window (per consumer, topic and key) and the join (whose keys include
+    # topic and key) are then both satisfied by that partitioning, so neither adds a shuffle
+    # (EnsureRequirements: a hash partitioning on a subset of the keys satisfies them, and the
+    # two sides are co-partitioned on the same key position). The outbox rows are shuffled
+    # before they are expanded per expected consumer: half the rows of an expansion first.
     msgs = outbox.select(
         "id",
         "topic",
@@ -161,12 +208,28 @@ def reconcile_rows(
         _due().alias("due_at"),
         "published_at",
         judged.alias("judged"),
-    ).select("*", F.posexplode_outer(_expected(subscriptions)).alias("pos", "consumer"))
+        F.xxhash64("topic", "key").alias("pk"),
+    ).repartition("pk")
+    msgs = msgs.select("*", F.posexplode_outer(_expected(subscriptions)).alias("pos", "consumer"))
     msgs = msgs.select(
         *(c for c in msgs.columns if c != "pos"),
         F.coalesce(F.col("pos") == 0, F.lit(True)).alias("first"),
     )
-    ib = inbox.select(
+    narrow = inbox.select(
+        "consumer",
+        "message_id",
+        "topic",
+        "key",
+        "seq",
+        "status",
+        "attempts",
+        "duplicates",
+        "received_at",
+        "processed_at",
+        F.xxhash64("topic", "key").alias("pk"),
+    ).repartition("pk")
+    ib = narrow.select(
+        F.col("pk").alias("i_pk"),
         F.col("consumer").alias("i_consumer"),
         F.col("message_id").alias("i_id"),
         F.col("topic").alias("i_topic"),
@@ -177,9 +240,17 @@ def reconcile_rows(
         F.col("duplicates").alias("inbox_duplicates"),
         "received_at",
         "processed_at",
-        _processed_out_of_order().alias("i_out_of_order"),
+        _processed_out_of_order(hashed="pk").alias("i_out_of_order"),
     )
-    cond = (msgs["id"] == ib["i_id"]) & (msgs["consumer"] == ib["i_consumer"])
+    # An inbox row matches its message on (id, consumer) and on the message's topic and key,
+    # which every inbox row copies from the message it received.
+    cond = (
+        (msgs["pk"] == ib["i_pk"])
+        & (msgs["id"] == ib["i_id"])
+        & (msgs["consumer"] == ib["i_consumer"])
+        & msgs["topic"].eqNullSafe(ib["i_topic"])
+        & msgs["key"].eqNullSafe(ib["i_key"])
+    )
     joined = msgs.join(ib, cond, "full_outer")
     is_pair = F.col("id").isNotNull()
     rows = joined.select(

@@ -87,3 +87,43 @@ def test_time_predicates_split_the_window_and_run_the_last_range_on_to_until() -
         preds[0],
         preds[1].replace(until.isoformat(), end.isoformat()),
     ]
+
+
+def _exchanges(df: Any) -> list[str]:
+    plan = str(df._jdf.queryExecution().executedPlan().toString())
+    return [line.strip() for line in plan.splitlines() if "Exchange " in line]
+
+
+def test_window_and_join_share_one_shuffle_per_side(spark: Any) -> None:
+    # Both sides are hash-partitioned once on xxhash64(topic, key): the out-of-order window
+    # (consumer, topic, key) and the join (pk, id, consumer, topic, key) reuse it, and the one
+    # aggregation adds the only other shuffle.
+    from spark_ingest._job import LATENCY_BUCKETS
+    from spark_ingest._outcomes import outcome_groups
+    from spark_ingest._transforms import CO_PARTITION_CONF, co_partitioned, reconcile_rows
+
+    outbox = spark.createDataFrame([("m1", "t", "k", 1, "published", T0, T0, _pub(1), 10)], OUTBOX)
+    inbox = spark.createDataFrame([("c", "m1", "t", "k", 1, _pub(2), _pub(2), 1, 0, "processed")],
+                                  INBOX)  # fmt: skip
+    before = spark.conf.get(CO_PARTITION_CONF)
+    with co_partitioned(spark):
+        rows = reconcile_rows(outbox, inbox, {"t": ["c"]}, AS_OF, dt.timedelta(hours=1))
+        exchanges = _exchanges(outcome_groups(rows, LATENCY_BUCKETS))
+        assert [r["class"] for r in rows.collect()] == ["delivered"]
+    assert spark.conf.get(CO_PARTITION_CONF) == before
+    assert len(exchanges) == 3, exchanges
+    assert sum("hashpartitioning(pk" in e for e in exchanges) == 2, exchanges
+    # Planned without it, the join shuffles both sides again.
+    again = reconcile_rows(outbox, inbox, {"t": ["c"]}, AS_OF, dt.timedelta(hours=1))
+    assert len(_exchanges(outcome_groups(again, LATENCY_BUCKETS))) == 5
+
+
+def test_an_inbox_row_with_another_key_is_no_delivery_of_the_message(spark: Any) -> None:
+    from spark_ingest._transforms import reconcile_rows
+
+    outbox = spark.createDataFrame([("m1", "t", "k", 1, "published", T0, T0, _pub(1), 10)], OUTBOX)
+    inbox = spark.createDataFrame([("c", "m1", "t", "other", 1, _pub(2), _pub(2), 1, 0,
+                                    "processed")], INBOX)  # fmt: skip
+    rows = reconcile_rows(outbox, inbox, {"t": ["c"]}, AS_OF, dt.timedelta(hours=1))
+    got = sorted((r["row"], r["class"]) for r in rows.collect())
+    assert got == [("candidate", None), ("pair", "lost")]
