@@ -24,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,8 @@ from sqlalchemy import make_url
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import write_result
+from write_overhead import _with_db, prepare_database
 
-from outbox._migrate import upgrade
 from outbox._statements import producer_statements
 
 _BUSINESS = (
@@ -97,24 +96,11 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("pgbench") is None:
         sys.exit("pgbench is not installed (Debian: postgresql-client)")
-    name = f"outbox_floor_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(args.url).set(database=name).render_as_string(hide_password=False)
+    # the tables and migrations of bench/write_overhead.py, so both run the same transactions
+    name = prepare_database(args.url)
+    url = _with_db(args.url, name)
     results: dict[str, Any] = {}
     try:
-        upgrade(url)
-        with psycopg.connect(url) as conn:
-            conn.execute(
-                "CREATE TABLE bench_orders (id uuid PRIMARY KEY, customer text NOT NULL, "
-                "total numeric NOT NULL, notes text NOT NULL, "
-                "created_at timestamptz NOT NULL DEFAULT now())"
-            )
-            conn.execute(
-                "CREATE TABLE bench_naive_outbox (id bigserial PRIMARY KEY, topic text NOT NULL, "
-                "key text NOT NULL, payload jsonb NOT NULL, "
-                "created_at timestamptz NOT NULL DEFAULT now())"
-            )
         with tempfile.TemporaryDirectory() as tmp:
             files = {}
             for variant, text in SCRIPTS.items():

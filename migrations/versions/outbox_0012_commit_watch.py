@@ -67,6 +67,21 @@ def _counter(schema: str | None) -> str:
     return f'"{schema}".outbox_write_counter' if schema else "outbox_write_counter"
 
 
+def _replace_publish(text: str, names: dict[str, str], **extra: str) -> None:
+    """Drop ``outbox_publish`` and create it from ``text``. A default cannot be changed in
+    place; the signature is the same, and EXECUTE is PUBLIC by default (grants are given again
+    by `outbox migrate grants`)."""
+    op.execute(
+        f"DROP FUNCTION {names['fn']}outbox_publish"
+        "(text, text, jsonb, jsonb, text, interval, text, integer, boolean)"
+    )
+    op.execute(
+        text.replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION", 1).format(
+            **names, capture=f"{names['fn']}outbox_capture", **extra
+        )
+    )
+
+
 def upgrade() -> None:
     schema = configured_schema(op.get_context().config)
     counter = _counter(schema)
@@ -75,31 +90,11 @@ def upgrade() -> None:
     if text.count(_ANCHOR) != 1 or text.count(_DEFAULT_ON) != 1:
         raise RuntimeError("outbox_0012: outbox_publish of outbox_0010 changed; fix the anchor")
     text = text.replace(_ANCHOR, _BUMP + _ANCHOR, 1).replace(_DEFAULT_ON, _DEFAULT_OFF, 1)
-    names = names_of(schema)
-    # A default cannot be changed in place: drop and create (same signature, same grants
-    # are given again by `outbox migrate grants`; EXECUTE is PUBLIC by default).
-    op.execute(
-        f"DROP FUNCTION {names['fn']}outbox_publish"
-        "(text, text, jsonb, jsonb, text, interval, text, integer, boolean)"
-    )
-    op.execute(
-        text.replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION", 1).format(
-            **names, capture=f"{names['fn']}outbox_capture", counter=counter
-        )
-    )
+    _replace_publish(text, names_of(schema), counter=counter)
 
 
 def downgrade() -> None:
     schema = configured_schema(op.get_context().config)
     text, names_of = _previous()
-    names = names_of(schema)
-    op.execute(
-        f"DROP FUNCTION {names['fn']}outbox_publish"
-        "(text, text, jsonb, jsonb, text, interval, text, integer, boolean)"
-    )
-    op.execute(
-        text.replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION", 1).format(
-            **names, capture=f"{names['fn']}outbox_capture"
-        )
-    )
+    _replace_publish(text, names_of(schema))
     op.execute(f"DROP SEQUENCE {_counter(schema)}")

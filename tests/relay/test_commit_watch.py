@@ -7,6 +7,7 @@ watch (relay/_watch.py) can wake it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -30,21 +31,30 @@ async def _idle(relay: Relay, rounds: ClaimRounds) -> None:
     )
 
 
-def test_a_commit_wakes_the_relay_without_a_notification(url: str) -> None:
+def _woken(url: str, work: Callable[[], None], expected: int) -> list[str]:
+    """Run ``work`` (it commits messages) beside an idle relay that only its watch can wake;
+    the keys published, once ``expected`` messages are."""
     relay, pub, rounds = _relay(url)
 
+    async def go() -> None:
+        async with running(relay):
+            await _idle(relay, rounds)
+            await asyncio.to_thread(work)
+            await await_for(
+                lambda: len(pub.log) == expected, within=5.0, what="woken by the watch"
+            )
+
+    asyncio.run(go())
+    return [env.key for _, env in pub.log]
+
+
+def test_a_commit_wakes_the_relay_without_a_notification(url: str) -> None:
     def commit() -> None:
         with psycopg.connect(url) as conn:
             publish(conn, topic="t", key="k", payload=1)  # wakeup defaults to off
             conn.commit()
 
-    async def go() -> None:
-        async with running(relay):
-            await _idle(relay, rounds)
-            await asyncio.to_thread(commit)
-            await await_for(lambda: len(pub.log) == 1, within=5.0, what="woken by the watch")
-
-    asyncio.run(go())
+    assert _woken(url, commit, 1) == ["k"]
 
 
 def test_a_writer_that_commits_long_after_publishing_is_seen(url: str) -> None:
@@ -75,26 +85,15 @@ def test_a_writer_that_commits_long_after_publishing_is_seen(url: str) -> None:
 
 
 def test_a_sql_publish_wakes_the_relay(url: str) -> None:
-    relay, pub, rounds = _relay(url)
-
     def commit() -> None:
         with psycopg.connect(url) as conn:
             conn.execute("SELECT outbox_publish('t', 'sql', '{\"n\": 1}'::jsonb)")
             conn.commit()
 
-    async def go() -> None:
-        async with running(relay):
-            await _idle(relay, rounds)
-            await asyncio.to_thread(commit)
-            await await_for(lambda: len(pub.log) == 1, within=5.0, what="woken by the watch")
-
-    asyncio.run(go())
-    assert pub.log[0][1].key == "sql"
+    assert _woken(url, commit, 1) == ["sql"]
 
 
 def test_a_batch_and_a_rollback(url: str) -> None:
-    relay, pub, rounds = _relay(url)
-
     def work() -> None:
         with psycopg.connect(url) as conn:
             publish_batch(conn, [Message(topic="t", key="gone", payload=0)])
@@ -102,14 +101,7 @@ def test_a_batch_and_a_rollback(url: str) -> None:
             publish_batch(conn, [Message(topic="t", key=f"b{i}", payload=i) for i in range(5)])
             conn.commit()
 
-    async def go() -> None:
-        async with running(relay):
-            await _idle(relay, rounds)
-            await asyncio.to_thread(work)
-            await await_for(lambda: len(pub.log) == 5, within=5.0, what="the batch")
-
-    asyncio.run(go())
-    assert sorted(env.key for _, env in pub.log) == [f"b{i}" for i in range(5)]
+    assert sorted(_woken(url, work, 5)) == [f"b{i}" for i in range(5)]
 
 
 def test_a_relay_refuses_a_database_without_the_write_counter(empty_database_url: str) -> None:

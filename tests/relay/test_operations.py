@@ -56,6 +56,13 @@ def test_config_merges_file_env_flags_and_validates(tmp_path: Path) -> None:
         ('database_url = "x"\n[default]\nsemantics = "effectively-once"\n', {}, "dedup"),
         ('database_url = "x"\n', {"OUTBOX_RELAY_LEASE_SECONDS": "nan"}, "lease_seconds must"),
         ('database_url = "x"\n', {"OUTBOX_RELAY_LISTEN": "maybe"}, "OUTBOX_RELAY_LISTEN"),
+        ('database_url = "x"\nwatch = "on"\n', {}, "watch must be true or false"),
+        ('database_url = "x"\nwatch_interval = 0\n', {}, "watch_interval must be a finite"),
+        (
+            'database_url = "x"\nwatch_interval = 0.1\nwatch_idle_interval = 0.05\n',
+            {},
+            "watch_idle_interval must be a number of seconds >= watch_interval (0.1)",
+        ),
     ],
 )
 def test_config_errors_name_the_setting(
