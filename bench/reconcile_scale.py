@@ -27,137 +27,34 @@ import datetime as dt
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from common import write_result
 from reconcile import DAYS, T0, _databases, _drop, _read_floor
+from spark_standalone import standalone
 
 from spark_ingest import JobConfig, Source, Window, reconcile, spark_session
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
-
-
 @contextmanager
-def standalone(workers: int, root: Path, memory: str = "4g") -> Iterator[dict[str, Any]]:
-    """A master and ``workers`` one-core workers; yields the master URL and the driver's env."""
-    import pyspark
-
-    spark_home = Path(pyspark.__file__).resolve().parent
-    spark_class = spark_home / "bin" / "spark-class"
-    conf_dir = root / "conf"
-    conf_dir.mkdir(parents=True, exist_ok=True)
-    (conf_dir / "spark-defaults.conf").write_text(
-        "spark.driver.host 127.0.0.1\nspark.driver.bindAddress 127.0.0.1\n"
-    )
-    port, webui, *worker_ui = _free_ports(2 + workers)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
-    env |= {
-        "SPARK_HOME": str(spark_home),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_CONF_DIR": str(conf_dir),
-        "PYSPARK_PYTHON": sys.executable,
-        "SPARK_DAEMON_MEMORY": "256m",
-    }
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(name: str, args: list[str], extra: dict[str, str]) -> None:
-        with (root / f"{name}.log").open("wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    [str(spark_class), *args],
-                    env=env | extra,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-
-    master = f"spark://127.0.0.1:{port}"
-    try:
-        start(
-            "master",
-            [
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--webui-port",
-                str(webui),
-            ],
-            {"SPARK_LOCAL_DIRS": str(root / "master-local")},
-        )
-        for i, ui in enumerate(worker_ui):
-            work = root / f"worker{i}"
-            start(
-                f"worker{i}",
-                [
-                    "org.apache.spark.deploy.worker.Worker",
-                    master,
-                    "--cores",
-                    "1",
-                    "--memory",
-                    memory,
-                    "--host",
-                    "127.0.0.1",
-                    "--webui-port",
-                    str(ui),
-                    "--work-dir",
-                    str(work),
-                ],
-                {"SPARK_WORKER_DIR": str(work), "SPARK_LOCAL_DIRS": str(root / f"l{i}")},
-            )
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{webui}/json/", timeout=5) as r:
-                    state = json.load(r)
-                alive = [w for w in state["workers"] if w["state"] == "ALIVE"]
-            except (OSError, ValueError):
-                alive = []
-            if len(alive) == workers:
-                break
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"standalone cluster did not start; logs in {root}")
-            time.sleep(0.5)
-        # The driver runs in this process: it binds where spark-defaults.conf says.
-        os.environ["SPARK_CONF_DIR"] = str(conf_dir)
+def cluster_of(workers: int, root: Path, memory: str = "4g") -> Iterator[dict[str, Any]]:
+    """A master and ``workers`` one-core workers (tests/spark_standalone.py); yields the master
+    URL and the web UI. The driver runs in this process: it binds where the cluster's
+    spark-defaults.conf says."""
+    with standalone(root, workers=workers, worker_memory=memory) as cluster:
+        os.environ["SPARK_CONF_DIR"] = cluster.driver_env["SPARK_CONF_DIR"]
         os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-        yield {"master": master, "webui": f"http://127.0.0.1:{webui}"}
-    finally:
-        for proc in reversed(procs):
-            _stop(proc)
+        yield {"master": cluster.master_url, "webui": cluster.webui}
 
 
 def _postgres_cpu() -> float:
@@ -316,7 +213,7 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     root = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     try:
-        with standalone(2, root) as cluster:
+        with cluster_of(2, root) as cluster:
             for n in (int(s) for s in args.sizes.split(",")):
                 names, urls, seed_s = _databases(n, args.reuse)
                 try:
