@@ -285,7 +285,7 @@ WHERE h.role = 'dead'
   AND (%(consumer)s::text IS NULL OR h.consumer = %(consumer)s::text)
   AND (%(topic)s::text IS NULL OR h.topic = %(topic)s::text)
   AND (%(key)s::text IS NULL OR h.key = %(key)s::text)
-  AND (cardinality(%(ids)s::uuid[]) = 0 OR h.message_id = ANY(%(ids)s::uuid[]))
+  AND (cardinality(%(ids)b::uuid[]) = 0 OR h.message_id = ANY(%(ids)b::uuid[]))
 ORDER BY h.held_at, h.consumer, h.topic, h.key
 LIMIT %(limit)s
 """
@@ -302,7 +302,7 @@ WITH chosen AS (
       AND (%(consumer)s::text IS NULL OR h.consumer = %(consumer)s::text)
       AND (%(topic)s::text IS NULL OR h.topic = %(topic)s::text)
       AND (%(key)s::text IS NULL OR h.key = %(key)s::text)
-      AND (cardinality(%(ids)s::uuid[]) = 0 OR h.message_id = ANY(%(ids)s::uuid[]))
+      AND (cardinality(%(ids)b::uuid[]) = 0 OR h.message_id = ANY(%(ids)b::uuid[]))
     ORDER BY h.consumer, h.topic, h.key, h.seq
     LIMIT %(limit)s
     FOR UPDATE OF h
@@ -332,7 +332,7 @@ LIMIT %(limit)s
 _PURGE_BATCH = """
 WITH doomed AS (
     SELECT consumer, message_id FROM {messages}
-    WHERE received_at < %(before)s AND status = ANY(%(statuses)s::text[])
+    WHERE received_at < %(before)s AND status = ANY(%(statuses)b::text[])
       AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
     ORDER BY received_at
     LIMIT %(batch_size)s
@@ -345,7 +345,7 @@ WHERE m.consumer = d.consumer AND m.message_id = d.message_id
 # inbox_processed_ids: which of the given ids this consumer has finished (testing helper).
 _FINISHED = """
 SELECT message_id FROM {messages}
-WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)s::uuid[])
+WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)b::uuid[])
   AND status IN ('processed', 'stale', 'dead')
 """
 
@@ -392,7 +392,7 @@ ON CONFLICT ON CONSTRAINT {kafka_offsets_pkey} DO UPDATE
 # inbox_kafka_offsets_read: where to resume each assigned partition.
 _KAFKA_OFFSETS_READ = """
 SELECT topic, partition, next_offset FROM {kafka_offsets}
-WHERE consumer = %(consumer)s AND topic = ANY(%(topics)s::text[])
+WHERE consumer = %(consumer)s AND topic = ANY(%(topics)b::text[])
 """
 
 # --- Batches (runner.handle_batch): one statement per step for the whole batch ---------------
@@ -406,7 +406,7 @@ WHERE consumer = %(consumer)s AND topic = ANY(%(topics)s::text[])
 _RECORD_BATCH = """
 INSERT INTO {messages} AS i (consumer, message_id, topic, key, seq, processed_at, status)
 SELECT %(consumer)s, m.id, m.topic, m.key, m.seq, clock_timestamp(), 'processed'
-FROM unnest(%(ids)s::uuid[], %(topics)s::text[], %(keys)s::text[], %(seqs)s::bigint[])
+FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(keys)b::text[], %(seqs)b::bigint[])
      AS m(id, topic, key, seq)
 ORDER BY m.id
 ON CONFLICT ON CONSTRAINT {messages_pkey} DO UPDATE
@@ -419,7 +419,7 @@ RETURNING i.message_id
 _NOTE_DUPLICATES = """
 UPDATE {messages}
 SET attempts = attempts + (status <> 'parked')::int, duplicates = duplicates + 1
-WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)s::uuid[])
+WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)b::uuid[])
 RETURNING message_id, status
 """
 
@@ -427,7 +427,7 @@ RETURNING message_id, status
 _POSITIONS_LOCK = """
 INSERT INTO {positions} AS p (consumer, topic, key, last_seq)
 SELECT %(consumer)s, k.topic, k.key, 0
-FROM unnest(%(topics)s::text[], %(keys)s::text[]) AS k(topic, key)
+FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
 ORDER BY k.topic, k.key
 ON CONFLICT ON CONSTRAINT {positions_pkey} DO UPDATE SET last_seq = p.last_seq
 RETURNING p.topic, p.key, p.last_seq, p.held_seq
@@ -438,14 +438,14 @@ RETURNING p.topic, p.key, p.last_seq, p.held_seq
 _POSITIONS_ADVANCE = """
 UPDATE {positions} AS p
 SET last_seq = v.seq, updated_at = clock_timestamp(), blocked_since = NULL
-FROM unnest(%(topics)s::text[], %(keys)s::text[], %(seqs)s::bigint[]) AS v(topic, key, seq)
+FROM unnest(%(topics)b::text[], %(keys)b::text[], %(seqs)b::bigint[]) AS v(topic, key, seq)
 WHERE p.consumer = %(consumer)s AND p.topic = v.topic AND p.key = v.key
 """
 
 # inbox_mark_stale_batch: inbox_mark_stale for the batch's stale messages.
 _MARK_STALE_BATCH = """
 UPDATE {messages} SET status = 'stale'
-WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)s::uuid[])
+WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)b::uuid[])
 """
 
 # inbox_forget_batch: inbox_forget for the batch's messages ahead of a gap: their records go,
@@ -455,11 +455,11 @@ WITH noted AS (
     UPDATE {positions} AS p
     SET waiting_seq = v.seq, out_of_order = p.out_of_order + v.refused,
         blocked_since = coalesce(p.blocked_since, clock_timestamp())
-    FROM unnest(%(topics)s::text[], %(keys)s::text[], %(seqs)s::bigint[], %(refused)s::int[])
+    FROM unnest(%(topics)b::text[], %(keys)b::text[], %(seqs)b::bigint[], %(refused)b::int[])
          AS v(topic, key, seq, refused)
     WHERE p.consumer = %(consumer)s AND p.topic = v.topic AND p.key = v.key
 )
-DELETE FROM {messages} WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)s::uuid[])
+DELETE FROM {messages} WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)b::uuid[])
 """
 
 

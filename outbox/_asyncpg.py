@@ -1,11 +1,12 @@
 """Running our statements on asyncpg, the driver behind ``postgresql+asyncpg://`` engines.
 
 The statement registries (``outbox/_sql.py``) render psycopg texts: ``%(name)s`` placeholders
-and ``%%`` for a literal ``%``. :class:`AsyncpgConnection` wraps the asyncpg connection behind
-a SQLAlchemy ``AsyncSession`` / ``AsyncConnection`` and offers the few psycopg operations the
-async write paths use (``execute``, ``cursor()``, ``fetchone``/``fetchall``, ``description``,
-``rowcount``), so ``publish_async`` and the inbox's async calls run the same statements, with
-the same locks and the same guarantees, on either driver. psycopg stays the fast path: nothing
+(``%(name)b`` where psycopg sends a binary array) and ``%%`` for a literal ``%``.
+:class:`AsyncpgConnection` wraps the asyncpg connection behind a SQLAlchemy ``AsyncSession`` /
+``AsyncConnection`` and offers the few psycopg operations the async write paths use
+(``execute``, ``cursor()``, ``fetchone``/``fetchall``, ``description``, ``rowcount``), so
+``publish_async`` and the inbox's async calls run the same statements, with the same locks and
+the same guarantees, on either driver. psycopg stays the fast path: nothing
 here runs for a psycopg connection.
 
 * Placeholders become ``$1``, ``$2`` ... once per statement text (cached); a name used twice
@@ -40,7 +41,7 @@ from psycopg.types.json import Json, Jsonb
 
 __all__ = ["AsyncpgConnection", "adapt", "is_asyncpg", "libpq_conninfo", "positional"]
 
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+_PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]|%%")
 
 
 @lru_cache(maxsize=256)

@@ -54,9 +54,9 @@ _INSERT = """
 WITH input AS (
     SELECT *
     FROM unnest(
-        %(ids)s::uuid[], %(topics)s::text[], %(keys)s::text[], %(headers)s::jsonb[],
-        %(payloads)s::bytea[], %(content_types)s::text[], %(traceparents)s::text[],
-        %(available_ats)s::timestamptz[]
+        %(ids)b::uuid[], %(topics)b::text[], %(keys)b::text[], %(headers)s::jsonb[],
+        %(payloads)b::bytea[], %(content_types)b::text[], %(traceparents)b::text[],
+        %(available_ats)b::timestamptz[]
     ) WITH ORDINALITY
         AS t(id, topic, key, headers, payload, content_type, traceparent, available_at, ord)
 ),
@@ -143,12 +143,12 @@ _GUARD = "WHERE NOT EXISTS (SELECT 1 FROM {messages} AS e WHERE e.id = %(id)s)"
 _IDEMPOTENCY_LOCK = """
 WITH held AS (
     INSERT INTO {sequences} AS s (topic, key, last_seq)
-    SELECT t, k, 0 FROM unnest(%(row_topics)s::text[], %(row_keys)s::text[]) AS u(t, k)
+    SELECT t, k, 0 FROM unnest(%(row_topics)b::text[], %(row_keys)b::text[]) AS u(t, k)
     ORDER BY t, k
     ON CONFLICT (topic, key) DO UPDATE SET last_seq = s.last_seq
     RETURNING 1
 )
-SELECT pg_advisory_xact_lock(3084, k) FROM unnest(%(lock_keys)s::int4[]) AS k
+SELECT pg_advisory_xact_lock(3084, k) FROM unnest(%(lock_keys)b::int4[]) AS k
 WHERE (SELECT count(*) FROM held) >= 0
 ORDER BY k
 """
@@ -161,7 +161,7 @@ ORDER BY k
 # transaction. Rolled back, they are never decoded.
 _WAL_EMIT = """
 SELECT pg_logical_emit_message(true, {prefix}, u.record)
-FROM {capture} AS c, unnest(%(records)s::bytea[]) WITH ORDINALITY AS u(record, ord)
+FROM {capture} AS c, unnest(%(records)b::bytea[]) WITH ORDINALITY AS u(record, ord)
 WHERE c.mode = 'wal'
 ORDER BY u.ord
 """
@@ -220,7 +220,7 @@ producer_statements = registry(
 # for --dry-run and for the report of what was already pending or missing. A primary-key probe
 # per id.
 _REDRIVE_PREVIEW = """
-SELECT id::text, status FROM {messages} WHERE id = ANY(%(ids)s::uuid[])
+SELECT id::text, status FROM {messages} WHERE id = ANY(%(ids)b::uuid[])
 """
 
 # outbox_redrive: set the given ids back to pending, available now, with one audit row each
@@ -243,7 +243,7 @@ _REDRIVE = """
 WITH requeued AS (
     UPDATE {messages}
        SET status = 'pending', available_at = clock_timestamp(), published_at = NULL
-     WHERE id = ANY(%(ids)s::uuid[]) AND status <> 'pending'
+     WHERE id = ANY(%(ids)b::uuid[]) AND status <> 'pending'
     RETURNING id, topic, key, seq, last_error
 )
 INSERT INTO {audit} (actor, action, message_id, topic, key, seq, last_error, reason)

@@ -11,9 +11,11 @@ transactions, in ONE database transaction, it:
    the counter rows stay locked until the batch commits);
 3. sends them to the broker, except messages that must wait: delayed ones (``available_at``
    in the future) and those of keys with an earlier row the polling loop still has to publish;
-4. records every message in ``outbox_messages``: 'published', or 'pending' for the polling
-   loop (which keeps running in this mode and owns retries, dead letters and delays);
-5. commits, and only then confirms the batch's end to the slot.
+4. records every message in ``outbox_messages`` while the broker confirms the sends (the two
+   overlap): 'published', or 'pending' for the polling loop (which keeps running in this mode
+   and owns retries, dead letters and delays); a send the broker refused turns its row, and
+   its key's later rows of the batch, back to 'pending';
+5. commits, waiting for the flush, and only then confirms the batch's end to the slot.
 
 A crash anywhere before the commit rolls the numbering back, and the slot sends the same
 transactions again from its confirmed position: they get the same seqs and ids (a broker that
@@ -23,6 +25,8 @@ after the commit and before the confirmation decodes the batch again, and step 1
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import datetime as dt
 import json
 import logging
@@ -122,7 +126,9 @@ class WalCapture:
             if not (row and row[0]):
                 await self._state.sleep(RECHECK_SECONDS)  # a standby: another relay captures
                 return
-            stream = ReplicationStream(config.database_url, slot, publication)
+            stream = ReplicationStream(
+                config.database_url, slot, publication, buffer=max(4 * config.batch_size, 1000)
+            )
             await stream.start()
             self.capturing = True
             if not draining:
@@ -162,6 +168,11 @@ class WalCapture:
         stmts = self._stmts
         metrics = self._dispatcher.metrics
         async with self._pool.connection() as conn, conn.transaction():
+            # The slot is confirmed right after this commit, so the commit must be on disk
+            # first: the relay's sessions otherwise commit without waiting for the flush
+            # (relay_session), and a slot position saved ahead of a lost commit would skip
+            # the batch after a server crash.
+            await conn.execute(stmts.capture_durable)
             ids = [d.record.id for d in batch]
             cur = await conn.execute(stmts.capture_known, {"ids": ids})
             known = {r[0] for r in await cur.fetchall()}
@@ -171,31 +182,32 @@ class WalCapture:
             await self._number(conn, batch)
             waiting = await self._waiting_keys(conn, batch)
             to_send = self._hold_back(batch, waiting)
-            envelopes = [_envelope(d) for d in to_send]
-            results, unreachable = await self._dispatcher.publish(
-                envelopes, time.monotonic() + self._config.publish_timeout
+            # The database and the broker overlap: the rows are written as if every send
+            # succeeds while the broker confirms them; a failed send is put right below.
+            # Nothing commits before both are done.
+            sending = asyncio.ensure_future(
+                self._dispatcher.publish(
+                    [_envelope(d) for d in to_send],
+                    time.monotonic() + self._config.publish_timeout,
+                )
             )
+            try:
+                await conn.execute(stmts.capture_record, _record_params(batch))
+            finally:
+                results, unreachable = await sending
             if unreachable and results:
                 # The broker is down: the polling loop pauses too, and the messages wait for
                 # it as pending rows. An outage is never a message's attempt (as in polling).
                 self._dispatcher.pause(results[0])
-            failed_keys: set[tuple[str, str]] = set()
-            for d, result in zip(to_send, results, strict=True):
-                key = (d.record.topic, d.record.key)
-                if result is not None or key in failed_keys:
-                    # the polling loop retries it, with the relay's backoff and dead letters;
-                    # the key's later messages of the batch stay behind it
-                    failed_keys.add(key)
-                    d.status = "pending"
-                    if result is not None:
-                        d.attempts = 0 if unreachable else 1
-                        d.error = f"{type(result).__name__}: {result}"
-            await conn.execute(stmts.capture_record, _record_params(batch))
-        for d in batch:
-            if d.status == "published":
-                metrics.published.labels(d.record.topic).inc()
-            elif d.error is not None:
-                metrics.failed.labels(d.record.topic).inc()
+            unsent = _unsent(to_send, results, unreachable)
+            if unsent:
+                await conn.execute(stmts.capture_unsent, _unsent_params(unsent))
+        published = collections.Counter(d.record.topic for d in batch if d.status == "published")
+        failed = collections.Counter(d.record.topic for d in batch if d.error is not None)
+        for topic, n in published.items():
+            metrics.published.labels(topic).inc(n)
+        for topic, n in failed.items():
+            metrics.failed.labels(topic).inc(n)
         metrics.batch_seconds.observe(time.perf_counter() - started)
         if any(d.status == "pending" for d in batch):
             self._state.wake.set()  # the polling loop has work
@@ -273,6 +285,34 @@ def _decode(transactions: list[CommittedTransaction]) -> list[_Decoded]:
             seen.add(record.id)
             out.append(_Decoded(record, tx.commit_time))
     return out
+
+
+def _unsent(
+    sent: list[_Decoded], results: list[BaseException | None], unreachable: bool
+) -> list[_Decoded]:
+    """The sent messages the broker did not take, now pending for the polling loop (which
+    retries them with the relay's backoff and dead letters), and their keys' later messages of
+    the batch, which stay behind them."""
+    failed_keys: set[tuple[str, str]] = set()
+    unsent: list[_Decoded] = []
+    for d, result in zip(sent, results, strict=True):
+        key = (d.record.topic, d.record.key)
+        if result is not None or key in failed_keys:
+            failed_keys.add(key)
+            d.status = "pending"
+            if result is not None:
+                d.attempts = 0 if unreachable else 1
+                d.error = f"{type(result).__name__}: {result}"
+            unsent.append(d)
+    return unsent
+
+
+def _unsent_params(unsent: list[_Decoded]) -> dict[str, Any]:
+    return {
+        "ids": [d.record.id for d in unsent],
+        "attempts": [d.attempts for d in unsent],
+        "errors": [d.error for d in unsent],
+    }
 
 
 def _envelope(d: _Decoded) -> Envelope:

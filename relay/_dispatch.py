@@ -9,6 +9,7 @@ destinations refuse messages (only their topics pause), and the per-message outc
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 import uuid
@@ -232,10 +233,11 @@ class Dispatcher:
 
     def _count(self, claim: Claim, outcomes: list[Outcome]) -> None:
         topics = {e.id: e.topic for e in claim.envelopes}
+        published = collections.Counter(topics[o.id] for o in outcomes if o.action == "published")
+        for topic, n in published.items():
+            self.metrics.published.labels(topic).inc(n)
         for o in outcomes:
-            if o.action == "published":
-                self.metrics.published.labels(topics[o.id]).inc()
-            elif o.action == "retry":
+            if o.action == "retry":
                 self.metrics.failed.labels(topics[o.id]).inc()
             elif o.action == "dead":
                 self.metrics.failed.labels(topics[o.id]).inc()

@@ -41,8 +41,8 @@ from outbox.schema import (
 __all__ = ["RelayStatements", "relay_statements"]
 
 # The 'hold' decision for a topic, from the relay's per-topic dead-letter policy.
-_HOLDS = """(CASE WHEN {t}.topic = ANY(%(skip_topics)s::text[]) THEN false
-      WHEN {t}.topic = ANY(%(hold_topics)s::text[]) THEN true
+_HOLDS = """(CASE WHEN {t}.topic = ANY(%(skip_topics)b::text[]) THEN false
+      WHEN {t}.topic = ANY(%(hold_topics)b::text[]) THEN true
       ELSE %(hold_default)s::boolean END)"""
 
 # outbox_claim_batch: lease up to %(limit)s rows, the heads of keys plus the runs behind them.
@@ -86,12 +86,12 @@ WITH RECURSIVE keys AS (
         -- paused topic's keys are never walked one by one. The two branches' conditions on
         -- k are one-time filters: exactly one branch probes the index.
         (SELECT m.topic, m.key FROM {messages} AS m
-         WHERE k.topic <> ALL(%(paused)s::text[])
+         WHERE k.topic <> ALL(%(paused)b::text[])
            AND m.status <> 'published' AND (m.topic, m.key) > (k.topic, k.key)
          ORDER BY m.topic, m.key, m.seq LIMIT 1)
         UNION ALL
         (SELECT m.topic, m.key FROM {messages} AS m
-         WHERE k.topic = ANY(%(paused)s::text[])
+         WHERE k.topic = ANY(%(paused)b::text[])
            AND m.status <> 'published' AND m.topic > k.topic
          ORDER BY m.topic, m.key, m.seq LIMIT 1)
     ) AS n
@@ -129,7 +129,7 @@ heads AS MATERIALIZED (
         FOR UPDATE SKIP LOCKED
     ) AS h
     -- A paused topic's first key (reached by the walk) takes no head.
-    WHERE k.topic <> ALL(%(paused)s::text[])
+    WHERE k.topic <> ALL(%(paused)b::text[])
     -- The nested loop is pulled row by row, so the sub-select above runs (and locks) only
     -- until LIMIT has its rows.
     LIMIT %(limit)s
@@ -204,7 +204,7 @@ SET status = CASE o.action WHEN 'published' THEN 'published'
                     ELSE m.attempts END,
     last_error = CASE WHEN o.action IN ('retry', 'dead') THEN o.error ELSE m.last_error END,
     lease_owner = NULL, lease_token = NULL, lease_until = NULL
-FROM unnest(%(ids)s::uuid[], %(actions)s::text[], %(delays)s::float8[], %(errors)s::text[])
+FROM unnest(%(ids)b::uuid[], %(actions)b::text[], %(delays)s::float8[], %(errors)b::text[])
     AS o(id, action, delay, error)
 WHERE m.id = o.id AND m.lease_token = %(token)s AND m.status = 'pending'
 RETURNING m.id
@@ -220,7 +220,7 @@ _RELEASE_OWNER = """
 UPDATE {messages}
 SET lease_owner = NULL, lease_token = NULL, lease_until = NULL,
     attempts = greatest(attempts - 1, 0)
-WHERE lease_owner = %(owner)s AND lease_token = ANY(%(tokens)s::uuid[]) AND status = 'pending'
+WHERE lease_owner = %(owner)s AND lease_token = ANY(%(tokens)b::uuid[]) AND status = 'pending'
 """
 
 # outbox_tables_present: the relay's startup probe. Catalog lookups only (no lock, no table
@@ -320,7 +320,7 @@ _DEAD_FILTER = """
 status = 'dead'
 AND (%(topic)s::text IS NULL OR topic = %(topic)s)
 AND (%(key)s::text IS NULL OR key = %(key)s)
-AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+AND (%(ids)b::uuid[] IS NULL OR id = ANY(%(ids)b::uuid[]))
 AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
 AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)
 """
@@ -391,9 +391,10 @@ ORDER BY id DESC LIMIT %(limit)s
 
 
 # --- WAL capture mode (relay/_capture.py, docs/capture.md) ----------------------------------
-# capture_known, capture_bump, capture_waiting_keys and capture_record run in ONE transaction
-# per decoded batch, which stays open while the batch is sent to the broker: the counter rows
-# capture_bump took stay locked until the batch is recorded and committed.
+# capture_durable, capture_known, capture_bump, capture_waiting_keys, capture_record and
+# capture_unsent run in ONE transaction per decoded batch, which stays open while the batch is
+# sent to the broker: the counter rows capture_bump took stay locked until the batch is recorded
+# and committed.
 
 # outbox_capture_mode: the database's capture mode and, in 'wal' mode, its slot and publication.
 _CAPTURE_MODE = """
@@ -413,7 +414,7 @@ SELECT pg_try_advisory_lock(3084, hashtext(%(slot)s))
 # recorded before a crash that came before the slot's confirmation (decoded again now), and
 # idempotency keys published again. Their row stands; they are neither numbered nor sent again.
 _CAPTURE_KNOWN = """
-SELECT m.id FROM {messages} AS m WHERE m.id = ANY(%(ids)s::uuid[])
+SELECT m.id FROM {messages} AS m WHERE m.id = ANY(%(ids)b::uuid[])
 """
 
 # outbox_capture_bump: number a batch. One upsert per (topic, key), in (topic, key) order (no
@@ -425,7 +426,7 @@ SELECT m.id FROM {messages} AS m WHERE m.id = ANY(%(ids)s::uuid[])
 _CAPTURE_BUMP = """
 INSERT INTO {sequences} AS s (topic, key, last_seq)
 SELECT u.topic, u.key, u.n
-FROM unnest(%(topics)s::text[], %(keys)s::text[], %(counts)s::int8[]) AS u(topic, key, n)
+FROM unnest(%(topics)b::text[], %(keys)b::text[], %(counts)b::int8[]) AS u(topic, key, n)
 ORDER BY u.topic, u.key
 ON CONFLICT (topic, key) DO UPDATE SET last_seq = s.last_seq + excluded.last_seq
 RETURNING s.topic, s.key, s.last_seq
@@ -437,7 +438,7 @@ RETURNING s.topic, s.key, s.last_seq
 # One probe of the partial (topic, key, seq) index per key.
 _CAPTURE_WAITING_KEYS = """
 SELECT u.topic, u.key
-FROM unnest(%(topics)s::text[], %(keys)s::text[]) AS u(topic, key)
+FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS u(topic, key)
 WHERE EXISTS (
     SELECT 1 FROM {messages} AS f
     WHERE f.topic = u.topic AND f.key = u.key AND f.status <> 'published'
@@ -455,13 +456,30 @@ INSERT INTO {messages}
 SELECT u.id, u.topic, u.key, u.seq, u.headers::jsonb, u.payload, u.content_type, u.traceparent,
        u.created_at, coalesce(u.available_at, u.created_at), u.status, u.attempts,
        u.last_error, CASE WHEN u.status = 'published' THEN clock_timestamp() END
-FROM unnest(%(ids)s::uuid[], %(topics)s::text[], %(keys)s::text[], %(seqs)s::int8[],
-            %(headers)s::text[], %(payloads)s::bytea[], %(content_types)s::text[],
-            %(traceparents)s::text[], %(created_ats)s::timestamptz[],
-            %(available_ats)s::timestamptz[], %(statuses)s::text[], %(attempts)s::int4[],
-            %(errors)s::text[])
+FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(keys)b::text[], %(seqs)b::int8[],
+            %(headers)b::text[], %(payloads)b::bytea[], %(content_types)b::text[],
+            %(traceparents)b::text[], %(created_ats)b::timestamptz[],
+            %(available_ats)b::timestamptz[], %(statuses)b::text[], %(attempts)b::int4[],
+            %(errors)b::text[])
     AS u(id, topic, key, seq, headers, payload, content_type, traceparent, created_at,
          available_at, status, attempts, last_error)
+"""
+
+# outbox_capture_durable: the capture transaction waits for its commit's flush (the relay's
+# sessions otherwise do not, see relay_session): the slot is confirmed right after the commit,
+# and a slot position saved to disk ahead of a commit lost in a server crash would skip the batch.
+_CAPTURE_DURABLE = """
+SET LOCAL synchronous_commit = on
+"""
+
+# outbox_capture_unsent: sends of the batch the broker did not take (written 'published' while
+# the broker confirmed them), back to pending for the polling loop, with the broker's error and
+# the attempt it counts (none during an outage). A primary-key probe per id; rare.
+_CAPTURE_UNSENT = """
+UPDATE {messages} AS m
+   SET status = 'pending', attempts = u.attempts, last_error = u.error, published_at = NULL
+  FROM unnest(%(ids)b::uuid[], %(attempts)b::int4[], %(errors)b::text[]) AS u(id, attempts, error)
+ WHERE m.id = u.id
 """
 
 # outbox_capture_slot: the slot as `outbox status` shows it: whether a relay streams it, how far
@@ -498,6 +516,8 @@ class RelayStatements:
     capture_bump: bytes
     capture_waiting_keys: bytes
     capture_record: bytes
+    capture_durable: bytes
+    capture_unsent: bytes
     capture_slot: bytes
     watch_reading: bytes
 
@@ -545,6 +565,8 @@ relay_statements = registry(
         "capture_bump": _CAPTURE_BUMP,
         "capture_waiting_keys": _CAPTURE_WAITING_KEYS,
         "capture_record": _CAPTURE_RECORD,
+        "capture_durable": _CAPTURE_DURABLE,
+        "capture_unsent": _CAPTURE_UNSENT,
         "capture_slot": _CAPTURE_SLOT,
         "watch_reading": _WATCH_READING,
     },

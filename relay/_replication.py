@@ -14,12 +14,15 @@ decoded, only the logical messages, which pgoutput sends whatever the publicatio
 are not sent (PostgreSQL 15+) or carry no message.
 
 The socket is waited on with the event loop, so an idle stream costs no CPU: the server sends
-only when a transaction commits, and a keepalive every ``wal_sender_timeout / 2``.
+only when a transaction commits, and a keepalive every ``wal_sender_timeout / 2``. A reader task
+receives and parses frames while the relay records and publishes earlier transactions, up to
+``buffer`` records ahead; beyond that it stops reading and TCP holds the server back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime as dt
 import struct
 from dataclasses import dataclass, field
@@ -74,13 +77,18 @@ class CommittedTransaction:
 class ReplicationStream:
     """Streams committed transactions from one logical slot; see the module docstring."""
 
-    def __init__(self, dsn: str, slot: str, publication: str) -> None:
+    def __init__(self, dsn: str, slot: str, publication: str, *, buffer: int = 10_000) -> None:
         self._dsn = dsn
         self._slot = slot
         self._publication = publication
+        self._buffer = buffer
         self._pg: pq.abc.PGconn | None = None
         self._open: CommittedTransaction | None = None
-        self._ready: list[CommittedTransaction] = []
+        self._ready: collections.deque[CommittedTransaction] = collections.deque()
+        self._ready_records = 0
+        self._arrived = asyncio.Event()  # set while _ready holds a transaction
+        self._taken = asyncio.Event()  # set when transactions were taken (room to read again)
+        self._reader: asyncio.Task[None] | None = None
         #: everything up to here is done (reported to the server as flushed)
         self.confirmed = 0
         #: the server's WAL end seen in the last frame: safe to confirm when nothing is open
@@ -114,32 +122,66 @@ class ReplicationStream:
             raise RelayError(
                 f"could not stream from replication slot {self._slot!r}: {reason}"
             )
+        self._reader = asyncio.create_task(self._read(), name=f"replication:{self._slot}")
 
     def close(self) -> None:
+        if self._reader is not None:
+            if self._reader.done() and not self._reader.cancelled():
+                self._reader.exception()  # retrieved: the caller has seen it or stops anyway
+            self._reader.cancel()
+            self._reader = None
         if self._pg is not None:
             self._pg.finish()
             self._pg = None
 
     async def transactions(self, limit: int, wait: float) -> list[CommittedTransaction]:
         """Committed transactions received so far, waiting up to ``wait`` seconds for the first
-        one; stops taking more once they hold ``limit`` records."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while True:
-            self._receive()
-            if self._ready:
-                break
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            await self._readable(remaining)
+        one; stops taking more once they hold ``limit`` records. Raises :class:`RelayError`
+        when the stream has ended."""
+        if not self._ready:
+            self._check_reader()
+            try:
+                async with asyncio.timeout(wait):
+                    await self._arrived.wait()
+            except TimeoutError:
+                pass
+        if not self._ready:
+            self._check_reader()
         taken: list[CommittedTransaction] = []
         count = 0
         while self._ready and (not taken or count + len(self._ready[0].records) <= limit):
-            tx = self._ready.pop(0)
+            tx = self._ready.popleft()
             taken.append(tx)
             count += len(tx.records)
+        self._ready_records -= count
+        if not self._ready:
+            self._arrived.clear()
+        if taken:
+            self._taken.set()
         return taken
+
+    def _check_reader(self) -> None:
+        reader = self._reader
+        if reader is None:
+            raise RelayError("the replication stream is closed")
+        if reader.cancelled():
+            raise RelayError("the replication stream is closed")
+        if reader.done():
+            exc = reader.exception()
+            raise exc if exc is not None else RelayError("the replication stream ended")
+
+    async def _read(self) -> None:
+        """Receive and parse frames as they come, while fewer than ``buffer`` records wait."""
+        try:
+            while True:
+                self._receive()
+                if self._ready_records >= self._buffer:
+                    self._taken.clear()
+                    await self._taken.wait()
+                    continue
+                await self._readable(None)
+        finally:
+            self._arrived.set()  # wake a waiting caller: it sees why the stream ended
 
     async def confirm(self, lsn: int | None = None) -> None:
         """Report everything up to ``lsn`` done (the server may recycle the WAL before it).
@@ -159,7 +201,7 @@ class ReplicationStream:
             raise RelayError("the replication stream is closed")
         return self._pg
 
-    async def _readable(self, seconds: float) -> None:
+    async def _readable(self, seconds: float | None) -> None:
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[None] = loop.create_future()
         fd = self._conn().socket
@@ -233,6 +275,8 @@ class ReplicationStream:
                 tx.end_lsn = end
                 if tx.records:
                     self._ready.append(tx)
+                    self._ready_records += len(tx.records)
+                    self._arrived.set()
         # Relation, type, origin and truncate messages: the publication has no tables.
 
     async def keepalive(self) -> None:

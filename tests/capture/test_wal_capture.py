@@ -367,6 +367,50 @@ async def test_metrics_show_the_slot_streamed_and_its_lag(wal_url: str) -> None:
         )
 
 
+@_in_loop
+async def test_a_batch_is_on_disk_before_the_slot_is_told_it_is_done(
+    wal_url: str, logical_pg: Any
+) -> None:
+    """The relay confirms a batch to the slot right after committing its rows; the server may
+    save that position to disk at once, so the commit must be flushed first, or a server crash
+    would lose the rows and skip the batch. With the WAL writer held back for 10 s, a commit
+    that did not wait for its flush is visible long before it is on disk: the row's page would
+    be ahead of the flushed WAL."""
+    with psycopg.connect(logical_pg.admin_url, autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+        admin.execute("SELECT pg_reload_conf()")
+    try:
+        with psycopg.connect(wal_url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
+        relay = Relay(config(wal_url), FakePublisher())
+        async with running(relay):
+            with psycopg.connect(wal_url) as conn:
+                msg_id = publish(conn, topic="t", key="k", payload={"n": 1})
+                conn.commit()
+            seen: list[tuple[bool, str, str]] = []
+
+            def recorded() -> bool:
+                with psycopg.connect(wal_url, autocommit=True) as conn:
+                    row = conn.execute(
+                        "SELECT pg_current_wal_flush_lsn() >= h.lsn, h.lsn::text, "
+                        "pg_current_wal_flush_lsn()::text FROM outbox_messages AS m, "
+                        "page_header(get_raw_page('outbox_messages', "
+                        "((m.ctid::text::point)[0])::int)) AS h WHERE m.id = %s",
+                        (msg_id,),
+                    ).fetchone()
+                if row is not None:
+                    seen.append(row)
+                return row is not None
+
+            await _until(recorded, 20, "the message recorded")
+    finally:
+        with psycopg.connect(logical_pg.admin_url, autocommit=True) as admin:
+            admin.execute("ALTER SYSTEM RESET wal_writer_delay")
+            admin.execute("SELECT pg_reload_conf()")
+    on_disk, page_lsn, flushed = seen[0]
+    assert on_disk, f"the row was visible at {page_lsn} while the WAL was flushed to {flushed}"
+
+
 def _postmaster_start(url: str) -> Any:
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT pg_postmaster_start_time()").fetchone()
