@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from outbox.envelope import Envelope
 from outbox.wire._text import text
 
-__all__ = ["KafkaRecord", "decode", "encode"]
+__all__ = ["KafkaRecord", "decode", "encode", "fields"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,12 +22,16 @@ class KafkaRecord:
     headers: list[tuple[str, bytes]]
 
 
+def fields(envelope: Envelope) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """(key, value, headers) of the record: what :func:`encode` holds, without building it
+    (the relay's hot path hands them straight to ``produce``)."""
+    headers = [(name, value.encode()) for name, value in envelope.to_headers().items()]
+    return envelope.key.encode(), envelope.payload, headers
+
+
 def encode(envelope: Envelope) -> KafkaRecord:
-    return KafkaRecord(
-        key=envelope.key.encode(),
-        value=envelope.payload,
-        headers=[(name, value.encode()) for name, value in envelope.to_headers().items()],
-    )
+    key, value, headers = fields(envelope)
+    return KafkaRecord(key=key, value=value, headers=headers)
 
 
 def decode(headers: Iterable[tuple[str, bytes | None]] | None, value: bytes | None) -> Envelope:

@@ -149,6 +149,7 @@ class KafkaPublisher:
         limit = self.features.max_payload_bytes
         produce = self._producer.produce
         report = reports.add
+        fields = wire.fields
         destinations = batch.destinations
         for i, env in enumerate(envelopes):
             if batch.blocking and batch.skip_if_blocked(i):
@@ -158,11 +159,11 @@ class KafkaPublisher:
             if limit and len(env.payload) > limit:
                 err = check_size(env, dest, limit, "Kafka message.max.bytes")
             if err is None:
-                record = wire.encode(env)
+                key, value, headers = fields(env)
                 try:  # the common case, without a coroutine or a closure per message
-                    produce(dest, record.value, record.key, headers=record.headers,
-                            on_delivery=report)  # fmt: skip
+                    produce(dest, value, key, headers=headers, on_delivery=report)
                 except BufferError:
+                    record = wire.KafkaRecord(key=key, value=value, headers=headers)
                     err = await self._produce_when_room(env, dest, record, report, deadline)
                 except Exception as exc:
                     err = self._classify(env, dest, exc)
@@ -182,8 +183,8 @@ class KafkaPublisher:
             index = {str(envelopes[i].id).encode(): i for i in sent}
             reported: set[int] = set()
             for err, msg in reports.got():
-                key = _outbox_id(msg)
-                at = index.get(key) if key is not None else None
+                outbox_id = _outbox_id(msg)
+                at = index.get(outbox_id) if outbox_id is not None else None
                 if at is None:
                     continue
                 reported.add(at)
