@@ -5,13 +5,15 @@ the machine's own server is never reconfigured) and the machine's nats-server:
 
 * ``raw``: the raw client's async publish (nats-py ``publish_async``, acks awaited per batch of
   1,000) of the same number of messages: the ceiling for any relay.
+* ``adapter``: the relay's NATS adapter publishing the same number of envelopes from memory
+  (no database): the ceiling for our relay in either mode, in the same run.
 * ``naive``: the naive relay of bench/relay_e2e.py (SELECT unpublished, publish, UPDATE) over
   a backlog committed first.
 * ``polling``: one relay process over a backlog committed first, 'polling' mode.
 * ``wal``: one relay process over a backlog committed first in 'wal' mode (the messages wait
   in the slot; the relay decodes, numbers, records and publishes them).
 
-Rounds alternate the four; medians are reported with the ratios the issue asks for (wal / raw,
+Rounds alternate the five; medians are reported with the ratios the issue asks for (wal / raw,
 wal / naive). Then commit -> broker latency at a steady 1,000 msg/s in both modes (one message
 per transaction, 4 producer threads; relay_e2e.latency).
 Run: ``python bench/capture_e2e.py [--messages N] [--rounds R] [--latency-seconds S]``.
@@ -37,13 +39,19 @@ import harness  # noqa: E402
 
 from bench import relay_e2e  # noqa: E402
 from bench.common import write_result  # noqa: E402
-from bench.relay import envelopes, raw_nats  # noqa: E402
+from bench.relay import adapter_rate, envelopes, raw_nats  # noqa: E402
 
 NATS = "nats://127.0.0.1:4222"
 
 
 async def _raw(n: int, stream: str) -> float:
     return await raw_nats(envelopes(n, f"{stream}.raw"), stream)
+
+
+async def _adapter(n: int, stream: str) -> float:
+    from relay.brokers import publisher_for_url
+
+    return await adapter_rate(publisher_for_url(NATS), envelopes(n, f"{stream}.adapter"))
 
 
 def main() -> None:
@@ -72,11 +80,14 @@ async def _measure(n: int, rounds: int, latency_seconds: float) -> dict[str, Any
     js = nc.jetstream()
     stream = f"bench{uuid.uuid4().hex[:8]}"
     await js.add_stream(name=stream, subjects=[f"{stream}.>"])
-    runs: dict[str, list[float]] = {"raw": [], "naive": [], "polling": [], "wal": []}
+    runs: dict[str, list[float]] = {
+        "raw": [], "adapter": [], "naive": [], "polling": [], "wal": []
+    }  # fmt: skip
     details: dict[str, list[dict[str, Any]]] = {"naive": [], "polling": [], "wal": []}
     try:
         for r in range(rounds):
             runs["raw"].append(round(await _raw(n, stream)))
+            runs["adapter"].append(round(await _adapter(n, stream)))
             naive = await asyncio.to_thread(
                 relay_e2e.naive_drain, NATS, f"{stream}.naive{r}", n, keys=1000
             )
@@ -109,6 +120,8 @@ async def _measure(n: int, rounds: int, latency_seconds: float) -> dict[str, Any
         "msg_per_s": runs,
         "medians_msg_per_s": med,
         "ratio_wal_over_raw": round(med["wal"] / med["raw"], 3),
+        "ratio_adapter_over_raw": round(med["adapter"] / med["raw"], 3),
+        "ratio_wal_over_adapter": round(med["wal"] / med["adapter"], 3),
         "ratio_wal_over_naive": round(med["wal"] / med["naive"], 3),
         "ratio_polling_over_raw": round(med["polling"] / med["raw"], 3),
         "ratio_polling_over_naive": round(med["polling"] / med["naive"], 3),
