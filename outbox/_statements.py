@@ -169,7 +169,7 @@ ORDER BY u.ord
 # outbox_wal_emit_one: the same for a batch of one (every publish()): no array to build, send
 # and unnest, no sort. The mode check is the same one-row scan.
 _WAL_EMIT_ONE = """
-SELECT pg_logical_emit_message(true, {prefix}, %(record)s::bytea)
+SELECT pg_logical_emit_message(true, {prefix}, %(record)b::bytea)
 FROM {capture} AS c WHERE c.mode = 'wal'
 """
 

@@ -160,6 +160,11 @@ class ReplicationStream:
             self._taken.set()
         return taken
 
+    @property
+    def buffered(self) -> int:
+        """Records received and parsed, not yet taken by :meth:`transactions`."""
+        return self._ready_records
+
     def _check_reader(self) -> None:
         reader = self._reader
         if reader is None:
@@ -226,12 +231,19 @@ class ReplicationStream:
                 loop.remove_writer(pg.socket)
 
     def _receive(self) -> None:
+        """Parse the frames that have arrived, while fewer than ``buffer`` records wait. The
+        socket is read only when libpq holds no complete frame, so neither the parsed records
+        nor libpq's input buffer grow beyond one read past the bound."""
         pg = self._conn()
-        pg.consume_input()
-        while True:
+        read = False
+        while self._ready_records < self._buffer:
             size, data = pg.get_copy_data(1)
             if size == 0:
-                return
+                if read:
+                    return
+                pg.consume_input()
+                read = True
+                continue
             if size < 0:
                 result = pg.get_result()
                 message = _text(

@@ -30,8 +30,10 @@ from relay_helpers import FakePublisher, config, running
 from services import require_port
 
 from outbox import ConfigurationError, Message, publish, publish_batch
+from outbox._capture import decode_record
 from relay import Relay
 from relay._admin import enable_capture, relay_status
+from relay._replication import ReplicationStream
 from relay.brokers import publisher_for_url
 
 NATS = "nats://127.0.0.1:4222"
@@ -409,6 +411,39 @@ async def test_a_batch_is_on_disk_before_the_slot_is_told_it_is_done(
             admin.execute("SELECT pg_reload_conf()")
     on_disk, page_lsn, flushed = seen[0]
     assert on_disk, f"the row was visible at {page_lsn} while the WAL was flushed to {flushed}"
+
+
+@_in_loop
+async def test_the_stream_reads_ahead_no_further_than_its_buffer(wal_url: str) -> None:
+    """While the relay works on a batch, a task receives the next transactions, but stops at
+    ``buffer`` records (TCP then holds the server back); what it holds is taken whole and in
+    commit order."""
+    with psycopg.connect(wal_url) as conn:
+        row = conn.execute("SELECT slot, publication FROM outbox_capture").fetchone()
+        assert row is not None
+        ids = []
+        for n in range(30):
+            ids.append(publish(conn, topic="t", key=f"k{n % 3}", payload={"n": n}))
+            conn.commit()
+    stream = ReplicationStream(wal_url, row[0], row[1], buffer=5)
+    await stream.start()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while stream.buffered < 5:  # the reader task fills the buffer on its own
+            assert loop.time() < deadline, "the reader did not fill its buffer"
+            await asyncio.sleep(0.01)
+        first = await stream.transactions(100, 1.0)
+        assert len(first) == 5  # all 30 were committed: it stopped at the bound
+        taken = list(first)
+        while len(taken) < 30:
+            more = await stream.transactions(100, 5.0)
+            assert more, "the reader did not go on after its buffer was taken"
+            assert len(more) <= 5
+            taken.extend(more)
+    finally:
+        stream.close()
+    assert [decode_record(tx.records[0]).id for tx in taken] == ids
 
 
 def _postmaster_start(url: str) -> Any:
