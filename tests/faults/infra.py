@@ -51,9 +51,11 @@ def _as_postgres(cmd: list[str]) -> list[str]:
 
 class PgCluster:
     """A private PostgreSQL 15 cluster. ``crash()`` is an immediate stop: no checkpoint, the
-    server recovers from the WAL at the next start, as after a power cut of the process."""
+    server recovers from the WAL at the next start, as after a power cut of the process.
+    ``logical``: with wal_level = logical, for WAL capture."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, logical: bool = False) -> None:
+        self.logical = logical
         if not (PG_BIN / "initdb").exists():
             raise RuntimeError(f"PostgreSQL 15 server binaries not found in {PG_BIN}")
         self.base = Path(tempfile.mkdtemp(prefix="outbox-faults-pg-"))
@@ -83,6 +85,7 @@ class PgCluster:
         opts = (
             f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 "
             "-c max_connections=200 -c shared_buffers=64MB"
+            + (" -c wal_level=logical" if self.logical else "")
         )
         self._ctl("-o", opts, "-l", str(self.base / "log"), "start")
 

@@ -10,6 +10,10 @@ Workload (each scenario on fresh infrastructure of its own, see infra.py):
 * two ordered consumer processes (inbox, ``on_dead="skip"``) apply one ``effects`` row per
   message in the inbox's transaction.
 
+Scenarios named ``wal-...`` run the same in WAL capture mode (docs/capture.md): the producers'
+``publish()`` emits logical messages, and the relays stream them from a replication slot (one
+captures, the other stands by).
+
 A nemesis injects one kind of fault while the producers run; then the fault is healed, the
 producers stop, and the suite waits for the consumers to apply everything committed.
 
@@ -43,6 +47,7 @@ from infra import NatsServer, PgCluster, Proxy
 
 from outbox import PayloadTooLargeError, publish
 from outbox._migrate import upgrade
+from relay._admin import enable_capture
 
 HERE = Path(__file__).resolve().parent
 STREAM, TOPIC = "FAULTS", "orders"
@@ -96,9 +101,10 @@ class Result:
 class World:
     """The private infrastructure, the relays and the consumers of one scenario."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, capture: str = "polling") -> None:
         self.log_dir = log_dir
-        self.pg = PgCluster()
+        self.capture = capture
+        self.pg = PgCluster(logical=capture == "wal")
         self.nats = NatsServer()
         self.pg_proxy = Proxy(self.pg.port)  # producers reach the database through it
         self.broker_proxy = Proxy(self.nats.port)  # relays reach the broker through it
@@ -107,6 +113,8 @@ class World:
         self.url = self.pg.url("app")
         self.producer_url = f"postgresql://postgres@127.0.0.1:{self.pg_proxy.port}/app"
         upgrade(self.url)
+        if capture == "wal":
+            enable_capture(self.url)
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(SCHEMA)
         self._streams()
@@ -244,6 +252,8 @@ def _produce(world: World, history: History, stop: threading.Event, seed: int,
             except psycopg.OperationalError:
                 with history.lock:
                     history.unknown.add(msg_id)
+                    if poison and not published_again:  # if it did commit, it is poison
+                        history.poison.add(msg_id)
                 conn.close()
                 conn = None
                 continue
@@ -383,6 +393,7 @@ class Scenario:
     nemesis: Callable[[World, threading.Event], str]
     crash_probability: float = 0.0
     late_commits: bool = False
+    capture: str = "polling"
 
 
 SCENARIOS = {
@@ -399,17 +410,22 @@ SCENARIOS = {
         Scenario("late-commits", _late_commits, late_commits=True),
         Scenario("sigterm-broker-down", _sigterm_broker_down),
         Scenario("sigterm-database-down", _sigterm_database_down),
+        Scenario("wal-baseline", _nothing, capture="wal"),
+        Scenario("wal-relay-kill-9", _relay_kill9, capture="wal"),
+        Scenario("wal-broker-kill-9", _broker_kill9, capture="wal"),
+        Scenario("wal-postgres-crash", _postgres_crash, capture="wal"),
+        Scenario("wal-producer-cut-mid-commit", _producer_cut, capture="wal"),
     )
 }
-SHORT = ("relay-kill-9", "consumer-kill-9-after-commit", "broker-kill-9")
+SHORT = ("relay-kill-9", "consumer-kill-9-after-commit", "broker-kill-9", "wal-relay-kill-9")
 
 
 # ---- running and checking ------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def _world(log_dir: Path) -> Iterator[World]:
-    world = World(log_dir)
+def _world(log_dir: Path, capture: str) -> Iterator[World]:
+    world = World(log_dir, capture)
     try:
         yield world
     finally:
@@ -427,12 +443,29 @@ def _applied(url: str) -> dict[str, list[tuple[uuid.UUID, str, int]]]:
     return out
 
 
+def _slot_caught_up(url: str, deadline: float) -> None:
+    """Wait until the capture slot has confirmed the server's WAL as of now: every transaction
+    committed so far has been decoded and recorded by a relay."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        while time.monotonic() < deadline:
+            done = conn.execute(
+                "SELECT s.confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots AS s "
+                "JOIN outbox_capture AS c ON c.slot = s.slot_name",
+                (row[0],),
+            ).fetchone()
+            if done and done[0]:
+                return
+            time.sleep(0.2)
+
+
 def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0) -> Result:
     """One scenario: workload under its nemesis for ``seconds``, heal, settle, check."""
     scenario = SCENARIOS[name]
     log_dir.mkdir(parents=True, exist_ok=True)
     history = History()
-    with _world(log_dir) as world:
+    with _world(log_dir, scenario.capture) as world:
         world.crash_probability = scenario.crash_probability
         if scenario.crash_probability:
             for i in range(2):
@@ -458,12 +491,15 @@ def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0)
         world.broker_proxy.heal()
         world.crash_probability = 0.0
         healed = time.monotonic()
+        deadline = time.monotonic() + settle_timeout
+        if world.capture == "wal":
+            # a message has a row once the relay has decoded and recorded it
+            _slot_caught_up(world.url, deadline)
         # the truth about commits of unknown outcome, from the database
         with psycopg.connect(world.url) as conn:
             in_outbox = {r[0] for r in conn.execute("SELECT id FROM outbox_messages")}
         committed = history.committed | (history.unknown & in_outbox)
         expected = committed - history.poison
-        deadline = time.monotonic() + settle_timeout
         recovered = float("nan")
         while time.monotonic() < deadline:
             applied = _applied(world.url)

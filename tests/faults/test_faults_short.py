@@ -1,7 +1,7 @@
-"""The fault suite's short set, in every CI run: relay kill -9, consumer kill -9 between commit
-and ack, broker kill -9 and restart, each under a live workload on a private PostgreSQL and
-NATS server. Nothing lost, duplicated, reordered or invented; only poison messages dead.
-The full set (tests/faults/run.py) writes docs/reliability.md."""
+"""The fault suite's short set, in every CI run: relay kill -9 (in both capture modes), consumer
+kill -9 between commit and ack, broker kill -9 and restart, each under a live workload on a
+private PostgreSQL and NATS server. Nothing lost, duplicated, reordered or invented; only
+poison messages dead. The full set (tests/faults/run.py) writes docs/reliability.md."""
 
 from __future__ import annotations
 
