@@ -197,19 +197,23 @@ def _databases(n: int, reuse: bool) -> tuple[dict[str, str], dict[str, str], flo
     return names, urls, seed_s
 
 
+def configs(urls: dict[str, str]) -> tuple[JobConfig, JobConfig]:
+    """The full reconcile of the seeded window and the nightly one (its last day)."""
+    full = JobConfig(
+        outbox=Source("outbox", urls["outbox"]),
+        inboxes=(Source("billing", urls["billing"]), Source("shipping", urls["shipping"])),
+        subscriptions={"orders": ("billing", "shipping")},
+        window=Window(T0, T0 + dt.timedelta(days=DAYS)),
+        partitions=2,
+    )
+    last_day = Window(T0 + dt.timedelta(days=DAYS - 1), T0 + dt.timedelta(days=DAYS))
+    return full, JobConfig(**{**full.__dict__, "window": last_day})
+
+
 def run_size(spark: Any, n: int, out: Path, *, reuse: bool = False) -> dict[str, Any]:
     names, urls, seed_s = _databases(n, reuse)
     try:
-        inboxes = {"billing": urls["billing"], "shipping": urls["shipping"]}
-        full = JobConfig(
-            outbox=Source("outbox", urls["outbox"]),
-            inboxes=tuple(Source(k, v) for k, v in inboxes.items()),
-            subscriptions={"orders": ("billing", "shipping")},
-            window=Window(T0, T0 + dt.timedelta(days=DAYS)),
-            partitions=2,
-        )
-        night = JobConfig(**{**full.__dict__, "window": Window(
-            T0 + dt.timedelta(days=DAYS - 1), T0 + dt.timedelta(days=DAYS))})  # fmt: skip
+        full, night = configs(urls)
         shuffles = _shuffles(spark, full)
         read_s, rows = _timed(lambda: _read_floor(spark, full))
         full_s, result = _timed(lambda: reconcile(spark, full, out))

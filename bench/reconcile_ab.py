@@ -23,9 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import write_result
-from reconcile import DAYS, T0, _databases, _read_floor
+from reconcile import _databases, _read_floor, configs
 
-from spark_ingest import JobConfig, Source, Window, _transforms, reconcile, spark_session
+from spark_ingest import _transforms, reconcile, spark_session
 
 
 def _rows_before(
@@ -128,13 +128,7 @@ def main() -> None:
     conf = {"spark.driver.memory": "8g", "spark.sql.shuffle.partitions": "16"}
     spark = spark_session(master="local[2]", extra_conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
-    full = JobConfig(
-        outbox=Source("outbox", urls["outbox"]),
-        inboxes=(Source("billing", urls["billing"]), Source("shipping", urls["shipping"])),
-        subscriptions={"orders": ("billing", "shipping")},
-        window=Window(T0, T0 + dt.timedelta(days=DAYS)),
-        partitions=2,
-    )
+    full, _ = configs(urls)
     now = _transforms.reconcile_rows
     runs: dict[str, list[float]] = {"floor": [], "before": [], "now": []}
     counts: dict[str, Any] = {}

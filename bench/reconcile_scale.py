@@ -23,7 +23,6 @@ Usage: python bench/reconcile_scale.py [--sizes 1000000] [--reuse] [--repeat 2]
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import shutil
@@ -38,10 +37,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from common import write_result
-from reconcile import DAYS, T0, _databases, _drop, _read_floor
+from reconcile import _databases, _drop, _read_floor, configs
 from spark_standalone import standalone
 
-from spark_ingest import JobConfig, Source, Window, reconcile, spark_session
+from spark_ingest import reconcile, spark_session
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -160,19 +159,7 @@ def run_executors(
         deadline = time.monotonic() + 60
         while _executors(spark) < executors and time.monotonic() < deadline:
             time.sleep(0.5)
-        full = JobConfig(
-            outbox=Source("outbox", urls["outbox"]),
-            inboxes=(Source("billing", urls["billing"]), Source("shipping", urls["shipping"])),
-            subscriptions={"orders": ("billing", "shipping")},
-            window=Window(T0, T0 + dt.timedelta(days=DAYS)),
-            partitions=2,
-        )
-        night = JobConfig(
-            **{
-                **full.__dict__,
-                "window": Window(T0 + dt.timedelta(days=DAYS - 1), T0 + dt.timedelta(days=DAYS)),
-            }
-        )
+        full, night = configs(urls)
         reconcile(spark, night, out, record=False)  # warm the executors' JVMs (JIT, JDBC)
         runs: dict[str, list[dict[str, float]]] = {"floor": [], "full": [], "night": []}
         counts: dict[str, Any] = {}
