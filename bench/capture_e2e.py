@@ -26,7 +26,6 @@ import asyncio
 import os
 import statistics
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,10 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import harness  # noqa: E402
 
 from bench import relay_e2e  # noqa: E402
-from bench.common import write_result  # noqa: E402
+from bench.common import logical_cluster, write_result  # noqa: E402
 from bench.relay import adapter_rate, envelopes, raw_nats  # noqa: E402
 
 NATS = "nats://127.0.0.1:4222"
@@ -60,16 +58,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=20.0)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="outbox-bench-e2e-") as workdir:
-        server = harness.logical_server(workdir, durable=True)
-        if server is None:
-            sys.exit(harness.LOGICAL_HOW_TO)
+    with logical_cluster("outbox-bench-e2e-") as server:
         relay_e2e.ADMIN = server.admin_url
         os.environ["OUTBOX_TEST_DATABASE_URL"] = server.admin_url
-        try:
-            result = asyncio.run(_measure(args.messages, args.rounds, args.latency_seconds))
-        finally:
-            server.stop()
+        result = asyncio.run(_measure(args.messages, args.rounds, args.latency_seconds))
     print(write_result("capture_e2e", result))
 
 

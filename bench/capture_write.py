@@ -23,14 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import multiprocessing
 import statistics
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 _HERE = Path(__file__).resolve().parent
@@ -41,22 +38,10 @@ from relay._queries import relay_statements  # noqa: E402
 from relay._state import RunState  # noqa: E402
 from relay._watch import CommitWatch  # noqa: E402
 
-
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 sys.path.insert(0, str(_HERE))
-overhead = _load("bench_write_overhead", _HERE / "write_overhead.py")
-harness = _load("tests_harness", _HERE.parent / "tests" / "harness.py")
+from common import load_file, logical_cluster, write_result  # noqa: E402
 
-from common import write_result  # noqa: E402
+overhead = load_file("bench_write_overhead", _HERE / "write_overhead.py")
 
 CLIENTS = (1, 4, 16)
 
@@ -66,14 +51,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="outbox-bench-logical-") as workdir:
-        server = harness.logical_server(workdir, durable=True)
-        if server is None:
-            sys.exit(harness.LOGICAL_HOW_TO)
-        try:
-            results = _measure(server.admin_url, args.seconds, args.rounds)
-        finally:
-            server.stop()
+    with logical_cluster("outbox-bench-logical-") as server:
+        results = _measure(server.admin_url, args.seconds, args.rounds)
     path = write_result(
         "capture_write",
         {

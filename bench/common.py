@@ -1,12 +1,18 @@
-"""Shared by every benchmark: machine and version facts, and writing results as JSON."""
+"""Shared by every benchmark: machine and version facts, writing results as JSON, and a private
+PostgreSQL cluster with logical decoding for the benches that need one."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
 import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -73,3 +79,33 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
     }
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return path
+
+
+def load_file(name: str, path: Path) -> Any:
+    """The module in ``path``, imported as ``name`` without putting its directory on sys.path
+    (bench/ and tests/ hold modules that would shadow the relay package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def logical_cluster(prefix: str) -> Iterator[Any]:
+    """A private PostgreSQL cluster with wal_level = logical and the server's default
+    durability (tests/harness.py), on a free port, stopped at the end; the machine's own server
+    is never reconfigured. Exits saying what to install when there are no server binaries."""
+    harness = sys.modules.get("harness") or load_file(
+        "harness", Path(__file__).resolve().parent.parent / "tests" / "harness.py"
+    )
+    with tempfile.TemporaryDirectory(prefix=prefix) as workdir:
+        server = harness.logical_server(workdir, durable=True)
+        if server is None:
+            sys.exit(harness.LOGICAL_HOW_TO)
+        try:
+            yield server
+        finally:
+            server.stop()

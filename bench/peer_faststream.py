@@ -22,7 +22,6 @@ import asyncio
 import multiprocessing as mp
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg
 from psycopg import sql
 
-from bench.common import write_result
+from bench.common import logical_cluster, write_result
 
 VARIANTS = ("bare", "ours", "ours_wal", "faststream_outbox")
 ROWS_PER_CLIENT = 50
@@ -117,30 +116,21 @@ def main() -> None:
     args = parser.parse_args()
     import faststream_outbox  # noqa: F401 - fail early with ImportError when it is missing
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import harness
-
     from relay._admin import enable_capture
 
-    with tempfile.TemporaryDirectory(prefix="outbox-bench-peer-") as workdir:
-        server = harness.logical_server(workdir, durable=True)
-        if server is None:
-            sys.exit(harness.LOGICAL_HOW_TO)
-        try:
-            _, url = _database(server.admin_url)
-            _, wal_url = _database(server.admin_url)
-            enable_capture(wal_url, slot="bench_peer")
-            urls = {v: wal_url if v == "ours_wal" else url for v in VARIANTS}
-            runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
-            _measure(url, "ours", args.clients, 1.0)  # warm-up, not counted
-            _measure(wal_url, "ours_wal", args.clients, 1.0)
-            for _ in range(args.rounds):
-                for variant in VARIANTS:
-                    rate = _measure(urls[variant], variant, args.clients, args.seconds)
-                    runs[variant].append(round(rate, 1))
-                    print(variant, runs[variant][-1], flush=True)
-        finally:
-            server.stop()
+    with logical_cluster("outbox-bench-peer-") as server:
+        _, url = _database(server.admin_url)
+        _, wal_url = _database(server.admin_url)
+        enable_capture(wal_url, slot="bench_peer")
+        urls = {v: wal_url if v == "ours_wal" else url for v in VARIANTS}
+        runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        _measure(url, "ours", args.clients, 1.0)  # warm-up, not counted
+        _measure(wal_url, "ours_wal", args.clients, 1.0)
+        for _ in range(args.rounds):
+            for variant in VARIANTS:
+                rate = _measure(urls[variant], variant, args.clients, args.seconds)
+                runs[variant].append(round(rate, 1))
+                print(variant, runs[variant][-1], flush=True)
     medians = {v: statistics.median(r) for v, r in runs.items()}
     from importlib import metadata
 
