@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -155,19 +156,27 @@ def scram_server() -> Iterator[str]:
     pwfile = base / "pw"
     pwfile.write_text("admin-secret\n")
     os.chmod(pwfile, 0o644)
-    data, port = base / "data", 20000 + os.getpid() % 20000
+    data = base / "data"
     subprocess.run(
         _as_postgres([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A",
                       "scram-sha-256", f"--pwfile={pwfile}", "--no-sync"]),
         check=True, capture_output=True,
     )  # fmt: skip
     ctl = [str(bindir / "pg_ctl"), "-D", str(data), "-w"]
-    opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off"
-    subprocess.run(
-        _as_postgres([*ctl, "-o", opts, "-l", str(base / "log"), "start"]),
-        check=True,
-        capture_output=True,
-    )
+    for attempt in range(3):  # a free port can be taken between the probe and the start
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off"
+        started = subprocess.run(
+            _as_postgres([*ctl, "-o", opts, "-l", str(base / "log"), "start"]),
+            capture_output=True,
+        )
+        if started.returncode == 0:
+            break
+        log = (base / "log").read_text(errors="replace")[-2000:]
+        if attempt == 2:
+            raise RuntimeError(f"the private scram PostgreSQL did not start: {log}")
     try:
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
