@@ -82,22 +82,25 @@ class MessageRef:
             "key": self.key,
             "seq": self.seq,
         }
-        return base | extra
+        return base | extra if extra else base
 
 
 def as_ref(consumer: str, message: Any, *, ordered: bool = False) -> MessageRef:
     """Validate ``message`` (an Envelope or any object with id/topic/key/seq) for ``consumer``."""
     check_text(consumer, "consumer", MAX_TOPIC_BYTES)
-    missing = [a for a in ("id", "topic", "key") if not hasattr(message, a)]
-    if missing:
+    try:
+        msg_id, topic, key = message.id, message.topic, message.key
+    except AttributeError:
+        missing = [a for a in ("id", "topic", "key") if not hasattr(message, a)]
         raise InvalidMessageError(
             f"{type(message).__name__} has no {', '.join(missing)}: pass an "
             "outbox.envelope.Envelope (or an object with id, topic, key and seq)"
-        )
-    try:
-        msg_id = message.id if isinstance(message.id, uuid.UUID) else uuid.UUID(str(message.id))
-    except ValueError as exc:
-        raise InvalidMessageError(f"message id {message.id!r} is not a UUID") from exc
+        ) from None
+    if not isinstance(msg_id, uuid.UUID):
+        try:
+            msg_id = uuid.UUID(str(msg_id))
+        except ValueError as exc:
+            raise InvalidMessageError(f"message id {message.id!r} is not a UUID") from exc
     seq = getattr(message, "seq", None)
     if seq is not None and (
         isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq < 2**63
@@ -110,9 +113,9 @@ def as_ref(consumer: str, message: Any, *, ordered: bool = False) -> MessageRef:
             f"message {msg_id} has no seq: the order guard (ordered=True) needs the per-key "
             "sequence number the outbox assigns"
         )
-    check_text(message.topic, "message topic", MAX_TOPIC_BYTES)
-    check_text(message.key, "message key", MAX_KEY_BYTES)
-    return MessageRef(consumer, msg_id, message.topic, message.key, seq)
+    check_text(topic, "message topic", MAX_TOPIC_BYTES)
+    check_text(key, "message key", MAX_KEY_BYTES)
+    return MessageRef(consumer, msg_id, topic, key, seq)
 
 
 def _storable(value: object, max_bytes: int) -> str:
@@ -308,9 +311,7 @@ def record_on(
     same steps, from the row count inbox_record gave."""
     params = ref.params()
     try:
-        with raw.cursor() as cur:
-            cur.execute(stmts.record, params)
-            inserted = cur.rowcount
+        inserted = raw.execute(stmts.record, params).rowcount
     except psycopg.Error as exc:
         raise translate(exc, stmts) from exc
     if inserted != 0 and not ordered:

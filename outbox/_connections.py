@@ -42,7 +42,7 @@ _AUTOCOMMIT_HINT = (
 
 
 def _check(raw: Any) -> None:
-    status = raw.info.transaction_status
+    status = raw.pgconn.transaction_status  # what raw.info.transaction_status wraps, unwrapped
     if status == TransactionStatus.INERROR:
         raise TransactionRequiredError(
             "the transaction has already failed (an earlier statement raised); roll it back "

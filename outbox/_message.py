@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 import uuid
 from collections.abc import Mapping
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outbox._ids import id_from_idempotency_key, new_message_id
-from outbox._payload import encode_payload
+from outbox._payload import JSON_ENCODER, encode_payload
 from outbox._trace import current_traceparent
 from outbox.envelope import is_reserved_header
 from outbox.exceptions import InvalidMessageError, PayloadTooLargeError, SerializationError
@@ -80,6 +79,22 @@ class PreparedMessage:
 
 def check_text(value: object, name: str, max_bytes: int | None = None) -> str:
     """``value`` if it is non-blank UTF-8 text without NUL of at most ``max_bytes`` bytes."""
+    # The common case, decided by str's C methods: ASCII (one byte a character, so its length
+    # is its size in UTF-8), not blank, no NUL. Anything else takes the checks below.
+    if (
+        value.__class__ is str
+        and value.isascii()
+        and (max_bytes is None or len(value) <= max_bytes)
+        and value
+        and not value.isspace()
+        and "\x00" not in value
+    ):
+        return value
+    return check_text_fully(value, name, max_bytes)
+
+
+def check_text_fully(value: object, name: str, max_bytes: int | None = None) -> str:
+    """:func:`check_text` without its fast path: every check, one by one, with its error."""
     if not isinstance(value, str):
         raise InvalidMessageError(
             f"{name} must be a str, got {type(value).__name__} {value!r}; "
@@ -153,8 +168,9 @@ def _headers(headers: Mapping[str, str] | None) -> str:
                 type_name="str",
             )
         for text in (k, v):
-            _utf8(text, f"headers[{k!r}]", SerializationError)
-    return json.dumps(dict(headers), ensure_ascii=False, separators=(",", ":"))
+            if not text.isascii():  # ASCII is UTF-8 already
+                _utf8(text, f"headers[{k!r}]", SerializationError)
+    return JSON_ENCODER.encode(dict(headers))
 
 
 def _available_at(message: Message) -> dt.datetime | None:

@@ -11,10 +11,20 @@ from typing import Any
 
 from outbox.exceptions import SerializationError
 
-__all__ = ["BYTES_CONTENT_TYPE", "JSON_CONTENT_TYPE", "encode_payload", "to_json_value"]
+__all__ = [
+    "BYTES_CONTENT_TYPE",
+    "JSON_CONTENT_TYPE",
+    "JSON_ENCODER",
+    "encode_payload",
+    "to_json_value",
+]
 
 JSON_CONTENT_TYPE = "application/json"
 BYTES_CONTENT_TYPE = "application/octet-stream"
+
+#: The one JSON encoding of payloads and headers: compact, UTF-8 as it is, no NaN. Made once
+#: (json.dumps with arguments builds an encoder per call).
+JSON_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 _HINT = (
     "convert it before publishing (for example str(value) for a Decimal, "
@@ -64,12 +74,28 @@ def to_json_value(value: Any, where: str) -> Any:
     )
 
 
+def _plain(value: Any) -> bool:
+    """True if ``value`` is JSON data as it is (exactly dict with str keys, list, tuple, str,
+    int, bool, None, finite float): json.dumps takes it unchanged, and the walk of
+    :func:`to_json_value` (which names each part for its errors) can be skipped."""
+    cls = value.__class__
+    if cls is str or cls is int or cls is bool or value is None:
+        return True
+    if cls is float:
+        return math.isfinite(value)
+    if cls is dict:
+        return all(k.__class__ is str and _plain(v) for k, v in value.items())
+    if cls is list or cls is tuple:
+        return all(_plain(v) for v in value)
+    return False
+
+
 def encode_payload(payload: Any, content_type: str | None) -> tuple[bytes, str]:
     """Serialize a payload: bytes are stored as they are, anything else as UTF-8 JSON."""
     if isinstance(payload, bytes | bytearray | memoryview):
         return bytes(payload), content_type or BYTES_CONTENT_TYPE
-    data = to_json_value(payload, "payload")
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    data = payload if _plain(payload) else to_json_value(payload, "payload")
+    text = JSON_ENCODER.encode(data)
     try:
         return text.encode("utf-8"), content_type or JSON_CONTENT_TYPE
     except UnicodeEncodeError as exc:

@@ -1,0 +1,67 @@
+"""The producer's and the inbox's fast paths decide exactly as the full checks they skip: the
+same value, or the same error (hypothesis, pure logic)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from outbox import InvalidMessageError, SerializationError
+from outbox._message import check_text, check_text_fully
+from outbox._payload import JSON_ENCODER, encode_payload, to_json_value
+
+# Text near every edge the checks look at: ASCII controls and blanks, NUL, non-ASCII, lone
+# surrogates, lengths around the limit.
+_TEXT = st.one_of(
+    st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=12),
+    st.text(max_size=12),
+    st.sampled_from(["", " ", "\t\n", "\x1c", "a\x00b", "\udc80", "é" * 5, "k" * 8, "k" * 9]),
+)
+
+
+def _outcome(check: Any, value: object, limit: int | None) -> tuple[str, str]:
+    try:
+        return ("ok", check(value, "key", limit))
+    except InvalidMessageError as exc:
+        return ("error", str(exc))
+
+
+@given(value=st.one_of(_TEXT, st.integers(), st.none()), limit=st.sampled_from([None, 8, 10]))
+def test_check_text_fast_path_decides_as_the_full_checks(value: object, limit: int | None) -> None:
+    assert _outcome(check_text, value, limit) == _outcome(check_text_fully, value, limit)
+
+
+_SCALAR = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
+    st.sampled_from([math.nan, math.inf, 1.5]),
+)  # fmt: skip
+_JSONISH = st.recursive(
+    _SCALAR,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.text(max_size=3), inner, max_size=3),
+        st.dictionaries(st.one_of(st.integers(), st.booleans(), st.none()), inner, max_size=2),
+    ),
+    max_leaves=8,
+)
+
+
+def _full(payload: Any) -> tuple[str, Any]:
+    try:
+        return ("ok", JSON_ENCODER.encode(to_json_value(payload, "payload")).encode("utf-8"))
+    except (SerializationError, UnicodeEncodeError) as exc:
+        return ("error", type(exc).__name__)
+
+
+@given(payload=_JSONISH)
+def test_payload_fast_path_encodes_as_the_full_walk(payload: Any) -> None:
+    try:
+        fast: tuple[str, Any] = ("ok", encode_payload(payload, None)[0])
+    except SerializationError as exc:
+        # encode_payload reports a lone surrogate as a SerializationError too
+        fast = ("error", "UnicodeEncodeError" if "surrogate" in str(exc) else type(exc).__name__)
+    assert fast == _full(payload)
