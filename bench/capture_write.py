@@ -12,6 +12,10 @@ each), in two databases of that cluster: one in 'polling' mode, one in 'wal' mod
   commit watch runs meanwhile (only during these runs), reading every 2 ms as it does while
   writers are active: its server time is charged to this variant.
 * ``wal``: the same plus ``publish(...)`` in 'wal' mode (a transactional logical message).
+* ``wal_floor``: what bounds ``wal``: the same business row plus one transactional logical
+  message of the same size emitted by hand (``pg_logical_emit_message`` with a record encoded
+  once, under a prefix no relay reads), so neither ``publish()``'s Python (validation, id,
+  encoding) nor its mode check is in it: the server's and the driver's share of 'wal' mode.
 
 The transactions are bench/write_overhead.py's. Variants are interleaved in rounds, the median
 reported, with ratios against ``naive``. No relay publishes: the slot keeps the WAL meanwhile.
@@ -33,6 +37,8 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 # bench/relay.py would shadow the relay package: import it before bench/ joins sys.path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+from outbox._message import Message, prepare  # noqa: E402
+from outbox._publish import _record as wal_record  # noqa: E402
 from relay._admin import enable_capture  # noqa: E402
 from relay._queries import relay_statements  # noqa: E402
 from relay._state import RunState  # noqa: E402
@@ -62,6 +68,7 @@ def main() -> None:
             "seconds_per_run": args.seconds,
             "rounds": args.rounds,
             "targets": "wal >= 1.0 x naive at 1/4/16 clients; polling >= 0.85 x naive at 16",
+            "floor": "wal_floor: the same transaction with the message emitted by hand",
             "results": results,
         },
     )
@@ -77,6 +84,7 @@ def _measure(admin_url: str, seconds: float, rounds: int) -> dict[str, Any]:
         "naive": (polling_url, overhead.naive),
         "polling": (polling_url, overhead.with_outbox),
         "wal": (wal_url, overhead.with_outbox),
+        "wal_floor": (wal_url, _emit_by_hand),
     }
     out: dict[str, Any] = {}
     for clients in CLIENTS:
@@ -91,11 +99,30 @@ def _measure(admin_url: str, seconds: float, rounds: int) -> dict[str, Any]:
             "ratio_wal_over_naive": round(medians["wal"] / medians["naive"], 3),
             "ratio_polling_over_naive": round(medians["polling"] / medians["naive"], 3),
             "ratio_naive_over_baseline": round(medians["naive"] / medians["baseline"], 3),
+            "ratio_wal_floor_over_naive": round(medians["wal_floor"] / medians["naive"], 3),
+            "ratio_wal_over_wal_floor": round(medians["wal"] / medians["wal_floor"], 3),
             "runs": runs,
         }
-        print(clients, {k: v for k, v in out[f"{clients}_clients"].items() if k != "runs"},
-              flush=True)
+        print(
+            clients, {k: v for k, v in out[f"{clients}_clients"].items() if k != "runs"}, flush=True
+        )
     return out
+
+
+def _floor_record() -> bytes:
+    """A record of the size ``wal`` emits for the same message (fixed id and key)."""
+    order_id = "00000000-0000-4000-8000-000000000000"
+    payload = {"order_id": order_id, "total": "12.50"}
+    return wal_record(prepare(Message("orders", order_id, payload, {"type": "OrderCreated"})))
+
+
+_FLOOR_RECORD = _floor_record()
+
+
+def _emit_by_hand(conn: Any, rnd: Any) -> None:
+    overhead._business(conn, rnd)
+    conn.execute("SELECT pg_logical_emit_message(true, 'bench.floor', %b::bytea)", (_FLOOR_RECORD,))
+    conn.commit()
 
 
 @contextlib.contextmanager
