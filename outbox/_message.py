@@ -22,6 +22,7 @@ __all__ = [
     "Message",
     "PreparedMessage",
     "check_text",
+    "check_text_fully",
     "prepare",
 ]
 
