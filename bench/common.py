@@ -53,6 +53,8 @@ def machine() -> dict[str, Any]:
                 "sqlalchemy",
                 "psycopg",
                 "psycopg-binary",
+                "orjson",
+                "uuid-utils",
                 "alembic",
                 "nats-py",
                 "aio-pika",

@@ -71,7 +71,6 @@ class WalRecord:
 
 
 def encode_record(
-    *,
     id: uuid.UUID,
     topic: str,
     key: str,
@@ -83,18 +82,25 @@ def encode_record(
     idempotent: bool,
 ) -> bytes:
     """The bytes of one message's logical message."""
-    flags = (_IDEMPOTENT if idempotent else 0) | (_HAS_AVAILABLE_AT if available_at else 0)
+    flags = _IDEMPOTENT if idempotent else 0
     micros = 0
     if available_at is not None:
+        flags |= _HAS_AVAILABLE_AT
         micros = (available_at - _EPOCH) // dt.timedelta(microseconds=1)
-    parts = [_HEAD.pack(_VERSION, flags, id.bytes, micros)]
-    for text in (topic, key, content_type, traceparent or "", headers):
-        data = text.encode("utf-8")
-        parts.append(_LENGTH.pack(len(data)))
-        parts.append(data)
-    parts.append(_LENGTH.pack(len(payload)))
-    parts.append(payload)
-    return b"".join(parts)
+    t, k, c, h = topic.encode(), key.encode(), content_type.encode(), headers.encode()
+    tp = traceparent.encode() if traceparent else b""
+    size = _LENGTH.pack
+    return b"".join(
+        (
+            _HEAD.pack(_VERSION, flags, id.bytes, micros),
+            size(len(t)), t,
+            size(len(k)), k,
+            size(len(c)), c,
+            size(len(tp)), tp,
+            size(len(h)), h,
+            size(len(payload)), payload,
+        )
+    )  # fmt: skip
 
 
 class RecordError(OutboxError):

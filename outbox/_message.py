@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outbox._ids import id_from_idempotency_key, new_message_id
-from outbox._payload import JSON_ENCODER, encode_payload
+from outbox._payload import JSON_ENCODER, encode_payload, plain_json
 from outbox._trace import current_traceparent
 from outbox.envelope import is_reserved_header
 from outbox.exceptions import InvalidMessageError, PayloadTooLargeError, SerializationError
@@ -24,6 +24,7 @@ __all__ = [
     "check_text",
     "check_text_fully",
     "prepare",
+    "prepare_fields",
 ]
 
 #: NATS's default max_payload and Kafka's default message.max.bytes are both about 1 MB: a
@@ -63,9 +64,11 @@ class Message:
     available_at: dt.datetime | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PreparedMessage:
-    """A validated message, serialized, ready to be bound to the insert statement."""
+    """A validated message, serialized, ready to be bound to the insert statement or encoded
+    as a WAL record. Made once per message on the producer's hot path, and never changed after:
+    not frozen because a frozen class's constructor costs several times a plain one's."""
 
     id: uuid.UUID
     topic: str
@@ -128,9 +131,31 @@ def _utf8(value: str, name: str, error: type[InvalidMessageError]) -> bytes:
         ) from exc
 
 
+# Header names that passed every check below, so a name seen before (most services send the
+# same few) costs one set lookup. Bounded: past the cap, new names take the full checks.
+_CHECKED_NAMES: set[str] = set()
+_CHECKED_NAMES_MAX = 1024
+
+
 def _headers(headers: Mapping[str, str] | None) -> str:
     if headers is None:
         return "{}"
+    # The common case: a dict whose names were all checked before and whose values are
+    # printable ASCII (no control character at all, so no NUL, CR or LF). Anything else takes
+    # the full checks, which decide the same and name what is wrong.
+    if headers.__class__ is dict:
+        for k, v in headers.items():
+            if not (k in _CHECKED_NAMES and v.__class__ is str and v.isascii() and v.isprintable()):
+                break
+        else:
+            encoded = plain_json(headers)  # the names and values are str: only a dict of str
+            if encoded is not None:
+                return encoded.decode()
+    return _headers_fully(headers)
+
+
+def _headers_fully(headers: Mapping[str, str]) -> str:
+    """:func:`_headers` without its fast path: every check, one by one, with its error."""
     if not isinstance(headers, Mapping):
         raise SerializationError(
             f"headers must be a mapping of str to str, got {type(headers).__name__}",
@@ -171,39 +196,40 @@ def _headers(headers: Mapping[str, str] | None) -> str:
         for text in (k, v):
             if not text.isascii():  # ASCII is UTF-8 already
                 _utf8(text, f"headers[{k!r}]", SerializationError)
+    if len(_CHECKED_NAMES) < _CHECKED_NAMES_MAX:
+        _CHECKED_NAMES.update(k for k in headers if k.__class__ is str)
     return JSON_ENCODER.encode(dict(headers))
 
 
-def _available_at(message: Message) -> dt.datetime | None:
-    if message.deliver_after is not None and message.available_at is not None:
+def _available_at(
+    deliver_after: dt.timedelta | None, available_at: dt.datetime | None
+) -> dt.datetime | None:
+    if deliver_after is not None and available_at is not None:
         raise InvalidMessageError(
             "give either deliver_after or available_at, not both", field="deliver_after"
         )
-    if message.deliver_after is not None:
-        if not isinstance(message.deliver_after, dt.timedelta) or message.deliver_after < (
-            dt.timedelta(0)
-        ):
+    if deliver_after is not None:
+        if not isinstance(deliver_after, dt.timedelta) or deliver_after < dt.timedelta(0):
             raise InvalidMessageError(
                 f"deliver_after must be a non-negative datetime.timedelta, got "
-                f"{message.deliver_after!r}",
+                f"{deliver_after!r}",
                 field="deliver_after",
             )
         try:
-            return dt.datetime.now(dt.UTC) + message.deliver_after
+            return dt.datetime.now(dt.UTC) + deliver_after
         except OverflowError as exc:
             raise InvalidMessageError(
-                f"deliver_after {message.deliver_after!r} is beyond the year 9999",
+                f"deliver_after {deliver_after!r} is beyond the year 9999",
                 field="deliver_after",
             ) from exc
-    if message.available_at is not None:
-        at = message.available_at
-        if not isinstance(at, dt.datetime) or at.tzinfo is None:
+    if available_at is not None:
+        if not isinstance(available_at, dt.datetime) or available_at.tzinfo is None:
             raise InvalidMessageError(
-                f"available_at must be a timezone-aware datetime, got {at!r}; "
+                f"available_at must be a timezone-aware datetime, got {available_at!r}; "
                 "for example datetime.now(timezone.utc) + timedelta(minutes=5)",
                 field="available_at",
             )
-        return at
+        return available_at
     return None
 
 
@@ -211,12 +237,40 @@ def prepare(
     message: Message, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 ) -> PreparedMessage:
     """Validate and serialize ``message``; raise a clear error naming what is wrong."""
-    topic = check_text(message.topic, "topic", MAX_TOPIC_BYTES)
-    key = check_text(message.key, "key", MAX_KEY_BYTES)
-    payload, content_type = encode_payload(message.payload, message.content_type)
-    headers = _headers(message.headers)
+    return prepare_fields(
+        message.topic,
+        message.key,
+        message.payload,
+        message.headers,
+        message.idempotency_key,
+        message.content_type,
+        message.deliver_after,
+        message.available_at,
+        max_payload_bytes,
+    )
+
+
+def prepare_fields(
+    topic: str,
+    key: str,
+    payload: Any,
+    headers: Mapping[str, str] | None,
+    idempotency_key: str | None,
+    content_type: str | None,
+    deliver_after: dt.timedelta | None,
+    available_at: dt.datetime | None,
+    max_payload_bytes: int,
+) -> PreparedMessage:
+    """:func:`prepare` of the fields themselves, for ``publish()``, which has no Message to
+    make (one object less per call)."""
+    topic = check_text(topic, "topic", MAX_TOPIC_BYTES)
+    key = check_text(key, "key", MAX_KEY_BYTES)
+    data, stored_type = encode_payload(payload, content_type)
+    headers_json = _headers(headers)
     # Brokers count headers against their limit too (NATS's max_payload does).
-    size = len(payload) + (len(headers.encode("utf-8")) if headers != "{}" else 0)
+    size = len(data)
+    if headers_json != "{}":
+        size += len(headers_json) if headers_json.isascii() else len(headers_json.encode())
     if size > max_payload_bytes:
         raise PayloadTooLargeError(
             f"payload of topic {topic!r} is {size} bytes serialized (with its headers), above "
@@ -225,23 +279,24 @@ def prepare(
             size=size,
             limit=max_payload_bytes,
         )
-    if message.content_type is not None:
-        check_text(message.content_type, "content_type", MAX_TOPIC_BYTES)
-    idempotent = message.idempotency_key is not None
-    if idempotent:
-        msg_id = id_from_idempotency_key(
-            topic, check_text(message.idempotency_key, "idempotency_key")
-        )
-    else:
+    if content_type is not None:
+        check_text(content_type, "content_type", MAX_TOPIC_BYTES)
+    if idempotency_key is None:
         msg_id = new_message_id()
+    else:
+        msg_id = id_from_idempotency_key(topic, check_text(idempotency_key, "idempotency_key"))
+    at = None if deliver_after is None and available_at is None else (
+        _available_at(deliver_after, available_at)
+    )
+    # positional: the order of PreparedMessage's fields
     return PreparedMessage(
-        id=msg_id,
-        topic=topic,
-        key=key,
-        headers=headers,
-        payload=payload,
-        content_type=content_type,
-        traceparent=current_traceparent(),
-        available_at=_available_at(message),
-        idempotent=idempotent,
+        msg_id,
+        topic,
+        key,
+        headers_json,
+        data,
+        stored_type,
+        current_traceparent(),
+        at,
+        idempotency_key is not None,
     )

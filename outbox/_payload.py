@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from outbox.exceptions import SerializationError
 
 __all__ = [
@@ -16,14 +18,19 @@ __all__ = [
     "JSON_CONTENT_TYPE",
     "JSON_ENCODER",
     "encode_payload",
+    "plain_json",
     "to_json_value",
 ]
 
 JSON_CONTENT_TYPE = "application/json"
 BYTES_CONTENT_TYPE = "application/octet-stream"
 
-#: The one JSON encoding of payloads and headers: compact, UTF-8 as it is, no NaN. Made once
-#: (json.dumps with arguments builds an encoder per call).
+#: The one JSON encoding of payloads and headers: compact, UTF-8 as it is, no NaN. Plain data
+#: (see :func:`_plain`) goes through orjson (:func:`plain_json`), about fifteen times faster
+#: than the standard library on a small object; whatever orjson declines (an int beyond 64 bits,
+#: nesting deeper than its limit, a lone surrogate) and everything that needs converting first
+#: goes through this encoder, made once (json.dumps with arguments builds one per call). The
+#: two write the same JSON values; only a float's spelling may differ ("1e16" / "1e+16").
 JSON_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 _HINT = (
@@ -90,10 +97,24 @@ def _plain(value: Any) -> bool:
     return False
 
 
+def plain_json(value: Any) -> bytes | None:
+    """``value`` as compact UTF-8 JSON if it is plain data that orjson takes, else None (the
+    caller then takes the checked path, which encodes it or says what is wrong)."""
+    if _plain(value):
+        try:
+            return orjson.dumps(value)
+        except orjson.JSONEncodeError:
+            return None
+    return None
+
+
 def encode_payload(payload: Any, content_type: str | None) -> tuple[bytes, str]:
     """Serialize a payload: bytes are stored as they are, anything else as UTF-8 JSON."""
     if isinstance(payload, bytes | bytearray | memoryview):
         return bytes(payload), content_type or BYTES_CONTENT_TYPE
+    fast = plain_json(payload)
+    if fast is not None:
+        return fast, content_type or JSON_CONTENT_TYPE
     data = payload if _plain(payload) else to_json_value(payload, "payload")
     text = JSON_ENCODER.encode(data)
     try:

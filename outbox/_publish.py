@@ -19,7 +19,13 @@ from psycopg import errors as pg_errors
 from outbox._capture import MODE_WAL, encode_record, known_mode, remember_mode
 from outbox._connections import AsyncTarget, Target, resolve_async, resolve_sync
 from outbox._errors import translate
-from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, Message, PreparedMessage, prepare
+from outbox._message import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Message,
+    PreparedMessage,
+    prepare,
+    prepare_fields,
+)
 from outbox._statements import ProducerStatements, producer_statements
 from outbox._wakeup import ring_after_commit
 from outbox.exceptions import OutboxError
@@ -27,12 +33,17 @@ from outbox.exceptions import OutboxError
 __all__ = ["publish", "publish_async", "publish_batch", "publish_batch_async"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Batch:
     ids: list[uuid.UUID]  # one per input message, in order
     lock_keys: list[int]
     single: PreparedMessage | None  # the fast path: exactly one distinct message
     rows: list[PreparedMessage]  # the distinct messages, in order
+
+    @classmethod
+    def one(cls, p: PreparedMessage) -> _Batch:
+        """The batch of one message (every ``publish()``): nothing to deduplicate or sort."""
+        return cls([p.id], [_lock_key(p.id)] if p.idempotent else [], p, [p])
 
     def wal_statement(self, stmts: ProducerStatements) -> tuple[bytes, dict[str, Any]]:
         """The WAL emit statement and its parameters: each distinct message as a record."""
@@ -82,15 +93,15 @@ class _Batch:
 def _record(p: PreparedMessage) -> bytes:
     """One distinct message as a WAL record."""
     return encode_record(
-        id=p.id,
-        topic=p.topic,
-        key=p.key,
-        content_type=p.content_type,
-        traceparent=p.traceparent,
-        headers=p.headers,
-        payload=p.payload,
-        available_at=p.available_at,
-        idempotent=p.idempotent,
+        p.id,
+        p.topic,
+        p.key,
+        p.content_type,
+        p.traceparent,
+        p.headers,
+        p.payload,
+        p.available_at,
+        p.idempotent,
     )
 
 
@@ -108,9 +119,8 @@ def _build(messages: Iterable[Message], max_payload_bytes: int) -> _Batch:
                 f"messages[{index}] is a {type(message).__name__}; pass outbox.Message objects"
             )
         prepared.append(prepare(message, max_payload_bytes=max_payload_bytes))
-    if len(prepared) == 1:  # publish(): nothing to deduplicate or sort
-        p = prepared[0]
-        return _Batch([p.id], [_lock_key(p.id)] if p.idempotent else [], p, prepared)
+    if len(prepared) == 1:
+        return _Batch.one(prepared[0])
     ids = [p.id for p in prepared]
     unique: dict[uuid.UUID, PreparedMessage] = {}
     for p in prepared:  # the same idempotency key twice in one batch is one message
@@ -160,7 +170,11 @@ def publish_batch(
     transaction has committed), for relays that run without the watch; it costs the producer
     a check and a NOTIFY per few milliseconds of commits.
     """
-    batch = _build(messages, max_payload_bytes)
+    return _write(target, _build(messages, max_payload_bytes), schema, wakeup)
+
+
+def _write(target: Target, batch: _Batch, schema: str | None, wakeup: bool) -> list[uuid.UUID]:
+    """:func:`publish_batch`'s I/O, once the batch is validated."""
     if not batch.ids:
         return []
     raw = resolve_sync(target)
@@ -196,7 +210,13 @@ async def publish_batch_async(
 ) -> list[uuid.UUID]:
     """Async twin of :func:`publish_batch` for ``AsyncSession``, ``AsyncConnection`` (SQLAlchemy)
     and ``psycopg.AsyncConnection``."""
-    batch = _build(messages, max_payload_bytes)
+    return await _write_async(target, _build(messages, max_payload_bytes), schema, wakeup)
+
+
+async def _write_async(
+    target: AsyncTarget, batch: _Batch, schema: str | None, wakeup: bool
+) -> list[uuid.UUID]:
+    """:func:`publish_batch_async`'s I/O, once the batch is validated."""
     if not batch.ids:
         return []
     raw = await resolve_async(target)
@@ -244,12 +264,18 @@ def publish(
     first message is still in the outbox: once retention has deleted it, the same id is
     written again under the key's next seq (an ordered inbox applies it once, in turn).
     """
-    message = Message(
-        topic, key, payload, headers, idempotency_key, content_type, deliver_after, available_at
+    prepared = prepare_fields(
+        topic,
+        key,
+        payload,
+        headers,
+        idempotency_key,
+        content_type,
+        deliver_after,
+        available_at,
+        max_payload_bytes,
     )
-    return publish_batch(
-        target, [message], schema=schema, max_payload_bytes=max_payload_bytes, wakeup=wakeup
-    )[0]
+    return _write(target, _Batch.one(prepared), schema, wakeup)[0]
 
 
 async def publish_async(
@@ -268,12 +294,18 @@ async def publish_async(
     wakeup: bool = False,
 ) -> uuid.UUID:
     """Async twin of :func:`publish`."""
-    message = Message(
-        topic, key, payload, headers, idempotency_key, content_type, deliver_after, available_at
+    prepared = prepare_fields(
+        topic,
+        key,
+        payload,
+        headers,
+        idempotency_key,
+        content_type,
+        deliver_after,
+        available_at,
+        max_payload_bytes,
     )
-    ids = await publish_batch_async(
-        target, [message], schema=schema, max_payload_bytes=max_payload_bytes, wakeup=wakeup
-    )
+    ids = await _write_async(target, _Batch.one(prepared), schema, wakeup)
     return ids[0]
 
 

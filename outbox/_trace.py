@@ -9,11 +9,13 @@ __all__ = ["current_traceparent"]
 
 def _load() -> Callable[[], str | None]:
     try:
-        from opentelemetry import propagate
+        from opentelemetry import propagate, trace
     except ImportError:  # opentelemetry-api is an optional extra
         return lambda: None
 
     def capture() -> str | None:
+        if not trace.get_current_span().get_span_context().is_valid:
+            return None  # no active span: there is no traceparent to carry (the common case)
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         return carrier.get("traceparent")

@@ -3,6 +3,7 @@ same value, or the same error (hypothesis, pure logic)."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -10,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from outbox import InvalidMessageError, SerializationError
-from outbox._message import check_text, check_text_fully
+from outbox._message import _headers, _headers_fully, check_text, check_text_fully
 from outbox._payload import JSON_ENCODER, encode_payload, to_json_value
 
 # Text near every edge the checks look at: ASCII controls and blanks, NUL, non-ASCII, lone
@@ -52,16 +53,52 @@ _JSONISH = st.recursive(
 
 def _full(payload: Any) -> tuple[str, Any]:
     try:
-        return ("ok", JSON_ENCODER.encode(to_json_value(payload, "payload")).encode("utf-8"))
+        text = JSON_ENCODER.encode(to_json_value(payload, "payload")).encode("utf-8")
+        return ("ok", json.loads(text))
     except (SerializationError, UnicodeEncodeError) as exc:
         return ("error", type(exc).__name__)
 
 
-@given(payload=_JSONISH)
+@given(payload=st.one_of(_JSONISH, st.integers(min_value=2**63, max_value=2**70)))
 def test_payload_fast_path_encodes_as_the_full_walk(payload: Any) -> None:
+    # The same JSON value (a float may be spelt differently: "1e16" or "1e+16"), or
+    # the same error. Ints beyond 64 bits are declined by orjson and take the full walk.
     try:
-        fast: tuple[str, Any] = ("ok", encode_payload(payload, None)[0])
+        fast: tuple[str, Any] = ("ok", json.loads(encode_payload(payload, None)[0]))
     except SerializationError as exc:
         # encode_payload reports a lone surrogate as a SerializationError too
         fast = ("error", "UnicodeEncodeError" if "surrogate" in str(exc) else type(exc).__name__)
     assert fast == _full(payload)
+
+
+_NAME = st.one_of(
+    st.sampled_from(["type", "x-tenant-id", "Type", "outbox-id", "traceparent", "", "a b", "a:b"]),
+    st.text(max_size=6),
+)
+_VALUE = st.one_of(
+    st.sampled_from(["OrderCreated", "", " ", "a\tb", "a\nb", "a\rb", "a\x00b", "\x7f", "é"]),
+    st.just("\udc80"),
+    st.text(max_size=6),
+    st.integers(),
+)
+
+
+def _header_outcome(encode: Any, headers: Any) -> tuple[str, Any]:
+    try:
+        return ("ok", encode(headers))
+    except SerializationError as exc:
+        return ("error", str(exc))
+
+
+@given(headers=st.dictionaries(_NAME, _VALUE, max_size=3))
+def test_headers_fast_path_decides_as_the_full_checks(headers: dict[str, Any]) -> None:
+    # Twice: the first call may add the names to the cache of checked names, the second then
+    # takes the fast path with them; both must decide as the full checks.
+    expected = _header_outcome(_headers_fully, headers)
+    for _ in range(2):
+        outcome = _header_outcome(_headers, headers)
+        assert outcome[0] == expected[0]
+        if outcome[0] == "ok":
+            assert json.loads(outcome[1]) == json.loads(expected[1])
+        else:
+            assert outcome[1] == expected[1]
