@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outbox._ids import id_from_idempotency_key, new_message_id
-from outbox._payload import JSON_ENCODER, encode_payload, plain_json
+from outbox._payload import JSON_ENCODER, encode_checked_headers, encode_payload
 from outbox._trace import current_traceparent
 from outbox.envelope import is_reserved_header
 from outbox.exceptions import InvalidMessageError, PayloadTooLargeError, SerializationError
@@ -145,12 +145,16 @@ def _headers(headers: Mapping[str, str] | None) -> str:
     # the full checks, which decide the same and name what is wrong.
     if headers.__class__ is dict:
         for k, v in headers.items():
-            if not (k in _CHECKED_NAMES and v.__class__ is str and v.isascii() and v.isprintable()):
+            if not (
+                k in _CHECKED_NAMES
+                and k.__class__ is str
+                and v.__class__ is str
+                and v.isascii()
+                and v.isprintable()
+            ):
                 break
         else:
-            encoded = plain_json(headers)  # the names and values are str: only a dict of str
-            if encoded is not None:
-                return encoded.decode()
+            return encode_checked_headers(headers)
     return _headers_fully(headers)
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "BYTES_CONTENT_TYPE",
     "JSON_CONTENT_TYPE",
     "JSON_ENCODER",
+    "encode_checked_headers",
     "encode_payload",
     "plain_json",
     "to_json_value",
@@ -106,6 +107,11 @@ def plain_json(value: Any) -> bytes | None:
         except orjson.JSONEncodeError:
             return None
     return None
+
+
+def encode_checked_headers(headers: dict[str, str]) -> str:
+    """Headers already checked to be a dict of exactly str to str, as JSON object text."""
+    return orjson.dumps(headers).decode()
 
 
 def encode_payload(payload: Any, content_type: str | None) -> tuple[bytes, str]:

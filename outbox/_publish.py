@@ -47,10 +47,9 @@ class _Batch:
 
     def wal_statement(self, stmts: ProducerStatements) -> tuple[bytes, dict[str, Any]]:
         """The WAL emit statement and its parameters: each distinct message as a record."""
-        records = [_record(p) for p in self.rows]
-        if len(records) == 1:
-            return stmts.wal_emit_one, {"record": records[0]}
-        return stmts.wal_emit, {"records": records}
+        if self.single is not None:
+            return stmts.wal_emit_one, {"record": _record(self.single)}
+        return stmts.wal_emit, {"records": [_record(p) for p in self.rows]}
 
     def lock_params(self) -> dict[str, Any]:
         """Parameters of the idempotency lock: every (topic, key) of the batch, then the ids."""
