@@ -28,13 +28,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime as dt
-import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
@@ -324,7 +324,7 @@ def _envelope(d: _Decoded) -> Envelope:
         seq=d.seq,
         payload=r.payload,
         content_type=r.content_type,
-        headers=json.loads(r.headers) if r.headers not in ("", "{}") else {},
+        headers=orjson.loads(r.headers) if r.headers not in ("", "{}") else {},
         traceparent=r.traceparent,
         created_at=d.created_at,
     )
