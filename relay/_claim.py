@@ -7,6 +7,7 @@ of every row, keeping each key's order.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
@@ -14,9 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
 import psycopg
-from psycopg.types.json import set_json_loads
 
 from outbox.envelope import Envelope
 from relay._config import RelayConfig
@@ -63,7 +62,7 @@ class Outcome:
 def _envelope(row: tuple[Any, ...]) -> Envelope:
     id_, topic, key, seq, payload, content_type, headers, traceparent, created_at, _ = row
     if isinstance(headers, str):  # pragma: no cover - jsonb arrives decoded with psycopg 3
-        headers = orjson.loads(headers)
+        headers = json.loads(headers)
     return Envelope(
         id=id_,
         topic=topic,
@@ -183,7 +182,6 @@ async def relay_session(conn: psycopg.AsyncConnection[Any]) -> None:
     mark of message n means n is published again before n+1 can be re-claimed.
     """
     await conn.execute("SET synchronous_commit = off")
-    set_json_loads(orjson.loads, conn)  # each claimed row's headers, a few times faster
 
 
 def backoff_delay(attempts: int, config: RelayConfig, rng: random.Random | None = None) -> float:
