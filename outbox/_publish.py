@@ -263,18 +263,9 @@ def publish(
     first message is still in the outbox: once retention has deleted it, the same id is
     written again under the key's next seq (an ordered inbox applies it once, in turn).
     """
-    prepared = prepare_fields(
-        topic,
-        key,
-        payload,
-        headers,
-        idempotency_key,
-        content_type,
-        deliver_after,
-        available_at,
-        max_payload_bytes,
-    )
-    return _write(target, _Batch.one(prepared), schema, wakeup)[0]
+    fields = (topic, key, payload, headers, idempotency_key, content_type, deliver_after)
+    batch = _Batch.one(prepare_fields(*fields, available_at, max_payload_bytes))
+    return _write(target, batch, schema, wakeup)[0]
 
 
 async def publish_async(
@@ -293,18 +284,9 @@ async def publish_async(
     wakeup: bool = False,
 ) -> uuid.UUID:
     """Async twin of :func:`publish`."""
-    prepared = prepare_fields(
-        topic,
-        key,
-        payload,
-        headers,
-        idempotency_key,
-        content_type,
-        deliver_after,
-        available_at,
-        max_payload_bytes,
-    )
-    ids = await _write_async(target, _Batch.one(prepared), schema, wakeup)
+    fields = (topic, key, payload, headers, idempotency_key, content_type, deliver_after)
+    batch = _Batch.one(prepare_fields(*fields, available_at, max_payload_bytes))
+    ids = await _write_async(target, batch, schema, wakeup)
     return ids[0]
 
 
