@@ -27,11 +27,12 @@ JSON_CONTENT_TYPE = "application/json"
 BYTES_CONTENT_TYPE = "application/octet-stream"
 
 #: The one JSON encoding of payloads and headers: compact, UTF-8 as it is, no NaN. Plain data
-#: (see :func:`_plain`) goes through orjson (:func:`plain_json`), about fifteen times faster
-#: than the standard library on a small object; whatever orjson declines (an int beyond 64 bits,
-#: nesting deeper than its limit, a lone surrogate) and everything that needs converting first
-#: goes through this encoder, made once (json.dumps with arguments builds one per call). The
-#: two write the same JSON values; only a float's spelling may differ ("1e16" / "1e+16").
+#: (see :func:`_plain`) goes through orjson (:func:`plain_json`), much faster than the
+#: standard library on the small objects messages carry; whatever orjson declines (an int
+#: beyond 64 bits, nesting deeper than its limit, a lone surrogate) and everything that needs
+#: converting first goes through this encoder, made once (json.dumps with arguments builds one
+#: per call). The two write the same JSON values; only a float's spelling may differ ("1e16" /
+#: "1e+16").
 JSON_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 _HINT = (

@@ -195,3 +195,18 @@ def test_sqlalchemy_engine_without_psycopg3_is_named() -> None:
         pytest.raises(ConfigurationError, match="postgresql\\+psycopg://"),
     ):
         publish(session, topic="t", key="k", payload={})
+
+
+def test_a_known_header_name_with_a_bad_value_is_refused_and_writes_nothing(
+    session: Session,
+) -> None:
+    # The second publish finds the name among the names already checked (the headers' fast
+    # path); a bad value with that name must still be refused, before anything is written.
+    publish(session, topic="t", key="ok", payload={}, headers={"x-tenant": "acme"})
+    publish(session, topic="t", key="ok", payload={}, headers={"x-tenant": "beta"})
+    with pytest.raises(SerializationError, match=r"headers\['x-tenant'\] contains a NUL, CR or LF"):
+        publish(session, topic="t", key="bad", payload={}, headers={"x-tenant": "a\r\nX: 1"})
+    with pytest.raises(SerializationError, match="headers\\['x-tenant'\\] must map a str to a str"):
+        publish(session, topic="t", key="bad", payload={}, headers={"x-tenant": 7})  # type: ignore[dict-item]
+    keys = session.execute(text("SELECT key FROM outbox_messages ORDER BY seq")).scalars().all()
+    assert keys == ["ok", "ok"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -257,3 +258,15 @@ def test_publish_batch_async_through_async_session(database_url: str) -> None:
 
     ids = asyncio.run(main())
     assert [r[0] for r in rows(database_url)] == ids
+
+
+def test_payload_beyond_the_fast_encoder_is_stored_exactly(
+    pg_conn: psycopg.Connection[Any],
+) -> None:
+    # orjson (the fast path for plain data) declines ints beyond 64 bits; the standard encoder
+    # takes them, and the stored JSON holds the exact value.
+    payload = {"big": 2**70, "neg": -(2**65), "f": 1e16, "text": "é\u2028"}
+    msg_id = publish(pg_conn, topic="t", key="k", payload=payload)
+    row = pg_conn.execute("SELECT payload FROM outbox_messages WHERE id = %s", [msg_id]).fetchone()
+    assert row is not None
+    assert json.loads(bytes(row[0])) == payload
