@@ -5,8 +5,9 @@ NATS JetStream -> consumer runner, with and without the inbox.
 (a) Each consumer is an OS process (consumers are separate processes in production; threads
 would share one GIL) with its own psycopg connection. Per message it builds the envelope (the
 decoded broker message, UUIDv7 id as the outbox assigns), then runs one transaction:
-[``receive``] + one UPDATE of a business row + COMMIT. Variants, interleaved in rounds so that
-drift and the neighbours' load affect all alike; medians reported:
+[``receive``] + one UPDATE of a business row + COMMIT. Variants, interleaved in rounds (each round
+starting one variant later, so each runs in every position) so that drift and the neighbours'
+load affect all alike; medians reported:
 
 * ``without_inbox``: BEGIN, UPDATE, COMMIT;
 * ``extra_round_trip``: the same plus ``SELECT 1``: what any one extra statement costs, the
@@ -29,7 +30,7 @@ the same NatsConsumer with a runner that opens the transaction, applies the effe
 commits, without recording.
 
 Run: python bench/inbox.py [--url postgresql://postgres@127.0.0.1:5432/postgres]
-     [--seconds 3] [--rounds 5] [--messages 4000] [--pipeline-rounds 3] [--no-save]
+     [--seconds 3] [--rounds 6] [--messages 4000] [--pipeline-rounds 4] [--no-save]
 """
 
 from __future__ import annotations
@@ -132,15 +133,20 @@ def _measure(ctx: Any, url: str, consumers: int, rounds: int, seconds: float) ->
     for p in procs:
         p.start()
     runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    admin = psycopg.connect(url, autocommit=True)
     try:
-        for _ in range(rounds):
-            for variant in VARIANTS:
+        for round_no in range(rounds):
+            for variant in rotated(VARIANTS, round_no):
                 go.clear()
                 stop.clear()
                 for q in commands:
                     q.put(variant)
                 for _ in range(consumers):  # every consumer connected and waiting on `go`
                     assert counts.get(timeout=60)[0] == "armed"
+                # Every window starts just after a checkpoint: the first write of each page
+                # after one logs the whole page, and a checkpoint falling inside one window
+                # but not the next would charge that to whichever variant it hit.
+                admin.execute("CHECKPOINT")
                 began = time.perf_counter()
                 go.set()
                 time.sleep(seconds)  # the measurement window itself
@@ -149,11 +155,21 @@ def _measure(ctx: Any, url: str, consumers: int, rounds: int, seconds: float) ->
                 total = sum(counts.get(timeout=60)[1] for _ in range(consumers))
                 runs[variant].append(round(total / elapsed, 1))
     finally:
+        admin.close()
         for q in commands:
             q.put(None)
         for p in procs:
             p.join(timeout=30)
     return _summary(runs, "tx_per_s")
+
+
+def rotated(variants: tuple[str, ...], round_no: int) -> tuple[str, ...]:
+    """The variants in the order round ``round_no`` runs them: each round starts one later, so
+    that over as many rounds as variants each variant runs once in every position. (The machine
+    slows down over a run, as tables and WAL grow; a fixed order would charge the variant that
+    always runs last with that drift.)"""
+    shift = round_no % len(variants)
+    return variants[shift:] + variants[:shift]
 
 
 def _summary(runs: dict[str, list[float]], unit: str) -> dict[str, Any]:
@@ -292,8 +308,8 @@ def _pipeline(ctx: Any, url: str, rounds: int, count: int) -> dict[str, Any]:
     # One short run first, not counted: the first run in a process pays for imports, the first
     # connections and the broker's first stream (it measured 3-4x slower than the rest).
     asyncio.run(_pipeline_run(ctx, url, False, min(count, 500)))
-    for _ in range(rounds):
-        for variant in runs:
+    for round_no in range(rounds):
+        for variant in rotated(tuple(runs), round_no):
             rate = asyncio.run(_pipeline_run(ctx, url, variant == "with_inbox", count))
             runs[variant].append(round(rate, 1))
             print("pipeline", variant, runs[variant][-1], flush=True)
@@ -330,9 +346,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=len(VARIANTS))
     parser.add_argument("--messages", type=int, default=4000)
-    parser.add_argument("--pipeline-rounds", type=int, default=3, help="0: skip part (b)")
+    parser.add_argument("--pipeline-rounds", type=int, default=4, help="0: skip part (b)")
     parser.add_argument(
         "--no-save", action="store_true", help="print only; leave bench/results/inbox.json"
     )
@@ -365,6 +381,7 @@ def main() -> None:
             "message_ids": "UUIDv7, as the outbox assigns them",
             "seconds_per_run": args.seconds,
             "rounds": args.rounds,
+            "order": "rotated: each round starts one variant later",
             "target": "with_inbox >= 0.9 x naive_inbox at 1 and 8 consumers",
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine
+from sqlalchemy import CheckConstraint, create_engine
 from sqlalchemy.pool import NullPool
 
 from outbox import make_metadata
@@ -25,7 +27,14 @@ def assert_schema_matches(url: str, schema: str | None) -> None:
             },
         )
         diff = compare_metadata(ctx, make_metadata(schema))
+        checks = _check_counts(conn, schema)
     engine.dispose()
+    declared = {
+        table.name: sum(isinstance(c, CheckConstraint) for c in table.constraints)
+        for table in make_metadata(schema).tables.values()
+    }
+    # autogenerate does not compare CHECK constraints: count them per table
+    assert checks == {name: n for name, n in declared.items() if n}
     diff = [
         d
         for d in diff
@@ -36,3 +45,13 @@ def assert_schema_matches(url: str, schema: str | None) -> None:
         )
     ]
     assert diff == []
+
+
+def _check_counts(conn: Any, schema: str | None) -> dict[str, int]:
+    rows = conn.exec_driver_sql(
+        "SELECT c.conrelid::regclass::text, count(*) FROM pg_constraint c "
+        "JOIN pg_namespace n ON n.oid = c.connamespace "
+        "WHERE c.contype = 'c' AND n.nspname = %(schema)s GROUP BY 1",
+        {"schema": schema or "public"},
+    ).all()
+    return {str(name).rsplit(".", 1)[-1].strip('"'): int(n) for name, n in rows}
