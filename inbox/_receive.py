@@ -87,9 +87,24 @@ class MessageRef:
         return base | extra if extra else base
 
 
+#: Consumer names and topics that passed check_text (both have MAX_TOPIC_BYTES): a process
+#: has a few of each, so each is checked once, not per message. Bounded against a caller that
+#: makes a new name per message.
+_CHECKED_NAMES: set[str] = set()
+_MAX_CHECKED_NAMES = 1024
+
+
+def _checked_name(value: Any, what: str) -> None:
+    if value.__class__ is str and value in _CHECKED_NAMES:
+        return
+    check_text(value, what, MAX_TOPIC_BYTES)
+    if value.__class__ is str and len(_CHECKED_NAMES) < _MAX_CHECKED_NAMES:
+        _CHECKED_NAMES.add(value)
+
+
 def as_ref(consumer: str, message: Any, *, ordered: bool = False) -> MessageRef:
     """Validate ``message`` (an Envelope or any object with id/topic/key/seq) for ``consumer``."""
-    check_text(consumer, "consumer", MAX_TOPIC_BYTES)
+    _checked_name(consumer, "consumer")
     try:
         msg_id, topic, key = message.id, message.topic, message.key
     except AttributeError:
@@ -115,7 +130,7 @@ def as_ref(consumer: str, message: Any, *, ordered: bool = False) -> MessageRef:
             f"message {msg_id} has no seq: the order guard (ordered=True) needs the per-key "
             "sequence number the outbox assigns"
         )
-    check_text(topic, "message topic", MAX_TOPIC_BYTES)
+    _checked_name(topic, "message topic")
     check_text(key, "message key", MAX_KEY_BYTES)
     return MessageRef(consumer, msg_id, topic, key, seq)
 
@@ -311,14 +326,15 @@ def record_on(
     message for an unordered consumer is inbox_record alone (one statement, one round trip, no
     generator to drive). The other cases (a duplicate, an ordered consumer) go on with the
     same steps, from the row count inbox_record gave."""
-    params = ref.params()
     try:
-        inserted = raw.execute(stmts.record, params).rowcount
+        inserted = raw.execute(
+            stmts.record_args, (ref.consumer, ref.id, ref.topic, ref.key, ref.seq)
+        ).rowcount
     except psycopg.Error as exc:
         raise translate(exc, stmts) from exc
     if inserted != 0 and not ordered:
         return Verdict.PROCESS
-    steps = _decision_steps(stmts, ref, ordered, message, params, (inserted,))
+    steps = _decision_steps(stmts, ref, ordered, message, ref.params(), (inserted,))
     verdict: Verdict = run_steps(raw, stmts, steps)
     return verdict
 
@@ -330,12 +346,18 @@ async def record_on_async(
     ordered: bool,
     message: Any = None,
 ) -> Verdict:
-    """Async twin of :func:`record_on`."""
+    """Async twin of :func:`record_on` (asyncpg's wrapper takes the named form)."""
     params = ref.params()
     try:
-        async with raw.cursor() as cur:
-            await cur.execute(stmts.record, params)
+        if isinstance(raw, psycopg.AsyncConnection):
+            cur = await raw.execute(
+                stmts.record_args, (ref.consumer, ref.id, ref.topic, ref.key, ref.seq)
+            )
             inserted = cur.rowcount
+        else:
+            async with raw.cursor() as wrapped:
+                await wrapped.execute(stmts.record, params)
+                inserted = wrapped.rowcount
     except psycopg.Error as exc:
         raise translate(exc, stmts) from exc
     if inserted != 0 and not ordered:
@@ -406,8 +428,10 @@ def receive(
     :class:`~inbox.OutOfOrderError` (nothing recorded): roll back and redeliver later.
     ``target``: SQLAlchemy Session/Connection or psycopg Connection, inside a transaction.
     """
-    verdict = record(target, consumer=consumer, message=message, ordered=ordered, schema=schema)
-    return _to_bool(verdict, message)
+    # record(), unfolded: this runs once per message
+    ref = as_ref(consumer, message, ordered=ordered)
+    verdict = record_on(resolve_sync(target), inbox_statements(schema), ref, ordered, message)
+    return verdict is Verdict.PROCESS or _to_bool(verdict, message)
 
 
 async def receive_async(
@@ -419,7 +443,7 @@ async def receive_async(
     schema: str | None = None,
 ) -> bool:
     """Async twin of :func:`receive` (AsyncSession, AsyncConnection, psycopg.AsyncConnection)."""
-    verdict = await record_async(
-        target, consumer=consumer, message=message, ordered=ordered, schema=schema
-    )
-    return _to_bool(verdict, message)
+    ref = as_ref(consumer, message, ordered=ordered)
+    raw = await resolve_async(target)
+    verdict = await record_on_async(raw, inbox_statements(schema), ref, ordered, message)
+    return verdict is Verdict.PROCESS or _to_bool(verdict, message)

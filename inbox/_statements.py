@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from outbox._sql import Names, qualified, registry
+from outbox._sql import Names, positional, qualified, registry
 from outbox.schema import (
     INBOX_DEAD_AUDIT,
     INBOX_HELD,
@@ -46,6 +46,10 @@ ON CONFLICT ON CONSTRAINT {messages_pkey} DO UPDATE
     SET status = 'processed', processed_at = excluded.processed_at, attempts = i.attempts + 1
     WHERE i.status = 'processing'
 """
+
+# inbox_record_args: inbox_record bound from a tuple (consumer, id, topic, key, seq), as
+# record_on runs it for every message; the named form serves the decision steps and asyncpg.
+_RECORD_ARGS = positional(_RECORD, ("consumer", "id", "topic", "key", "seq"))
 
 # inbox_note_duplicate: count the delivery (an aid for operators; never used to decide). The
 # row is already locked by inbox_record, so this waits for nobody. inbox_record returned no
@@ -466,6 +470,7 @@ DELETE FROM {messages} WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)
 @dataclass(frozen=True)
 class InboxStatements:
     record: bytes
+    record_args: bytes
     note_duplicate: bytes
     position_lock: bytes
     position_advance: bytes
@@ -522,6 +527,7 @@ inbox_statements = registry(
     InboxStatements,
     {
         "record": _RECORD,
+        "record_args": _RECORD_ARGS,
         "note_duplicate": _NOTE_DUPLICATE,
         "position_lock": _POSITION_LOCK,
         "position_advance": _POSITION_ADVANCE,

@@ -5,14 +5,28 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import uuid
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from inbox import _receive
+from inbox._receive import as_ref
+from inbox._statements import inbox_statements
 from outbox import InvalidMessageError, SerializationError
-from outbox._message import _headers, _headers_fully, check_text, check_text_fully
+from outbox._message import (
+    MAX_TOPIC_BYTES,
+    _headers,
+    _headers_fully,
+    check_text,
+    check_text_fully,
+)
 from outbox._payload import JSON_ENCODER, encode_payload, to_json_value
+from outbox._sql import positional
+from outbox.envelope import Envelope
 
 # Text near every edge the checks look at: ASCII controls and blanks, NUL, non-ASCII, lone
 # surrogates, lengths around the limit.
@@ -102,3 +116,57 @@ def test_headers_fast_path_decides_as_the_full_checks(headers: dict[str, Any]) -
             assert json.loads(outcome[1]) == json.loads(expected[1])
         else:
             assert outcome[1] == expected[1]
+
+
+_NAME = st.one_of(_TEXT, st.integers(), st.none(), st.lists(st.integers(), max_size=1))
+
+
+def _ref_outcome(consumer: object, topic: object) -> tuple[str, str]:
+    message = Envelope(uuid.uuid4(), topic, "k", 1, b"{}")  # type: ignore[arg-type]
+    try:
+        ref = as_ref(consumer, message)  # type: ignore[arg-type]
+        return ("ok", f"{ref.consumer}|{ref.topic}")
+    except InvalidMessageError as exc:
+        return ("error", str(exc))
+
+
+def _ref_fully(consumer: object, topic: object) -> tuple[str, str]:
+    try:
+        check_text_fully(consumer, "consumer", MAX_TOPIC_BYTES)
+        check_text_fully(topic, "message topic", MAX_TOPIC_BYTES)
+        return ("ok", f"{consumer}|{topic}")
+    except InvalidMessageError as exc:
+        return ("error", str(exc))
+
+
+@given(consumer=_NAME, topic=_NAME)
+def test_checked_names_decide_as_the_full_checks(consumer: object, topic: object) -> None:
+    # twice: the second call takes the checked-names path for the names the first one passed
+    assert _ref_outcome(consumer, topic) == _ref_fully(consumer, topic)
+    assert _ref_outcome(consumer, topic) == _ref_fully(consumer, topic)
+    # a name that passed as a topic is also taken as a consumer, and the other way round
+    assert _ref_outcome(topic, consumer)[0] == _ref_fully(topic, consumer)[0]
+
+
+def test_checked_names_are_bounded() -> None:
+    for n in range(_receive._MAX_CHECKED_NAMES + 50):
+        as_ref(f"consumer-{n}", Envelope(uuid.uuid4(), "t", "k", 1, b"{}"))
+    assert len(_receive._CHECKED_NAMES) <= _receive._MAX_CHECKED_NAMES
+    with pytest.raises(InvalidMessageError, match="consumer must not be empty"):
+        as_ref(" ", Envelope(uuid.uuid4(), "t", "k", 1, b"{}"))
+
+
+def test_positional_keeps_one_order_or_refuses() -> None:
+    text = "INSERT INTO t VALUES (%(a)s, %(b)s) -- 100%%"
+    assert positional(text, ("a", "b")) == "INSERT INTO t VALUES (%s, %s) -- 100%%"
+    with pytest.raises(TypeError, match="not \\['b', 'a'\\]"):
+        positional(text, ("b", "a"))
+    with pytest.raises(TypeError, match="each once"):
+        positional("SELECT %(a)s, %(a)s", ("a",))
+
+
+def test_the_record_statement_binds_the_same_columns_both_ways() -> None:
+    stmts = inbox_statements(None)
+    assert stmts.record_args.count(b"%s") == 5
+    named = re.sub(rb"%\(\w+\)s", b"%s", stmts.record)
+    assert named == stmts.record_args
