@@ -1,22 +1,24 @@
-"""The two tables written once per message lose their CHECK constraints.
+"""The tables written once per message lose their CHECK constraints.
 
 Revision ID: outbox_0013
 Revises: outbox_0012
 Create Date: 2026-11-26
 
-``inbox_messages`` gets one row in every consumer transaction and ``outbox_messages`` one in
-every polling-mode ``publish()``. PostgreSQL rebuilds a table's CHECK constraints for every
-statement that writes it: each constraint's stored expression is read back from its text form
-and planned again before the first row is checked. For a statement that writes one row, that
-is most of what the statement costs beyond the row itself: with the two checks of
-``inbox_messages``, ``receive()`` ran clearly below the rate of a naive ``ON CONFLICT DO
-NOTHING`` inbox with one consumer, and without them beside it (docs/inbox.md, "Benchmark").
+``inbox_messages`` gets one row in every consumer transaction; ``outbox_messages`` gets one
+in every polling-mode ``publish()``, which also upserts the key's ``outbox_key_sequences``
+row. PostgreSQL rebuilds a table's CHECK constraints for every statement that writes it: each
+constraint's stored expression is read back from its text form and planned again before the
+first row is checked. For a statement that writes one row, that is most of what the statement
+costs beyond the row itself: with the two checks of ``inbox_messages``, ``receive()`` ran
+clearly below the rate of a naive ``ON CONFLICT DO NOTHING`` inbox with one consumer, and
+without them beside it (docs/inbox.md, "Benchmark").
 
 What the checks guarded is written only by the library's own statements: statuses are
 constants in them, topic, key and consumer are refused before any I/O when blank, sequence
-numbers come from the per-key counter, attempts count up from 1. A unit test holds every
-status those statements write to the documented set (tests/unit/test_statuses.py). The other
-tables keep their checks: they are written rarely (audits, held messages, settings).
+numbers come from the per-key counter, which only counts up from 0, and attempts count up.
+A unit test holds every status those statements write to the documented set
+(tests/unit/test_statuses.py). The other tables keep their checks: they are written rarely
+(audits, held messages, settings).
 
 Dropping a constraint takes an ACCESS EXCLUSIVE lock for a catalog change only, no scan.
 Downgrading adds the checks back NOT VALID and then validates them, which scans the table
@@ -47,6 +49,11 @@ _CHECKS = (
         "status IN ('pending', 'published', 'dead')",
     ),
     ("outbox_messages", "outbox_messages_attempts_not_negative_check", "attempts >= 0"),
+    (
+        "outbox_key_sequences",
+        "outbox_key_sequences_last_seq_not_negative_check",
+        "last_seq >= 0",
+    ),
     ("inbox_messages", "inbox_messages_consumer_not_empty_check", "consumer <> ''"),
     (
         "inbox_messages",
