@@ -21,6 +21,8 @@ load affect all alike; medians reported:
   CONFLICT DO NOTHING`` of (consumer, message id, topic, key, seq, processed_at, status) into a
   copy of ``inbox_messages`` with its columns, constraints and indexes (``LIKE ... INCLUDING
   ALL``): what the row itself costs, whoever writes it;
+* ``checked_same_row``: ``naive_same_row`` into a copy that also has the two CHECK
+  constraints ``inbox_messages`` had before migration outbox_0013: what they cost;
 * ``with_inbox``: the same plus ``receive(conn, consumer=..., message=envelope)``.
 
 (b) N messages are committed to the outbox first; then the relay (this process) and one
@@ -30,7 +32,7 @@ the same NatsConsumer with a runner that opens the transaction, applies the effe
 commits, without recording.
 
 Run: python bench/inbox.py [--url postgresql://postgres@127.0.0.1:5432/postgres]
-     [--seconds 3] [--rounds 6] [--messages 4000] [--pipeline-rounds 4] [--no-save]
+     [--seconds 3] [--rounds 7] [--messages 4000] [--pipeline-rounds 4] [--no-save]
 """
 
 from __future__ import annotations
@@ -72,8 +74,13 @@ ROWS_PER_CONSUMER = 100
 MAX_CONSUMERS = 8
 VARIANTS = (
     "without_inbox", "extra_round_trip", "bare_insert", "naive_inbox", "naive_same_row",
-    "with_inbox",
+    "checked_same_row", "with_inbox",
 )  # fmt: skip
+#: The CHECK constraints inbox_messages had before outbox_0013, for ``checked_same_row``.
+OLD_CHECKS = (
+    "CHECK (consumer <> '')",
+    "CHECK (status IN ('processing', 'processed', 'stale', 'dead', 'parked'))",
+)
 NATS = "nats://127.0.0.1:4222"
 
 
@@ -100,9 +107,9 @@ def _consumer(url: str, worker: int, commands: Any, go: Any, stop: Any, counts: 
                         "INSERT INTO bare_inbox (consumer, message_id) VALUES (%s, %s)",
                         ("bench", msg.id),
                     )
-                elif variant == "naive_same_row":
+                elif variant in ("naive_same_row", "checked_same_row"):
                     cur = conn.execute(
-                        "INSERT INTO naive_same_row (consumer, message_id, topic, key, seq, "
+                        f"INSERT INTO {variant} (consumer, message_id, topic, key, seq, "
                         "processed_at, status) VALUES (%s, %s, %s, %s, %s, clock_timestamp(), "
                         "'processed') ON CONFLICT DO NOTHING",
                         ("bench", msg.id, msg.topic, msg.key, msg.seq),
@@ -133,7 +140,6 @@ def _measure(ctx: Any, url: str, consumers: int, rounds: int, seconds: float) ->
     for p in procs:
         p.start()
     runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    admin = psycopg.connect(url, autocommit=True)
     try:
         for round_no in range(rounds):
             for variant in rotated(VARIANTS, round_no):
@@ -143,10 +149,6 @@ def _measure(ctx: Any, url: str, consumers: int, rounds: int, seconds: float) ->
                     q.put(variant)
                 for _ in range(consumers):  # every consumer connected and waiting on `go`
                     assert counts.get(timeout=60)[0] == "armed"
-                # Every window starts just after a checkpoint: the first write of each page
-                # after one logs the whole page, and a checkpoint falling inside one window
-                # but not the next would charge that to whichever variant it hit.
-                admin.execute("CHECKPOINT")
                 began = time.perf_counter()
                 go.set()
                 time.sleep(seconds)  # the measurement window itself
@@ -155,7 +157,6 @@ def _measure(ctx: Any, url: str, consumers: int, rounds: int, seconds: float) ->
                 total = sum(counts.get(timeout=60)[1] for _ in range(consumers))
                 runs[variant].append(round(total / elapsed, 1))
     finally:
-        admin.close()
         for q in commands:
             q.put(None)
         for p in procs:
@@ -197,6 +198,14 @@ def _summary(runs: dict[str, list[float]], unit: str) -> dict[str, Any]:
         )
         out["ratio_with_inbox_over_naive_same_row"] = round(
             medians["with_inbox"] / medians["naive_same_row"], 3
+        )
+    if "checked_same_row" in runs:
+        # what the CHECK constraints dropped by outbox_0013 cost the same statement
+        out["ratio_checked_same_row_over_naive_same_row"] = round(
+            medians["checked_same_row"] / medians["naive_same_row"], 3
+        )
+        out["ratio_checked_same_row_over_naive_inbox"] = round(
+            medians["checked_same_row"] / medians["naive_inbox"], 3
         )
     out["runs"] = runs
     return out
@@ -335,6 +344,11 @@ def _database(admin_url: str) -> tuple[str, str]:
                 ).format(sql.Identifier(table))
             )
         conn.execute("CREATE TABLE naive_same_row (LIKE inbox_messages INCLUDING ALL)")
+        conn.execute(
+            "CREATE TABLE checked_same_row (LIKE inbox_messages INCLUDING ALL, "
+            + ", ".join(OLD_CHECKS)
+            + ")"
+        )
         conn.execute(
             "INSERT INTO accounts SELECT g, 0 FROM generate_series(0, %s) g",
             (MAX_CONSUMERS * ROWS_PER_CONSUMER,),
