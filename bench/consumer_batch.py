@@ -1,7 +1,7 @@
 """Consumers at pipeline speed: batched ordered consumers with the inbox against the relay
 alone and against the batched consumer a user would write by hand.
 
-    python bench/consumer_batch.py [--messages 20000] [--keys 200] [--rounds 3]
+    python bench/consumer_batch.py [--messages 20000] [--keys 200] [--rounds 5]
 
 One run, NATS JetStream on 127.0.0.1:4222, PostgreSQL on 127.0.0.1:5432, one consumer process
 (this one), every variant in each round on a fresh database and stream:
@@ -12,10 +12,13 @@ One run, NATS JetStream on 127.0.0.1:4222, PostgreSQL on 127.0.0.1:5432, one con
 (b) pipeline: the same backlog, the relay process and, in this process, an ordered
     ``NatsConsumer`` with ``Batching(size=100)`` and the inbox running together (a batch
     handler writes the effect rows in the inbox's transaction); rate = messages / (last
-    effect committed - start).
+    effect committed - start), the commit seen by the consumer's ``on_result``.
 (c) naive batched consumer draining the stream (b) left: fetch 100, one transaction that
     inserts the effects and the ids ``ON CONFLICT DO NOTHING`` (no order guard), commit, ack.
 (d) our batched consumer draining the same stream on its own (no relay beside it).
+(c) and (d) are timed alike: from the consumer's subscription to its last commit, with
+nothing polling the database meanwhile.
+(c) goes first in even rounds, (d) in odd ones.
 
 The bench checks in every run that each message was applied once and each key in seq order.
 Writes bench/results/consumer_batch.json with medians and the ratios (b)/(a) and (d)/(c).
@@ -57,20 +60,6 @@ async def _apply(conn: psycopg.AsyncConnection[Any], messages: list[Any]) -> Non
             "INSERT INTO effects (message_id, key, seq) VALUES (%s, %s, %s)",
             [(m.id, m.key, m.seq) for m in messages],
         )
-
-
-async def _count(url: str, table: str, n: int) -> float:
-    """Wait until ``table`` holds ``n`` rows; returns the wall time of the last one."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        deadline = time.monotonic() + 600
-        while True:
-            cur = await conn.execute(f"SELECT count(*) FROM {table}")
-            row = await cur.fetchone()
-            if row is not None and row[0] >= n:
-                return time.time()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{table}: {row} of {n} rows after 600 s")
-            await asyncio.sleep(0.05)
 
 
 async def _stream(js: Any, subject: str) -> str:
@@ -120,16 +109,36 @@ async def _relay_alone(url: str, n: int, topic: str) -> float:
         await nc.close()
 
 
-def _ours(url: str, pool: AsyncConnectionPool, stream: str, durable: str) -> NatsConsumer:
-    runner = AsyncHandlerRunner(pool, batch_handler=_apply, consumer="bench", ordered=True)
-    return NatsConsumer(
+class _Settled:
+    """``on_result`` for our consumer: counts the messages it settled, notes the time the n-th
+    one was committed, and stops the consumer then (it acks what it holds before it stops)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.count = n, 0
+        self.at: float | None = None
+        self.consumer: NatsConsumer | None = None
+
+    def __call__(self, _envelope: Any, _result: Any) -> None:
+        self.count += 1
+        if self.count == self.n:
+            self.at = time.time()
+            assert self.consumer is not None
+            self.consumer.stop()
+
+
+def _ours(
+    pool: AsyncConnectionPool, stream: str, durable: str, consumer: str, settled: _Settled
+) -> NatsConsumer:
+    runner = AsyncHandlerRunner(pool, batch_handler=_apply, consumer=consumer, ordered=True)
+    settled.consumer = NatsConsumer(
         runner, stream=stream, durable=durable, servers=NATS, batch=100, fetch_timeout=0.2,
-        batching=Batching(size=100, wait=0.005),
+        batching=Batching(size=100, wait=0.005), on_result=settled,
     )  # fmt: skip
+    return settled.consumer
 
 
 async def _pipeline(
-    url: str, n: int, keys: int, topic: str
+    url: str, n: int, keys: int, topic: str, ours_first: bool
 ) -> tuple[float, float, float, list[Any]]:
     """(b), then (c) and (d) on the stream it filled: their three rates and the checks of
     (b) and (d)."""
@@ -146,29 +155,39 @@ async def _pipeline(
         await js.add_consumer(stream, config)
     try:
         async with AsyncConnectionPool(url, min_size=2, max_size=4) as pool:
-            consumer = _ours(url, pool, stream, "ours")
+            settled = _Settled(n)
+            consumer = _ours(pool, stream, "ours", "bench", settled)
             started = time.time()
             relay = await _relay(url)
-            task = asyncio.create_task(consumer.run())
-            done_at = await _count(url, "effects", n)
-            pipeline = n / (done_at - started)
-            consumer.stop()
-            await task
+            await asyncio.wait_for(consumer.run(), 600)  # returns once all n are settled
+            assert settled.at is not None
+            pipeline = n / (settled.at - started)
             await _stop(relay)
             checks = [await asyncio.to_thread(_check, url, n, keys)]
-            naive = n / await _naive(url, js, stream, n)
-            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-                await conn.execute("TRUNCATE effects")
-            alone = _ours(url, pool, stream, "ours_alone")
-            alone.runner = AsyncHandlerRunner(
-                pool, batch_handler=_apply, consumer="bench-alone", ordered=True
-            )
-            started = time.time()
-            task = asyncio.create_task(alone.run())
-            ours = n / (await _count(url, "effects", n) - started)
-            alone.stop()
-            await task
-            checks.append(await asyncio.to_thread(_check, url, n, keys))
+
+            async def ours_alone() -> float:
+                async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                    await conn.execute("TRUNCATE effects")
+                settled = _Settled(n)
+                alone = _ours(pool, stream, "ours_alone", "bench-alone", settled)
+                task = asyncio.create_task(alone.run())
+                # from its subscription, as the naive consumer's clock starts after its own
+                await asyncio.wait_for(alone.ready.wait(), 60)
+                began = time.time()
+                await asyncio.wait_for(task, 600)
+                assert settled.at is not None
+                rate = n / (settled.at - began)
+                checks.append(await asyncio.to_thread(_check, url, n, keys))
+                return rate
+
+            # (c) and (d) take turns at going first, so neither always meets the other's
+            # leftovers (autovacuum, dirty pages) or the machine's drift within a round
+            if ours_first:
+                ours = await ours_alone()
+                naive = n / await _naive(url, js, stream, n)
+            else:
+                naive = n / await _naive(url, js, stream, n)
+                ours = await ours_alone()
         return pipeline, naive, ours, checks
     finally:
         await js.delete_stream(stream)
@@ -181,7 +200,7 @@ async def _naive(url: str, js: Any, stream: str, n: int) -> float:
 
     sub = await js.pull_subscribe("", durable="naive", stream=stream)
     done = 0
-    started = time.monotonic()
+    started = committed = time.monotonic()
     async with await psycopg.AsyncConnection.connect(url) as conn:
         while done < n:
             try:
@@ -198,10 +217,11 @@ async def _naive(url: str, js: Any, stream: str, n: int) -> float:
                 await cur.executemany(
                     "INSERT INTO naive_effects (message_id, key, seq) VALUES (%s, %s, %s)", rows
                 )
+            done += len(msgs)
+            committed = time.monotonic()  # the clock stops at the last commit, as for ours
             for m in msgs:
                 await m.ack()
-            done += len(msgs)
-    return time.monotonic() - started
+    return committed - started
 
 
 def _check(url: str, n: int, keys: int) -> dict[str, Any]:
@@ -216,7 +236,7 @@ def _check(url: str, n: int, keys: int) -> dict[str, Any]:
             "once_each": len(rows) == n and len(seqs) == keys}  # fmt: skip
 
 
-async def _round(n: int, keys: int) -> dict[str, Any]:
+async def _round(n: int, keys: int, ours_first: bool) -> dict[str, Any]:
     name, url = create_db()
     try:
         topic = f"cb{uuid.uuid4().hex[:8]}"
@@ -230,7 +250,7 @@ async def _round(n: int, keys: int) -> dict[str, Any]:
             conn.execute(EFFECTS)
         topic = f"cb{uuid.uuid4().hex[:8]}"
         await asyncio.to_thread(fill, url, topic, n, keys)
-        pipeline, naive, ours, checks = await _pipeline(url, n, keys, topic)
+        pipeline, naive, ours, checks = await _pipeline(url, n, keys, topic, ours_first)
     finally:
         drop_db(name)
     return {"relay_alone": relay_alone, "pipeline": pipeline, "naive_batched": naive,
@@ -241,14 +261,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--keys", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    rounds = [asyncio.run(_round(args.messages, args.keys)) for _ in range(args.rounds)]
+    rounds = [
+        asyncio.run(_round(args.messages, args.keys, ours_first=i % 2 == 1))
+        for i in range(args.rounds)
+    ]
     for r in rounds:
         print({k: (round(v) if isinstance(v, float) else v) for k, v in r.items()})
     med = {k: statistics.median(r[k] for r in rounds)
            for k in ("relay_alone", "pipeline", "naive_batched", "ours_batched")}  # fmt: skip
     result = {
+        "order": "(c) before (d) in even rounds, (d) before (c) in odd ones",
         "messages": args.messages,
         "keys": args.keys,
         "rounds": rounds,
