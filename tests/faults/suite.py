@@ -216,6 +216,11 @@ def _produce(world: World, history: History, stop: threading.Event, seed: int,
             order_id = uuid.uuid4()
             poison = rng.random() < 0.01
             roll = rng.random()
+            republish = 0.03 <= roll < 0.08 and bool(idem)
+            # Re-publishing an earlier idempotency key creates a message when the first one
+            # never committed (rolled back, or cut before its commit): that message is new and
+            # is accounted like any other, so a re-publish never carries a poison payload.
+            poison = poison and not republish
             payload = {"order": str(order_id), "poison": poison}
             if roll < 0.03:  # oversized: refused before anything is written
                 try:
@@ -226,7 +231,7 @@ def _produce(world: World, history: History, stop: threading.Event, seed: int,
                 conn.rollback()
                 continue
             conn.execute("INSERT INTO orders (id, key) VALUES (%s, %s)", (order_id, key))
-            if roll < 0.08 and idem:  # re-publish an earlier idempotency key: a no-op
+            if republish:  # an earlier idempotency key: a no-op if its message committed
                 ikey_topic_key = rng.choice(idem)
                 msg_id = publish(conn, topic=TOPIC, key=ikey_topic_key[1], payload=payload,
                                  idempotency_key=ikey_topic_key[0])  # fmt: skip
