@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from outbox._sql import Names, positional, qualified, registry
+from outbox._sql import Names, bound_by_position, qualified, registry
 from outbox.schema import (
     INBOX_DEAD_AUDIT,
     INBOX_HELD,
@@ -49,7 +49,7 @@ ON CONFLICT ON CONSTRAINT {messages_pkey} DO UPDATE
 
 # inbox_record_args: inbox_record bound from a tuple (consumer, id, topic, key, seq), as
 # record_on runs it for every message; the named form serves the decision steps and asyncpg.
-_RECORD_ARGS = positional(_RECORD, ("consumer", "id", "topic", "key", "seq"))
+_RECORD_ARGS = bound_by_position(_RECORD, ("consumer", "id", "topic", "key", "seq"))
 
 # inbox_note_duplicate: count the delivery (an aid for operators; never used to decide). The
 # row is already locked by inbox_record, so this waits for nobody. inbox_record returned no

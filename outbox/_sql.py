@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Names",
     "StatementText",
-    "positional",
+    "bound_by_position",
     "qualified",
     "registry",
     "render",
@@ -74,7 +74,7 @@ def render(text: StatementText, names: Names) -> bytes:
 _NAMED = re.compile(r"%\((\w+)\)s")
 
 
-def positional(text: str, order: Sequence[str]) -> str:
+def bound_by_position(text: str, order: Sequence[str]) -> str:
     """``text`` with its ``%(name)s`` placeholders written ``%s``, bound from a tuple in
     ``order``: psycopg binds a tuple with less work per call than a mapping, which counts for
     a statement run once per message. Each name must appear once, in ``order``."""

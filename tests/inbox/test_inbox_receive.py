@@ -133,8 +133,11 @@ def test_receive_accepts_minimal_object_and_refuses_bad_input(pg_conn: Any) -> N
         receive(pg_conn, consumer="c", message=make_envelope(key="k" * 1500), ordered=True)
     with pytest.raises(InvalidMessageError, match="below 2\\*\\*63"):
         receive(pg_conn, consumer="c", message=make_envelope(seq=2**63), ordered=True)
-    # Refused before any statement: the caller's transaction is still usable.
+    # Refused before any statement: the caller's transaction is still usable, and the only
+    # row is the minimal message's (no CHECK constraint stands behind these checks)
     assert pg_conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    rows = pg_conn.execute("SELECT consumer, message_id FROM inbox_messages").fetchall()
+    assert rows == [("c", uuid.UUID(minimal.id))]
 
 
 def test_receive_refuses_autocommit(database_url: str) -> None:

@@ -25,7 +25,7 @@ from outbox._message import (
     check_text_fully,
 )
 from outbox._payload import JSON_ENCODER, encode_payload, to_json_value
-from outbox._sql import positional
+from outbox._sql import bound_by_position
 from outbox.envelope import Envelope
 
 # Text near every edge the checks look at: ASCII controls and blanks, NUL, non-ASCII, lone
@@ -156,13 +156,13 @@ def test_checked_names_are_bounded() -> None:
         as_ref(" ", Envelope(uuid.uuid4(), "t", "k", 1, b"{}"))
 
 
-def test_positional_keeps_one_order_or_refuses() -> None:
+def test_bound_by_position_keeps_one_order_or_refuses() -> None:
     text = "INSERT INTO t VALUES (%(a)s, %(b)s) -- 100%%"
-    assert positional(text, ("a", "b")) == "INSERT INTO t VALUES (%s, %s) -- 100%%"
+    assert bound_by_position(text, ("a", "b")) == "INSERT INTO t VALUES (%s, %s) -- 100%%"
     with pytest.raises(TypeError, match="not \\['b', 'a'\\]"):
-        positional(text, ("b", "a"))
+        bound_by_position(text, ("b", "a"))
     with pytest.raises(TypeError, match="each once"):
-        positional("SELECT %(a)s, %(a)s", ("a",))
+        bound_by_position("SELECT %(a)s, %(a)s", ("a",))
 
 
 def test_the_record_statement_binds_the_same_columns_both_ways() -> None:
