@@ -8,6 +8,12 @@ paths as the CLI). Binds to 127.0.0.1 and is read-only unless started with a tok
 
 from __future__ import annotations
 
-from console._app import create_app
+from outbox._optional import require
+
+# the console's own objects need Starlette: say which extra brings it
+for _module in ("starlette", "jinja2", "multipart", "itsdangerous"):
+    require(_module, "console")
+
+from console._app import create_app  # noqa: E402
 
 __all__ = ["create_app"]

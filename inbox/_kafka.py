@@ -17,6 +17,7 @@ from typing import Any
 from inbox._consumer import Batching, BrokerConsumer, ResultCallback
 from inbox._runner import AsyncAlso, AsyncBatchAlso, AsyncHandlerRunner, Result
 from outbox._connections import resolve_async
+from outbox._optional import require
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError, InvalidMessageError
 from outbox.wire import kafka as wire
@@ -51,6 +52,7 @@ class KafkaConsumer(BrokerConsumer):
         schema: str | None = None,
         batching: Batching | None = None,
     ) -> None:
+        require("confluent_kafka", "kafka")  # fail at construction, naming the extra
         super().__init__(
             runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
         )

@@ -13,6 +13,7 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
+from outbox._optional import require
 from outbox.exceptions import ConfigurationError
 from outbox.wire import mqtt as wire
 
@@ -36,6 +37,7 @@ class MqttConsumer(BrokerConsumer):
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
     ) -> None:
+        require("paho.mqtt.client", "mqtt")  # fail at construction, naming the extra
         super().__init__(
             runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
         )

@@ -7,6 +7,7 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
+from outbox._optional import require
 from outbox.wire import nats as wire
 
 __all__ = ["NatsConsumer"]
@@ -35,6 +36,7 @@ class NatsConsumer(BrokerConsumer):
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
     ) -> None:
+        require("nats", "nats")  # fail at construction, naming the extra
         super().__init__(
             runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
         )

@@ -7,6 +7,7 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
+from outbox._optional import require
 from outbox.wire import rabbitmq as wire
 
 __all__ = ["RabbitMQConsumer"]
@@ -30,6 +31,7 @@ class RabbitMQConsumer(BrokerConsumer):
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
     ) -> None:
+        require("aio_pika", "rabbitmq")  # fail at construction, naming the extra
         super().__init__(
             runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
         )

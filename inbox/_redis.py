@@ -7,6 +7,7 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
+from outbox._optional import require
 from outbox.wire import redis as wire
 
 __all__ = ["RedisStreamConsumer"]
@@ -35,6 +36,7 @@ class RedisStreamConsumer(BrokerConsumer):
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
     ) -> None:
+        require("redis.asyncio", "redis")  # fail at construction, naming the extra
         super().__init__(
             runner, redeliver_delay=claim_idle_ms / 1000, on_result=on_result, batching=batching
         )

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from outbox._optional import loaded_class
 from outbox.exceptions import ConfigurationError
 
 __all__ = ["AsyncTransactions", "Transactions", "async_transactions", "sync_transactions"]
@@ -57,7 +58,6 @@ def sync_transactions(source: Any) -> Transactions:
 def async_transactions(source: Any) -> AsyncTransactions:
     """A factory of transactions for an async runner."""
     from psycopg_pool import AsyncConnectionPool
-    from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
     if isinstance(source, AsyncConnectionPool):
 
@@ -67,8 +67,18 @@ def async_transactions(source: Any) -> AsyncTransactions:
                 yield conn
 
         return pooled
-    if isinstance(source, AsyncEngine | async_sessionmaker):
-        return source.begin
+    # SQLAlchemy's asyncio module needs greenlet (the "async" extra): an AsyncEngine or an
+    # async_sessionmaker can only exist if it was imported, so look, don't import
+    sqlalchemy_async = tuple(
+        cls
+        for cls in (
+            loaded_class("sqlalchemy.ext.asyncio", "AsyncEngine"),
+            loaded_class("sqlalchemy.ext.asyncio", "async_sessionmaker"),
+        )
+        if cls is not None
+    )
+    if sqlalchemy_async and isinstance(source, sqlalchemy_async):
+        return source.begin  # type: ignore[no-any-return]
     if callable(source):
         return source  # type: ignore[no-any-return]
     raise ConfigurationError(

@@ -16,6 +16,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from outbox._asyncpg import AsyncpgConnection, is_asyncpg
+from outbox._optional import loaded_class
 from outbox.exceptions import ConfigurationError, TransactionRequiredError
 
 if TYPE_CHECKING:
@@ -136,14 +137,13 @@ def _unwrap_sqlalchemy_sync(target: Any) -> Any:
 
 async def _unwrap_sqlalchemy_async(target: Any) -> tuple[Any, Any]:
     """SQLAlchemy's AsyncConnection behind ``target``, in a transaction, and its pool entry."""
-    try:
-        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-    except ImportError as exc:  # pragma: no cover - sqlalchemy[asyncio] missing
-        raise _unsupported(target, "a psycopg.AsyncConnection") from exc
-
-    if isinstance(target, AsyncSession):
+    # not imported here: SQLAlchemy's asyncio module needs greenlet (the "async" extra), and an
+    # AsyncSession or AsyncConnection can only exist if the caller imported it
+    session_class = loaded_class("sqlalchemy.ext.asyncio", "AsyncSession")
+    connection_class = loaded_class("sqlalchemy.ext.asyncio", "AsyncConnection")
+    if session_class is not None and isinstance(target, session_class):
         conn = await target.connection()
-    elif isinstance(target, AsyncConnection):
+    elif connection_class is not None and isinstance(target, connection_class):
         conn = target
         if not conn.in_transaction():
             await conn.begin()

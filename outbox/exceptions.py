@@ -12,6 +12,7 @@ from typing import Any
 __all__ = [
     "ConfigurationError",
     "InvalidMessageError",
+    "MissingDependencyError",
     "OutboxError",
     "PayloadTooLargeError",
     "SchemaNotInstalledError",
@@ -33,6 +34,10 @@ class OutboxError(Exception):
 
 class ConfigurationError(OutboxError):
     """The configuration is invalid."""
+
+
+class MissingDependencyError(ConfigurationError, ImportError):
+    """An optional dependency is not installed: install the extra the message names."""
 
 
 class InvalidMessageError(OutboxError, ValueError):

@@ -35,6 +35,7 @@ import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from outbox._optional import loaded_class
 from outbox.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -91,10 +92,11 @@ def transactional_session(maker: async_sessionmaker[Any] | sessionmaker[Any]) ->
     in it never existed.
     """
     depends = _fastapi_depends()
-    from sqlalchemy.ext.asyncio import async_sessionmaker
     from sqlalchemy.orm import sessionmaker
 
-    if isinstance(maker, async_sessionmaker):
+    # an async_sessionmaker exists only if its module (which needs greenlet) was imported
+    async_maker_class = loaded_class("sqlalchemy.ext.asyncio", "async_sessionmaker")
+    if async_maker_class is not None and isinstance(maker, async_maker_class):
         async_maker: async_sessionmaker[Any] = maker
 
         async def async_transaction() -> AsyncIterator[AsyncSession]:
@@ -209,7 +211,7 @@ async def _all_ready(
             for consumer, task in zip(consumers, tasks, strict=True):
                 ready = getattr(consumer, "ready", None)
                 if not isinstance(ready, asyncio.Event):
-                    continue  # nothing says when it receives (a relay): started is all we know
+                    continue  # nothing says when it is ready: started is all we know
                 current = task.get_name()
                 waiter = asyncio.create_task(ready.wait())
                 try:

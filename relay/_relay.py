@@ -73,6 +73,9 @@ class Relay:
         #: the commit watch ('polling' mode wake-ups; None with watch = false)
         self.watch: CommitWatch | None = None
         self._capture_task: asyncio.Task[None] | None = None
+        #: set once run() has found its tables, registered and connected to the broker: the
+        #: relay is publishing (``outbox.fastapi.consumer_lifespan`` waits for it)
+        self.ready = asyncio.Event()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -139,6 +142,7 @@ class Relay:
                 )
                 background.append(asyncio.create_task(self.watch.run()))
             await self._start_publisher()
+            self.ready.set()
             # 'wal' mode: stream the slot too (it waits while the database polls)
             self.capture = WalCapture(self.config, pool, self.stmts, self.dispatcher, self.state)
             self._capture_task = asyncio.create_task(self.capture.run())

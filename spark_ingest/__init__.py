@@ -79,4 +79,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'spark_ingest' has no attribute {name!r}")
     import importlib
 
+    from outbox._optional import require
+
+    require("pyspark", "spark")  # these names run on Spark: name the extra when it is missing
     return getattr(importlib.import_module(module), name)

@@ -11,8 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from outbox.exceptions import ConfigurationError
-from relay.brokers._lazy import MissingDependencyError
+from outbox.exceptions import ConfigurationError, MissingDependencyError
 from relay.brokers.base import BrokerFeatures, Destinations, Publisher
 
 __all__ = [

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from outbox._optional import require
 from outbox.envelope import HEADER_ID, Envelope
 from outbox.exceptions import ConfigurationError
 from outbox.wire import kafka as wire
@@ -38,7 +39,6 @@ from relay.brokers._batch import (
     retryable,
     unavailable,
 )
-from relay.brokers._lazy import require
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 from relay.exceptions import BrokerUnreachableError, RetryablePublishError
 

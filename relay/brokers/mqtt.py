@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from outbox._optional import require
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
 from outbox.wire import mqtt as wire
@@ -38,7 +39,6 @@ from relay.brokers._batch import (
     retryable,
     unreachable,
 )
-from relay.brokers._lazy import require
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 from relay.exceptions import BrokerUnreachableError
 

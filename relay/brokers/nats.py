@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from outbox._optional import require
 from outbox.envelope import Envelope
 from outbox.wire import nats as wire
 from relay.brokers._batch import (
@@ -31,7 +32,6 @@ from relay.brokers._batch import (
     unavailable,
     unreachable,
 )
-from relay.brokers._lazy import require
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 
 __all__ = ["NatsPublisher"]

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from outbox._optional import require
 from outbox.envelope import Envelope
 from outbox.wire import rabbitmq as wire
 from relay.brokers._batch import (
@@ -29,7 +30,6 @@ from relay.brokers._batch import (
     retryable,
     unavailable,
 )
-from relay.brokers._lazy import require
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 from relay.exceptions import RetryablePublishError
 

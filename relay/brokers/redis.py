@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from outbox._optional import require
 from outbox.envelope import Envelope
 from outbox.exceptions import InvalidMessageError
 from outbox.wire import redis as wire
@@ -23,7 +24,6 @@ from relay.brokers._batch import (
     retryable,
     unavailable,
 )
-from relay.brokers._lazy import require
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 from relay.exceptions import RetryablePublishError
 

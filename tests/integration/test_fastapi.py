@@ -386,3 +386,31 @@ def test_consumer_lifespan_refuses_what_it_cannot_run() -> None:
 
     with pytest.raises(ConfigurationError, match="argument 0 is a object"):
         asyncio.run(go())
+
+
+def test_a_relay_that_cannot_start_fails_the_app_start(empty_database_url: str) -> None:
+    # the relay's tables are missing: the relay raises at once, and the app must not serve
+    from outbox.exceptions import SchemaNotInstalledError
+    from relay import Relay, RelayConfig
+    from relay.brokers.memory import MemoryPublisher
+
+    async def start() -> None:
+        relay = Relay(RelayConfig(database_url=empty_database_url), MemoryPublisher())
+        async with consumer_lifespan(relay, ready_timeout=30):
+            pytest.fail("the app started serving with a relay that cannot start")
+
+    with pytest.raises(SchemaNotInstalledError, match="migrate upgrade"):
+        asyncio.run(start())
+
+
+def test_the_app_starts_once_the_relay_is_publishing(database_url: str) -> None:
+    from relay import Relay, RelayConfig
+    from relay.brokers.memory import MemoryPublisher
+
+    async def start() -> bool:
+        relay = Relay(RelayConfig(database_url=database_url), MemoryPublisher())
+        async with consumer_lifespan(relay) as tasks:
+            ready = relay.ready.is_set() and not tasks[0].done()
+        return ready
+
+    assert asyncio.run(start())
