@@ -11,7 +11,7 @@ from __future__ import annotations
 from outbox._optional import require
 
 # the console's own objects need Starlette: say which extra brings it
-for _module in ("starlette", "jinja2", "multipart", "itsdangerous"):
+for _module in ("starlette", "jinja2", "itsdangerous"):
     require(_module, "console")
 
 from console._app import create_app  # noqa: E402
