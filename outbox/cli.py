@@ -11,7 +11,7 @@ import psycopg
 
 from outbox import _migrate
 from outbox._errors import describe_database_error, missing_extra
-from outbox.exceptions import OutboxError
+from outbox.exceptions import MissingDependencyError, OutboxError
 
 __all__ = ["database_url", "main"]
 
@@ -156,17 +156,20 @@ def _load_plugins() -> None:
     for ep in entry_points(group="outbox.cli"):
         try:
             commands = ep.load()
+        except MissingDependencyError as exc:
+            main.add_command(_needs_extra(ep.name, exc.extra, exc.module))
+            continue
         except ModuleNotFoundError as exc:
             extra = missing_extra(exc)
             if extra is None:
                 raise  # not an optional extra of ours: a real error, shown as it is
-            main.add_command(_needs_extra(ep.name, extra, exc))
+            main.add_command(_needs_extra(ep.name, extra, exc.name or ""))
             continue
         for command in commands:
             main.add_command(command)
 
 
-def _needs_extra(name: str, extra: str, exc: ModuleNotFoundError) -> click.Command:
+def _needs_extra(name: str, extra: str, module: str) -> click.Command:
     """A stand-in for a subcommand whose optional dependencies are not installed."""
 
     @click.command(
@@ -176,7 +179,7 @@ def _needs_extra(name: str, extra: str, exc: ModuleNotFoundError) -> click.Comma
     )
     def stand_in() -> None:
         click.echo(
-            f"error: `outbox {name}` needs the {extra!r} extra ({exc.name} is not installed): "
+            f"error: `outbox {name}` needs the {extra!r} extra ({module} is not installed): "
             f"pip install 'outbox-inbox[{extra}]'",
             err=True,
         )

@@ -39,6 +39,10 @@ class ConfigurationError(OutboxError):
 class MissingDependencyError(ConfigurationError, ImportError):
     """An optional dependency is not installed: install the extra the message names."""
 
+    #: the missing module, and the package's extra that installs it
+    module: str
+    extra: str
+
 
 class InvalidMessageError(OutboxError, ValueError):
     """The message is invalid and was not written."""

@@ -25,7 +25,10 @@ PAGES = sorted(p for p in DOCS.rglob("*.md"))
 
 
 def _blocks(page: Path, language: str) -> list[str]:
-    fence = re.compile(rf"^```{language}\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+    # a fence may name the file a reader saves the block as: ```python file=app.py
+    fence = re.compile(
+        rf"^```{language}(?:[ \t][^\n]*)?\n(.*?)^```", flags=re.DOTALL | re.MULTILINE
+    )
     return fence.findall(page.read_text())
 
 
