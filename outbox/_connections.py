@@ -37,12 +37,19 @@ _AUTOCOMMIT_HINT = (
     "the connection is in autocommit mode and not inside a transaction, so the message "
     "would be committed on its own, apart from your business rows, and a later rollback "
     "could not take it back. Write it inside your transaction: "
-    "`with session.begin(): ...`, `with conn.begin(): ...`, or for psycopg "
     "`with conn.transaction(): ...` (or a connection with autocommit=False)"
+)
+#: SQLAlchemy's begin() opens no database transaction on an AUTOCOMMIT engine or connection
+_SQLALCHEMY_AUTOCOMMIT_HINT = (
+    "the SQLAlchemy connection uses isolation_level='AUTOCOMMIT', where begin() opens no "
+    "database transaction, so the message would be committed on its own, apart from your "
+    "business rows, and a later rollback could not take it back. Publish on an engine without "
+    "that setting, or switch this connection back before its transaction: "
+    "`conn.execution_options(isolation_level='READ COMMITTED')`, then `with conn.begin(): ...`"
 )
 
 
-def _check(raw: Any) -> None:
+def _check(raw: Any, hint: str = _AUTOCOMMIT_HINT) -> None:
     status = raw.pgconn.transaction_status  # what raw.info.transaction_status wraps, unwrapped
     if status == TransactionStatus.INERROR:
         raise TransactionRequiredError(
@@ -50,7 +57,7 @@ def _check(raw: Any) -> None:
             "and retry the whole unit of work"
         )
     if raw.autocommit and status == TransactionStatus.IDLE:
-        raise TransactionRequiredError(_AUTOCOMMIT_HINT)
+        raise TransactionRequiredError(hint)
 
 
 def _not_psycopg(
@@ -66,12 +73,12 @@ def _not_psycopg(
 def resolve_sync(target: Target) -> psycopg.Connection[Any]:
     """The psycopg connection behind ``target``, in a transaction, or a clear error."""
     if isinstance(target, psycopg.Connection):
-        raw: Any = target
-    else:
-        raw = _unwrap_sqlalchemy_sync(target)
+        _check(target)
+        return target
+    raw = _unwrap_sqlalchemy_sync(target)
     if not isinstance(raw, psycopg.Connection):
         raise _not_psycopg(target, raw)
-    _check(raw)
+    _check(raw, _SQLALCHEMY_AUTOCOMMIT_HINT)
     return raw
 
 
@@ -87,7 +94,7 @@ async def resolve_async(target: AsyncTarget) -> AsyncRaw:
     conn, fairy = await _unwrap_sqlalchemy_async(target)
     raw = fairy.driver_connection
     if isinstance(raw, psycopg.AsyncConnection):
-        _check(raw)
+        _check(raw, _SQLALCHEMY_AUTOCOMMIT_HINT)
         return raw
     if is_asyncpg(raw):
         return await _asyncpg(conn, fairy, raw)
@@ -101,7 +108,7 @@ async def _asyncpg(conn: Any, fairy: Any, raw: Any) -> AsyncpgConnection:
     the first statement with InFailedSqlTransaction instead."""
     if not raw.is_in_transaction():
         if fairy.dbapi_connection.autocommit:  # isolation_level="AUTOCOMMIT": no transaction
-            raise TransactionRequiredError(_AUTOCOMMIT_HINT)
+            raise TransactionRequiredError(_SQLALCHEMY_AUTOCOMMIT_HINT)
         # SQLAlchemy's asyncpg adapter sends BEGIN (with the isolation level the caller chose)
         # only with its own first statement: have it begin now, once per transaction.
         await conn.exec_driver_sql("SELECT 1")

@@ -163,8 +163,18 @@ def test_sqlalchemy_autocommit_isolation_is_refused(shared_url: str) -> None:
     engine = create_engine(
         sqlalchemy_url(shared_url), poolclass=NullPool, isolation_level="AUTOCOMMIT"
     )
-    with engine.connect() as conn, pytest.raises(TransactionRequiredError, match="autocommit"):
+    with engine.connect() as conn:
+        with pytest.raises(TransactionRequiredError, match="isolation_level='AUTOCOMMIT'"):
+            publish(conn, topic="t", key="k", payload={})
+        conn.rollback()
+        with pytest.raises(TransactionRequiredError, match="AUTOCOMMIT"), conn.begin():
+            publish(conn, topic="t", key="k", payload={})  # begin() opens no transaction here
+        # what the error says to do works: the message and the rows commit or roll back together
+        conn = conn.execution_options(isolation_level="READ COMMITTED")
+        transaction = conn.begin()
         publish(conn, topic="t", key="k", payload={})
+        transaction.rollback()
+        assert conn.exec_driver_sql("SELECT count(*) FROM outbox_messages").scalar() == 0
     engine.dispose()
 
 
