@@ -103,6 +103,20 @@ def seed(url: str) -> dict[str, list[Any]]:
     return {**dead, "all": ids}
 
 
+def csrf_of(page: str) -> str:
+    """The CSRF token a page's forms carry."""
+    return page.split('name="csrf" value="')[1].split('"')[0]
+
+
+def http_login(client: Any, name: str = "carol", token: str = TOKEN) -> str:
+    """Log ``client`` (an httpx.Client on the console) in; returns the session's CSRF token."""
+    client.post("/login", data={"csrf": csrf_of(client.get("/login").text), "operator": name,
+                                "token": token})  # fmt: skip
+    page = client.get("/dead")
+    assert page.status_code == 200, page.text
+    return csrf_of(page.text)
+
+
 def screenshot(driver: Any, name: str) -> None:
     """Save a screenshot for the docs when OUTBOX_CONSOLE_SCREENSHOTS names a directory."""
     directory = os.environ.get("OUTBOX_CONSOLE_SCREENSHOTS")
