@@ -435,3 +435,38 @@ def test_the_session_cookie_is_secure_when_asked_or_behind_a_trusted_tls_proxy(
     behind = create_app(database_url, token=TOKEN, trusted_proxy=["10.0.0.0/8"])
     assert "secure" in cookie(behind, https)
     assert "secure" not in cookie(behind, {"X-Forwarded-Proto": "http"})
+
+
+def test_the_console_role_of_outbox_grants_serves_every_page_and_change(
+    database_url: str, console: Any
+) -> None:
+    """docs/how-to/console.md runs the console as a role granted `outbox migrate grants
+    --console`: every page and every change works with it."""
+    import httpx
+
+    from outbox.cli import main as outbox_cli
+
+    dead = seed(database_url)
+    role = f"console_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+    granted = CliRunner().invoke(
+        outbox_cli, ["migrate", "grants", "--apply", "--url", database_url, "--console", role]
+    )
+    assert granted.exit_code == 0, granted.output
+    try:
+        url = database_url.replace("postgres@", f"{role}@", 1)
+        with console(url, token=TOKEN) as base, httpx.Client(base_url=base) as client:
+            csrf = http_login(client, "gil")
+            for page in ("/", "/dead", f"/dead/{dead['timeout'][0]}", "/held", "/audit"):
+                assert client.get(page).status_code == 200, page
+            for action, target in (("retry", dead["timeout"][0]), ("purge", dead["too_large"][0])):
+                form = {"csrf": csrf, "action": action, "scope": "one", "id": str(target)}
+                answer = client.post("/dead/change", data={**form, "reason": "ops"})
+                assert answer.status_code == 303, answer.text
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
+    assert _status(database_url, dead["timeout"][0]) == "pending"
+    assert _status(database_url, dead["too_large"][0]) is None
