@@ -212,6 +212,7 @@ def test_a_read_only_database_role_can_view_and_is_told_it_cannot_change(
                 "reason": "x", "csrf": csrf})  # fmt: skip
             assert answer.status_code == 403
             assert "may not change dead letters" in answer.text
+            assert client.get("/dead").status_code == 200  # its pooled connection rolled back
     finally:
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {role}")
