@@ -2,8 +2,9 @@
 
 Backlog and publish rate per topic, relays, consumers, reconciliation runs; outbox dead letters
 and inbox held keys to inspect, requeue or purge (with a reason, a dry run, and the same audited
-paths as the CLI). Binds to 127.0.0.1 and is read-only unless started with a token. Needs the
-``console`` extra (Starlette, Jinja2, uvicorn).
+paths as the CLI). Without a token it is read-only and listens on loopback only; with one,
+every page needs a login (docs/how-to/console.md). Needs the ``console`` extra (Starlette,
+Jinja2, uvicorn).
 """
 
 from __future__ import annotations

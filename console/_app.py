@@ -2,7 +2,8 @@
 
 Every page reads; every change goes through the functions behind the CLI (``outbox dead retry``
 and ``purge``, ``outbox inbox dead retry`` and ``purge``), which write the audit row in the
-same transaction as the change and wake the relays.
+same transaction as the change and wake the relays. Who may see and change what:
+``console/_security.py``.
 """
 
 from __future__ import annotations
@@ -11,36 +12,71 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import logging
+import math
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.middleware.sessions import SessionMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import inbox._dead as inbox_dead
 from console._history import History
-from console._security import Forbidden, check_change, csrf_token, log_in, logged_in
+from console._security import (
+    Forbidden,
+    LoginThrottle,
+    allowed_hosts,
+    check_change,
+    check_listen,
+    check_token,
+    csrf_token,
+    is_remote,
+    log_in,
+    logged_in,
+)
 from console._statements import console_statements
-from outbox.exceptions import OutboxError
+from outbox.exceptions import ConfigurationError, OutboxError
 from relay._admin import DeadFilter, audit_log, dead_list, dead_purge, dead_retry, relay_status
 from relay._registration import redact
 
 __all__ = ["create_app"]
 
+log = logging.getLogger("outbox.console")
+
 HERE = Path(__file__).parent
 #: how many rows a listing shows, and how many messages one change may touch
 LIST_LIMIT = 200
 CHANGE_LIMIT = 10_000
+#: the most of a payload the message page shows (the rest is counted, not sent)
+PAYLOAD_SHOWN = 64 * 1024
+#: the oldest "older than" filter (ten years, in minutes)
+MAX_MINUTES = 10 * 365 * 24 * 60
+#: the largest form a change or a login may post
+MAX_FORM_BYTES = 64 * 1024
+#: the longest operator name (it goes into every audit row)
+MAX_OPERATOR = 100
+#: how long a request waits for a pooled connection before the page says the database is gone
+POOL_WAIT = 5.0
 
 _SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; "
@@ -66,13 +102,114 @@ def _ago(seconds: float | None) -> str:
 
 
 def _payload_text(payload: bytes) -> str:
+    """The payload as the message page shows it: JSON indented, text as it is, else hex; the
+    first :data:`PAYLOAD_SHOWN` bytes only, and JSON nested too deeply to indent as text."""
+    if len(payload) > PAYLOAD_SHOWN:
+        head = payload[:PAYLOAD_SHOWN].decode("utf-8", errors="replace")
+        return f"(the first {PAYLOAD_SHOWN} of {len(payload)} bytes)\n{head}"
     try:
         text = payload.decode("utf-8")
     except UnicodeDecodeError:
         return f"({len(payload)} bytes, not UTF-8) " + payload[:2048].hex(" ")
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError, RecursionError):
         return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
     return text
+
+
+def _minutes(text: str) -> float:
+    """``older than`` in minutes: a finite number from 0 to :data:`MAX_MINUTES`."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0 <= value <= MAX_MINUTES:
+        raise OutboxError(
+            f"older than: {text[:40]!r} is not a number of minutes from 0 to {MAX_MINUTES} "
+            "(ten years)"
+        )
+    return value
+
+
+def _dead_filter(params: Any) -> tuple[DeadFilter, str]:
+    """The dead-letter filter of a listing's query or a change's form, and its error text."""
+    older = str(params.get("older_than_minutes") or "").strip()
+    until = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=_minutes(older)) if older else None
+    where = DeadFilter(
+        topic=params.get("topic") or None, key=params.get("key") or None, until=until
+    )
+    return where, str(params.get("error") or "")
+
+
+def _message_ids(raw: object) -> list[uuid.UUID]:
+    try:
+        return [uuid.UUID(str(raw))]
+    except ValueError as exc:
+        raise ValueError(f"{str(raw)[:40]!r} is not a message id") from exc
+
+
+def _rows(cur: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
+    names = [d.name for d in cur.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+class _LoopbackClientsOnly:
+    """Without a token: a request from another machine is refused, however the server was
+    started (``create_app`` checks the address it is told; this checks every client)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = scope.get("client")
+        if scope["type"] == "http" and client and is_remote(str(client[0])):
+            refused = PlainTextResponse(
+                "this console has no token, so it answers loopback clients only", 403
+            )
+            await refused(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class _Sessions:
+    """The session cookie, marked Secure when the request came over HTTPS (directly, or as a
+    trusted proxy says) or when ``secure`` forces it."""
+
+    def __init__(self, app: ASGIApp, *, secure: bool) -> None:
+        options: dict[str, Any] = {
+            "secret_key": secrets.token_urlsafe(32),
+            "session_cookie": "outbox_console",
+            "same_site": "strict",
+            "max_age": 8 * 3600,
+        }
+        self.plain = SessionMiddleware(app, https_only=secure, **options)
+        self.tls = SessionMiddleware(app, https_only=True, **options)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        chosen = self.tls if scope.get("scheme") in ("https", "wss") else self.plain
+        await chosen(scope, receive, send)
+
+
+def _reports_root(reports_dir: str | Path | None) -> Path | None:
+    if reports_dir is None:
+        return None
+    root = Path(reports_dir).resolve()
+    if not root.is_dir():
+        raise ConfigurationError(
+            f"the reports directory {str(reports_dir)!r} is not a directory: pass the directory "
+            "the reconciliation writes its runs into (--output-dir of `outbox reconcile`)",
+            setting="reports_dir",
+        )
+    return root
+
+
+def _report_file(root: Path, named: str) -> Path | None:
+    """The report file ``named`` (a run's row) if it resolves, symlinks followed, to a file
+    inside ``root``; None otherwise."""
+    try:
+        path = (root / named).resolve(strict=True)
+    except (OSError, ValueError, RuntimeError):  # missing, a NUL byte, a symlink loop
+        return None
+    return path if path.is_relative_to(root) and path.is_file() else None
 
 
 def create_app(
@@ -81,95 +218,115 @@ def create_app(
     token: str | None = None,
     schema: str | None = None,
     sample_seconds: float = 10.0,
+    host: str = "127.0.0.1",
+    allowed_host: Iterable[str] = (),
+    reports_dir: str | Path | None = None,
+    secure_cookie: bool = False,
+    trusted_proxy: Iterable[str] = (),
+    pool_size: int = 4,
 ) -> Starlette:
-    """The console for the outbox and inbox tables at ``url``.
+    """The console for the outbox and inbox tables at ``url``, to be served on ``host``.
 
-    Without ``token`` it is read-only. With one, an operator logs in with it and may requeue or
-    purge dead letters; every change needs the session's CSRF token and is audited with the
-    operator's name.
+    Without ``token`` it is read-only and refuses any ``host`` but loopback. With one (at
+    least 16 characters), every page needs a login with it; an operator may requeue or purge
+    dead letters; every change needs the session's CSRF token and is audited with the
+    operator's name. Requests must name ``host``, a loopback name or one of ``allowed_host``
+    in their Host header. Reconciliation reports are served from ``reports_dir`` only.
+    ``secure_cookie`` marks the session cookie Secure (a TLS proxy in front); with
+    ``trusted_proxy`` (addresses or networks), such a proxy's X-Forwarded-Proto and
+    X-Forwarded-For are believed. Raises ConfigurationError for a token, host or directory
+    that will not do.
     """
+    check_token(token)
+    check_listen(host, token)
+    reports = _reports_root(reports_dir)
+    hosts = allowed_hosts(host, allowed_host)
+    proxies = [p.strip() for p in trusted_proxy if p.strip()]
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["ago"] = _ago
-    history = History(url, schema, sample_seconds)
+    pool = ConnectionPool(
+        url,
+        min_size=1,
+        max_size=max(1, pool_size),
+        open=False,
+        timeout=POOL_WAIT,
+        check=ConnectionPool.check_connection,
+        kwargs={"autocommit": True, "application_name": "outbox console"},
+        name="outbox-console",
+    )
+    history = History(pool.connection, schema, sample_seconds)
     stmts = console_statements(schema)
+    throttle = LoginThrottle()
+
+    def may_read(request: Request) -> bool:
+        return token is None or logged_in(request)
 
     def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
         context.update(
             writable=token is not None,
             operator=request.session.get("operator"),
             csrf=csrf_token(request),
-            database=redact(url),
+            database=redact(url) if may_read(request) else "",
             notice=request.session.pop("notice", None),
         )
         return templates.TemplateResponse(request, name, context, status_code=status_code)
 
-    async def read(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+    def problem(request: Request, status_code: int, message: str) -> Response:
+        return render(request, "error.html", status_code, message=message)
 
-    def _query(sql: bytes, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        with psycopg.connect(url, autocommit=True) as conn:
-            cur = conn.execute(sql, params or {})
-            names = [d.name for d in cur.description or ()]
-            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    async def read(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(conn, *args, **kwargs)`` in a worker thread, on a connection of the pool."""
+
+        def call() -> Any:
+            with pool.connection() as conn:
+                return fn(conn, *args, **kwargs)
+
+        return await asyncio.to_thread(call)
+
+    def _query(
+        conn: psycopg.Connection[Any], sql: bytes, params: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        return _rows(conn.execute(sql, params or {}))
+
+    def _overview(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+        held_by_consumer: dict[str, int] = {}
+        for k in inbox_dead.held_keys(conn, limit=LIST_LIMIT, schema=schema):
+            held_by_consumer[k.consumer] = held_by_consumer.get(k.consumer, 0) + 1
+        return {
+            "status": relay_status(conn, schema=schema),
+            "consumers": _query(conn, stmts.consumers),
+            "held": held_by_consumer,
+            "runs": _query(conn, stmts.runs, {"limit": 5}),
+        }
 
     async def overview(request: Request) -> Response:
-        status = await read(relay_status, url, schema=schema)
-        consumers = await read(_query, stmts.consumers)
-        held = await read(inbox_dead.held_keys, url, limit=LIST_LIMIT, schema=schema)
-        runs = await read(_query, stmts.runs, {"limit": 5})
-        held_by_consumer: dict[str, int] = {}
-        for k in held:
-            held_by_consumer[k.consumer] = held_by_consumer.get(k.consumer, 0) + 1
-        return render(
-            request,
-            "overview.html",
-            status=status,
-            consumers=consumers,
-            held=held_by_consumer,
-            runs=runs,
-        )
+        return render(request, "overview.html", **await read(_overview))
 
     async def history_api(request: Request) -> Response:
         return JSONResponse(history.series())
 
-    def _dead_filter(params: Any) -> tuple[DeadFilter, str]:
-        older = params.get("older_than_minutes") or ""
-        until = None
-        if older:
-            try:
-                until = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=float(older))
-            except ValueError as exc:
-                raise OutboxError(f"older than: {older!r} is not a number of minutes") from exc
-        where = DeadFilter(
-            topic=params.get("topic") or None, key=params.get("key") or None, until=until
-        )
-        return where, str(params.get("error") or "")
-
-    def _matching(where: DeadFilter, error: str, limit: int) -> list[Any]:
-        found = dead_list(url, where, limit=limit, schema=schema)
-        return [m for m in found if error.lower() in (m.last_error or "").lower()]
+    def _listing(
+        conn: psycopg.Connection[Any], where: DeadFilter, error: str, limit: int
+    ) -> list[dict[str, Any]]:
+        """What the dead-letter listing shows (no payloads): see console_dead_listing."""
+        return _query(conn, stmts.dead_listing, {**where.params(), "error": error, "limit": limit})
 
     async def dead(request: Request) -> Response:
         try:
             where, error = _dead_filter(request.query_params)
         except OutboxError as exc:
-            return render(request, "error.html", 400, message=str(exc))
-        messages = await read(_matching, where, error, LIST_LIMIT)
+            return problem(request, 400, str(exc))
+        messages = await read(_listing, where, error, LIST_LIMIT)
         return render(request, "dead.html", messages=messages, filters=request.query_params)
 
     async def dead_message(request: Request) -> Response:
         try:
             message_id = uuid.UUID(request.path_params["id"])
         except ValueError:
-            return render(request, "error.html", 404, message="no such message id")
-        found = await read(dead_list, url, DeadFilter(ids=[message_id]), limit=1, schema=schema)
+            return problem(request, 404, "no such message id")
+        found = await read(dead_list, DeadFilter(ids=[message_id]), limit=1, schema=schema)
         if not found:
-            return render(
-                request,
-                "error.html",
-                404,
-                message=f"message {message_id} is not dead (or no longer exists)",
-            )
+            return problem(request, 404, f"message {message_id} is not dead (or no longer exists)")
         message = found[0]
         return render(request, "message.html", m=message, payload=_payload_text(message.payload))
 
@@ -186,15 +343,13 @@ def create_app(
         try:
             operator = check_change(request, token, form)
         except Forbidden as exc:
-            return render(request, "error.html", 403, message=str(exc))
+            return problem(request, 403, str(exc))
         action = str(form.get("action", ""))
         if action not in ("retry", "purge"):
-            return render(request, "error.html", 400, message="action must be retry or purge")
+            return problem(request, 400, "action must be retry or purge")
         reason = str(form.get("reason") or "").strip() or None
         if reason is None:
-            return render(
-                request, "error.html", 400, message="say why (a reason is kept in the audit)"
-            )
+            return problem(request, 400, "say why (a reason is kept in the audit)")
         dry_run = form.get("dry_run") == "1"
         try:
             selected = await where()
@@ -202,7 +357,6 @@ def create_app(
             if selected is not None:
                 changed = await read(
                     retry if action == "retry" else purge,
-                    url,
                     selected,
                     actor=f"{operator} (console)",
                     reason=reason,
@@ -211,18 +365,15 @@ def create_app(
                     schema=schema,
                 )
         except psycopg.errors.InsufficientPrivilege as exc:
-            return render(
+            return problem(
                 request,
-                "error.html",
                 403,
-                message=(
-                    "the console's database role may not change dead letters "
-                    f"({exc.diag.message_primary}): run it with the relay's role "
-                    "(outbox migrate grants) to requeue or purge"
-                ),
+                "the console's database role may not change dead letters "
+                f"({exc.diag.message_primary}): grant it the console's privileges "
+                "(outbox migrate grants --console ROLE) to requeue or purge",
             )
         except (OutboxError, ValueError) as exc:  # a malformed id or filter in the form
-            return render(request, "error.html", 400, message=str(exc))
+            return problem(request, 400, str(exc))
         if dry_run:
             return render(
                 request,
@@ -237,11 +388,13 @@ def create_app(
         request.session["notice"] = f"{len(changed)} message(s) {verb} by {operator}"
         return RedirectResponse(back, status_code=303)
 
-    def _message_ids(raw: object) -> list[uuid.UUID]:
-        try:
-            return [uuid.UUID(str(raw))]
-        except ValueError as exc:
-            raise ValueError(f"{raw!r} is not a message id") from exc
+    def _everything(form: Any) -> None:
+        """A change without a filter needs the form's explicit "all" (the CLI's --all)."""
+        if form.get("all") != "1":
+            raise ValueError(
+                "no filter: this would change every dead letter (up to "
+                f"{CHANGE_LIMIT:,}); narrow it, or tick \u201call\u201d to mean every one"
+            )
 
     async def dead_change(request: Request) -> Response:
         form = await request.form()
@@ -253,8 +406,10 @@ def create_app(
             if scope == "key":
                 return DeadFilter(topic=str(form.get("topic")), key=str(form.get("key")))
             filters, error = _dead_filter(form)  # what the listing shows, error text included
-            ids = [m.id for m in await read(_matching, filters, error, CHANGE_LIMIT)]
-            return DeadFilter(ids=ids) if ids else None
+            if filters.empty and not error:
+                _everything(form)
+            rows = await read(_listing, filters, error, CHANGE_LIMIT)
+            return DeadFilter(ids=[r["id"] for r in rows]) if rows else None
 
         return await change(request, form, where, dead_retry, dead_purge, "/dead")
 
@@ -265,7 +420,7 @@ def create_app(
             topic=q.get("topic") or None,
             key=q.get("key") or None,
         )
-        keys = await read(inbox_dead.held_keys, url, where, limit=LIST_LIMIT, schema=schema)
+        keys = await read(inbox_dead.held_keys, where, limit=LIST_LIMIT, schema=schema)
         return render(request, "held.html", keys=keys, filters=q)
 
     async def held_change(request: Request) -> Response:
@@ -278,49 +433,92 @@ def create_app(
                 key=str(form.get("key") or "") or None,
                 ids=_message_ids(form.get("id")) if form.get("scope") == "one" else (),
             )
-            if chosen.empty:
-                raise ValueError("say which held keys: a consumer, topic, key or message id")
+            if chosen.empty and form.get("all") != "1":
+                raise ValueError(
+                    "say which held keys: a consumer, topic, key or message id (or \u201call\u201d)"
+                )
             return chosen
 
         return await change(
             request, form, where, inbox_dead.dead_retry, inbox_dead.dead_purge, "/held"
         )
 
+    def _audit(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+        return {
+            "outbox_rows": audit_log(conn, limit=LIST_LIMIT, schema=schema),
+            "inbox_rows": inbox_dead.dead_audit(conn, limit=LIST_LIMIT, schema=schema),
+        }
+
     async def audit(request: Request) -> Response:
-        outbox_rows = await read(audit_log, url, limit=LIST_LIMIT, schema=schema)
-        inbox_rows = await read(inbox_dead.dead_audit, url, limit=LIST_LIMIT, schema=schema)
-        return render(request, "audit.html", outbox_rows=outbox_rows, inbox_rows=inbox_rows)
+        return render(request, "audit.html", **await read(_audit))
 
     async def run_report(request: Request) -> Response:
         try:
             run_id = uuid.UUID(request.path_params["run_id"])
         except ValueError:
-            return render(request, "error.html", 404, message="no such run")
-        rows = await read(_query, stmts.run_report, {"run_id": run_id})
-        path = Path(rows[0]["report"]) if rows and rows[0]["report"] else None
-        if path is None or not path.is_file():
-            return render(
+            return problem(request, 404, "no such run")
+        if reports is None:
+            return problem(
                 request,
-                "error.html",
                 404,
-                message=(
-                    f"the report of run {run_id} is not on this machine"
-                    + (f" ({path})" if path else "")
-                ),
+                "this console serves no reports: start it with --reports-dir (the directory "
+                "the reconciliation writes its runs into)",
+            )
+        rows = await read(_query, stmts.run_report, {"run_id": run_id})
+        named = str(rows[0]["report"]) if rows and rows[0]["report"] else None
+        path = _report_file(reports, named) if named else None
+        if path is None:
+            if named:
+                log.warning(
+                    "console: the report of run %s (%r) is not a file inside %s: not served",
+                    run_id,
+                    named[:300],
+                    reports,
+                )
+            return problem(
+                request,
+                404,
+                f"the report of run {run_id} is not in the console's reports directory",
             )
         return FileResponse(path, media_type="text/html")
 
     async def login(request: Request) -> Response:
         if request.method == "GET":
             return render(request, "login.html")
+        client = request.client.host if request.client else "unknown"
+        wait = throttle.retry_after(client)
+        if wait:
+            answer = render(
+                request,
+                "login.html",
+                429,
+                problem=f"too many failed logins from your address: try again in {wait} s",
+            )
+            answer.headers["Retry-After"] = str(wait)
+            return answer
         form = await request.form()
         if str(form.get("csrf", "")) != request.session.get("csrf"):
-            return render(request, "error.html", 403, message="stale login form: reload it")
+            return problem(request, 403, "stale login form: reload it")
         operator = str(form.get("operator") or "").strip()
-        if not operator:
-            return render(request, "login.html", 400, problem="give your name (for the audit)")
+        if not operator or len(operator) > MAX_OPERATOR or not operator.isprintable():
+            return render(
+                request,
+                "login.html",
+                400,
+                problem=f"give your name (for the audit; at most {MAX_OPERATOR} characters)",
+            )
         if not log_in(request, token, str(form.get("token", "")), operator):
+            failures = throttle.failed(client)
+            log.warning(
+                "console: failed login from %s as %r (%d within %.0f s)",
+                client,
+                operator,
+                failures,
+                throttle.window,
+            )
             return render(request, "login.html", 403, problem="wrong token")
+        throttle.succeeded(client)
+        log.info("console: %r logged in from %s", operator, client)
         return RedirectResponse("/", status_code=303)
 
     async def logout(request: Request) -> Response:
@@ -331,6 +529,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        pool.open(wait=False)  # an unreachable database is a page that says so, not no console
         sampler = asyncio.create_task(history.run())
         try:
             yield
@@ -338,11 +537,27 @@ def create_app(
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
+            await asyncio.to_thread(pool.close)
 
     async def headers(request: Request, call_next: Any) -> Response:
         response: Response = await call_next(request)
         response.headers.update(_SECURITY_HEADERS)
         return response
+
+    async def gate(request: Request, call_next: Any) -> Response:
+        """With a token, nothing but the login page and the assets without a session; no
+        form larger than :data:`MAX_FORM_BYTES`."""
+        path = request.url.path
+        if request.method == "POST":
+            length = request.headers.get("content-length", "")
+            if not length.isdigit() or int(length) > MAX_FORM_BYTES:
+                return problem(request, 413, f"a form of at most {MAX_FORM_BYTES} bytes")
+        if may_read(request) or path == "/login" or path.startswith("/static/"):
+            response: Response = await call_next(request)
+            return response
+        if request.method in ("GET", "HEAD"):
+            return RedirectResponse("/login", status_code=303)
+        return problem(request, 403, "log in with the console's token first")
 
     async def database_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, psycopg.errors.UndefinedTable):
@@ -350,12 +565,29 @@ def create_app(
                 "the outbox-inbox tables are missing in this database: run `outbox migrate "
                 "upgrade --url ...` against it"
             )
+        elif isinstance(exc, psycopg.DataError):
+            return problem(request, 400, f"the database refused a value of the request: {exc}")
+        elif isinstance(exc, PoolTimeout):
+            message = f"the database cannot be reached: {await asyncio.to_thread(_why, url)}"
         else:
             message = f"the database cannot be reached or refused the query: {exc}".strip()
-        return render(request, "error.html", 503, message=message.splitlines()[0])
+        return problem(request, 503, message.splitlines()[0])
 
-    from starlette.middleware.base import BaseHTTPMiddleware
+    async def too_deep(request: Request, exc: Exception) -> Response:
+        return problem(request, 400, "the message is nested too deeply to show")
 
+    middleware = [Middleware(BaseHTTPMiddleware, dispatch=headers)]
+    if proxies:
+        from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+        middleware.insert(0, Middleware(ProxyHeadersMiddleware, trusted_hosts=proxies))
+    middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False))
+    if token is None:
+        middleware.append(Middleware(_LoopbackClientsOnly))
+    middleware += [
+        Middleware(_Sessions, secure=secure_cookie),
+        Middleware(BaseHTTPMiddleware, dispatch=gate),
+    ]
     app = Starlette(
         routes=[
             Route("/", overview),
@@ -371,19 +603,24 @@ def create_app(
             Route("/logout", logout, methods=["POST"]),
             Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
         ],
-        middleware=[
-            Middleware(
-                SessionMiddleware,
-                secret_key=secrets.token_urlsafe(32),
-                session_cookie="outbox_console",
-                same_site="strict",
-                https_only=False,
-                max_age=8 * 3600,
-            ),
-            Middleware(BaseHTTPMiddleware, dispatch=headers),
-        ],
+        middleware=middleware,
         lifespan=lifespan,
-        exception_handlers={psycopg.Error: database_error, OutboxError: database_error},
+        exception_handlers={
+            psycopg.Error: database_error,
+            OutboxError: database_error,
+            RecursionError: too_deep,
+        },
     )
     app.state.history = history
+    app.state.pool = pool
     return app
+
+
+def _why(url: str) -> str:
+    """Why no pooled connection came: one direct attempt, for its error (the pool's own
+    attempts only log theirs)."""
+    try:
+        with psycopg.connect(url, connect_timeout=3):
+            return "no connection became free in time"
+    except psycopg.Error as exc:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -11,6 +11,8 @@ import asyncio
 import datetime as dt
 import logging
 from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
@@ -24,16 +26,24 @@ log = logging.getLogger("outbox.console")
 
 
 class History:
-    def __init__(self, url: str, schema: str | None, interval: float, keep: int = 360) -> None:
-        self._url, self._schema, self.interval = url, schema, interval
+    """Samples taken on connections from ``connection()`` (the console's pool)."""
+
+    def __init__(
+        self,
+        connection: Callable[[], AbstractContextManager[psycopg.Connection[Any]]],
+        schema: str | None,
+        interval: float,
+        keep: int = 360,
+    ) -> None:
+        self._connection, self._schema, self.interval = connection, schema, interval
         self.samples: deque[dict[str, Any]] = deque(maxlen=keep)
 
     def sample(self) -> dict[str, Any]:
         """One sample now: pending messages per topic, and messages published per second per
         topic over the last interval."""
-        status = relay_status(self._url, schema=self._schema)
         stmts = console_statements(self._schema)
-        with psycopg.connect(self._url, autocommit=True) as conn:
+        with self._connection() as conn:
+            status = relay_status(conn, schema=self._schema)
             published = conn.execute(stmts.published_since, {"seconds": self.interval}).fetchall()
         point = {
             "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

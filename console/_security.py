@@ -1,19 +1,107 @@
-"""Who may change what: read-only without a token; with one, changes need a session opened
-with it, and every form carries the session's CSRF token."""
+"""Who may see and change what.
+
+With a token, every page needs a session opened with it (the login page and the static assets
+excepted), changes need the session's CSRF token, and failed logins are limited per client
+address. Without a token the console is read-only and answers on the loopback interface only:
+it shows payloads, errors and the relays' hosts, so it must not be reachable by anyone else.
+"""
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import math
 import secrets
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from starlette.requests import Request
 
-__all__ = ["Forbidden", "check_change", "csrf_token", "log_in", "logged_in"]
+from outbox.exceptions import ConfigurationError
+
+__all__ = [
+    "MIN_TOKEN_LENGTH",
+    "Forbidden",
+    "LoginThrottle",
+    "allowed_hosts",
+    "check_change",
+    "check_listen",
+    "check_token",
+    "csrf_token",
+    "is_loopback",
+    "is_remote",
+    "log_in",
+    "logged_in",
+]
+
+MIN_TOKEN_LENGTH = 16
+_LOCALHOST = ("127.0.0.1", "localhost", "[::1]")
 
 
 class Forbidden(Exception):
     """The request may not change anything; the message says why and what to do."""
+
+
+def check_token(token: str | None) -> None:
+    """Refuse a token that is empty or shorter than :data:`MIN_TOKEN_LENGTH` (``None``: none)."""
+    if token is not None and len(token) < MIN_TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"the console token must have at least {MIN_TOKEN_LENGTH} characters "
+            f"(it has {len(token)}): e.g. `python -c 'import secrets; "
+            "print(secrets.token_urlsafe(24))'`, in OUTBOX_CONSOLE_TOKEN",
+            setting="token",
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an address or ``localhost``) is the loopback interface."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def is_remote(address: str) -> bool:
+    """``address`` is an IP address other than loopback (a name, such as a test client's, is
+    not: only a socket's peer address is judged)."""
+    try:
+        ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return False
+    return not is_loopback(address)
+
+
+def check_listen(host: str, token: str | None) -> None:
+    """Without a token the console listens on loopback only."""
+    if token is None and not is_loopback(host):
+        raise ConfigurationError(
+            f"a console without a token listens on the loopback interface only (127.0.0.1, "
+            f"::1, localhost), not on {host!r}: it shows every payload and error to whoever "
+            "reaches it. Set a token (OUTBOX_CONSOLE_TOKEN, at least "
+            f"{MIN_TOKEN_LENGTH} characters) so that every page needs a login, or listen on "
+            "127.0.0.1 and reach it through an SSH tunnel",
+            setting="host",
+        )
+
+
+def allowed_hosts(host: str, extra: Iterable[str] = ()) -> list[str]:
+    """The Host header values the console answers: the address it listens on (unless it is
+    a wildcard), the loopback names, and ``extra`` (the names operators reach it by). Anything
+    else is refused, so a page of another site whose name resolves to this address (DNS
+    rebinding) cannot read the console."""
+    names = [*_LOCALHOST, *(h.strip().lower() for h in extra if h.strip())]
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        names.append(host.lower())
+    else:
+        if not address.is_unspecified:
+            names.append(f"[{address}]" if address.version == 6 else str(address))
+    return list(dict.fromkeys(names))
 
 
 def csrf_token(request: Request) -> str:
@@ -52,3 +140,49 @@ def check_change(request: Request, token: str | None, form: Any) -> str:
     if not sent or not hmac.compare_digest(sent.encode(), expected.encode()):
         raise Forbidden("the form's CSRF token is missing or stale: reload the page and retry")
     return str(request.session["operator"])
+
+
+class LoginThrottle:
+    """At most ``attempts`` failed logins per client address in ``window`` seconds.
+
+    In memory, for one process; the addresses kept are bounded (``clients``, the least recently
+    failing forgotten first), so a flood of addresses cannot grow it without end.
+    """
+
+    def __init__(
+        self,
+        attempts: int = 5,
+        window: float = 60.0,
+        *,
+        clients: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.attempts, self.window, self._clients, self._clock = attempts, window, clients, clock
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, client: str) -> deque[float]:
+        failures = self._failures.get(client, deque())
+        horizon = self._clock() - self.window
+        while failures and failures[0] <= horizon:
+            failures.popleft()
+        return failures
+
+    def retry_after(self, client: str) -> int:
+        """Seconds until ``client`` may try again (0: now)."""
+        failures = self._recent(client)
+        if len(failures) < self.attempts:
+            return 0
+        return max(1, math.ceil(failures[0] + self.window - self._clock()))
+
+    def failed(self, client: str) -> int:
+        """Count a failed login of ``client``; returns its failures within the window."""
+        failures = self._recent(client)
+        failures.append(self._clock())
+        self._failures[client] = failures
+        self._failures.move_to_end(client)
+        while len(self._failures) > self._clients:
+            self._failures.popitem(last=False)
+        return len(failures)
+
+    def succeeded(self, client: str) -> None:
+        self._failures.pop(client, None)

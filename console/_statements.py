@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from psycopg import sql
+
 from outbox._sql import Names, qualified, registry
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES, RECONCILIATION_RUNS
+from relay._queries import _DEAD_FILTER
 
 __all__ = ["ConsoleStatements", "console_statements"]
 
@@ -45,6 +48,19 @@ ORDER BY started_at DESC
 LIMIT %(limit)s
 """
 
+# console_dead_listing: the dead letters the listing shows, and the ids a filtered change acts
+# on: the relay's dead-letter filter (`outbox dead list`) and the error text, case-folded, in
+# the query, so the LIMIT counts matches. No payload or headers: those are read only for the
+# one message a page shows. status = 'dead' lets the partial index on (topic, key, seq) of
+# unpublished rows serve it in its order, so a long published history is not scanned.
+_DEAD_LISTING = """
+SELECT id, topic, key, seq, attempts, created_at, last_error
+FROM {messages}
+WHERE {filter}
+  AND (%(error)s::text = '' OR strpos(lower(coalesce(last_error, '')), lower(%(error)s)) > 0)
+ORDER BY topic, key, seq LIMIT %(limit)s
+"""
+
 # console_run_report: where one run's HTML report was written.
 _RUN_REPORT = """
 SELECT summary->'files'->>'report' AS report FROM {runs} WHERE run_id = %(run_id)s
@@ -57,6 +73,7 @@ class ConsoleStatements:
     consumers: bytes
     runs: bytes
     run_report: bytes
+    dead_listing: bytes
 
 
 def _names(schema: str | None) -> Names:
@@ -64,6 +81,7 @@ def _names(schema: str | None) -> Names:
         "messages": qualified(schema, OUTBOX_MESSAGES),
         "inbox": qualified(schema, INBOX_MESSAGES),
         "runs": qualified(schema, RECONCILIATION_RUNS),
+        "filter": sql.SQL(_DEAD_FILTER),
     }
 
 
@@ -75,6 +93,7 @@ console_statements = registry(
         "consumers": _CONSUMERS,
         "runs": _RUNS,
         "run_report": _RUN_REPORT,
+        "dead_listing": _DEAD_LISTING,
     },
     _names,
 )

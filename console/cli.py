@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import ipaddress
+from pathlib import Path
+
 import click
 
 __all__ = ["commands", "console_cmd"]
+
+
+def _wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
 
 
 @click.command("console")
@@ -18,15 +28,45 @@ __all__ = ["commands", "console_cmd"]
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="Address to listen on; anything but 127.0.0.1 exposes it to the network.",
+    help="Address to listen on. Anything but loopback needs a token.",
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=8350, show_default=True)
 @click.option(
     "--token",
     default=None,
     envvar="OUTBOX_CONSOLE_TOKEN",
-    help="Operators log in with it to requeue or purge; without one the console is "
-    "read-only. Prefer the environment variable to the flag.",
+    help="Operators log in with it (at least 16 characters) to see any page and to requeue or "
+    "purge; without one the console is read-only and listens on loopback only. Prefer the "
+    "environment variable to the flag.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_host",
+    multiple=True,
+    metavar="NAME",
+    help="A Host header the console answers besides the --host address and localhost: the "
+    "name operators reach it by (repeatable). Other Host headers get 400.",
+)
+@click.option(
+    "--reports-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Serve reconciliation reports from this directory only (the reconciliation's "
+    "output directory); without it, no report is served.",
+)
+@click.option(
+    "--secure-cookie",
+    is_flag=True,
+    help="Mark the session cookie Secure: the console is reached through a TLS proxy.",
+)
+@click.option(
+    "--trusted-proxy",
+    "trusted_proxy",
+    multiple=True,
+    metavar="ADDRESS",
+    help="Address or network of a proxy in front whose X-Forwarded-Proto and X-Forwarded-For "
+    "are believed (repeatable): HTTPS through it marks the cookie Secure, and login limits "
+    "count the client it names.",
 )
 @click.option(
     "--sample-seconds",
@@ -41,6 +81,10 @@ def console_cmd(
     host: str,
     port: int,
     token: str | None,
+    allowed_host: tuple[str, ...],
+    reports_dir: Path | None,
+    secure_cookie: bool,
+    trusted_proxy: tuple[str, ...],
     sample_seconds: float,
 ) -> None:
     """Serve the operator console (the `console` extra)."""
@@ -48,13 +92,39 @@ def console_cmd(
 
     from console._app import create_app
     from outbox.cli import database_url
+    from outbox.exceptions import ConfigurationError
 
-    if token is not None and len(token) < 16:
-        raise click.BadParameter("use a token of at least 16 characters", param_hint="--token")
-    app = create_app(database_url(url), token=token, schema=schema, sample_seconds=sample_seconds)
-    mode = "changes need a login with the token" if token else "read-only (no token)"
+    if _wildcard(host) and not allowed_host:
+        raise click.UsageError(
+            f"--host {host} listens on every address: name the host name(s) operators reach "
+            "the console by with --allowed-host (repeatable); other Host headers are refused"
+        )
+    try:
+        app = create_app(
+            database_url(url),
+            token=token,
+            schema=schema,
+            sample_seconds=sample_seconds,
+            host=host,
+            allowed_host=allowed_host,
+            reports_dir=reports_dir,
+            secure_cookie=secure_cookie,
+            trusted_proxy=trusted_proxy,
+        )
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    mode = "every page needs a login with the token" if token else "read-only (no token)"
     click.echo(f"outbox console on http://{host}:{port}/ ({mode})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    # The app reads proxy headers itself, and only from --trusted-proxy.
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+    )
 
 
 commands = [console_cmd]

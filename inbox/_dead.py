@@ -22,6 +22,7 @@ from inbox._receive import translate
 from inbox._retention import _libpq_url
 from inbox._statements import inbox_statements
 from outbox._actor import default_actor
+from outbox._database import Database, connected
 from outbox.exceptions import ConfigurationError
 
 __all__ = ["HeldFilter", "HeldKey", "dead_audit", "dead_purge", "dead_retry", "held_keys"]
@@ -70,10 +71,16 @@ class HeldKey:
         return asdict(self)
 
 
-def _run(url: str, schema: str | None, statement_name: str, params: dict[str, Any]) -> list[Any]:
+def _libpq(url: Database) -> Database:
+    return _libpq_url(url) if isinstance(url, str) else url
+
+
+def _run(
+    url: Database, schema: str | None, statement_name: str, params: dict[str, Any]
+) -> list[Any]:
     stmts = inbox_statements(schema)
     try:
-        with psycopg.connect(_libpq_url(url)) as conn:  # one transaction: change + audit
+        with connected(_libpq(url), transaction=True) as conn:  # one transaction: change + audit
             rows = conn.execute(getattr(stmts, statement_name), params).fetchall()
     except psycopg.Error as exc:
         raise translate(exc, stmts) from exc
@@ -86,7 +93,7 @@ def _check_limit(limit: int) -> None:
 
 
 def held_keys(
-    url: str, where: HeldFilter = HeldFilter(), *, limit: int = 100, schema: str | None = None
+    url: Database, where: HeldFilter = HeldFilter(), *, limit: int = 100, schema: str | None = None
 ) -> list[HeldKey]:
     """Held keys, the longest held first."""
     _check_limit(limit)
@@ -96,7 +103,7 @@ def held_keys(
 
 def _decide(
     decision: str,
-    url: str,
+    url: Database,
     where: HeldFilter,
     *,
     reason: str | None,
@@ -119,7 +126,7 @@ def _decide(
 
 
 def dead_retry(
-    url: str,
+    url: Database,
     where: HeldFilter,
     *,
     reason: str | None = None,
@@ -143,7 +150,7 @@ def dead_retry(
 
 
 def dead_purge(
-    url: str,
+    url: Database,
     where: HeldFilter,
     *,
     reason: str | None = None,
@@ -167,13 +174,13 @@ def dead_purge(
 
 
 def dead_audit(
-    url: str, *, consumer: str | None = None, limit: int = 50, schema: str | None = None
+    url: Database, *, consumer: str | None = None, limit: int = 50, schema: str | None = None
 ) -> list[dict[str, Any]]:
     """The newest audit rows first: decisions and what the consumer made of them."""
     _check_limit(limit)
     stmts = inbox_statements(schema)
     try:
-        with psycopg.connect(_libpq_url(url), autocommit=True) as conn:
+        with connected(_libpq(url)) as conn:
             cur = conn.execute(stmts.dead_audit_list, {"consumer": consumer, "limit": limit})
             names = [d.name for d in cur.description or ()]
             return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

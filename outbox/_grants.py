@@ -10,6 +10,15 @@ Three roles, each with only what its statements touch:
 * **relay** (the daemon, and operators running ``outbox status``, ``outbox dead ...`` and
   ``outbox retention``): reads, leases, marks and deletes messages; registers itself; audits.
 * **consumer** (the inbox, and operators running ``outbox inbox ...``): its own tables only.
+* **console** (``outbox console``): reads every table it shows, and makes the audited changes
+  its operators make: requeue (the columns a retry sets) or purge outbox dead letters, decide
+  on held inbox keys, each with its audit row. It cannot publish, lease, register a relay,
+  change the capture mode or touch a consumer's positions.
+* **reconcile** (the Spark reconciliation, ``outbox reconcile``): reads the columns the
+  reconciliation judges (no payloads, headers or errors) and records its runs. Member of
+  ``pg_read_all_stats``: without it ``pg_stat_activity`` hides other roles' open transactions,
+  and the inbox horizon would judge rows those transactions may still commit below it.
+  ``outbox ingest`` (which lands payloads) and ``outbox redrive`` (a change) need more.
 
 Role names and the schema are composed as identifiers, never formatted into the text.
 """
@@ -30,6 +39,7 @@ from outbox.schema import (
     OUTBOX_RELAYS,
     OUTBOX_SEQUENCES,
     OUTBOX_WRITE_COUNTER,
+    RECONCILIATION_RUNS,
     check_identifier,
 )
 
@@ -73,6 +83,60 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT, INSERT, UPDATE", INBOX_KAFKA_OFFSETS, None),
         ("SELECT, INSERT", INBOX_DEAD_AUDIT, None),
     ],
+    "console": [
+        # the pages (a dead letter's payload and headers included), and the purge
+        ("SELECT, DELETE", OUTBOX_MESSAGES, None),
+        # requeue (relay/_queries.py outbox_dead_retry): exactly the columns it sets
+        (
+            "UPDATE",
+            OUTBOX_MESSAGES,
+            ("status", "attempts", "available_at", "lease_owner", "lease_token", "lease_until"),
+        ),
+        ("SELECT", OUTBOX_RELAYS, None),
+        ("SELECT", OUTBOX_CAPTURE, None),
+        ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),
+        ("SELECT", INBOX_MESSAGES, None),
+        # a retry or purge of a held key is a decision the consumer applies (inbox_dead_decide)
+        ("SELECT", INBOX_HELD, None),
+        ("UPDATE", INBOX_HELD, ("decision",)),
+        ("SELECT, INSERT", INBOX_DEAD_AUDIT, None),
+        ("SELECT", RECONCILIATION_RUNS, None),
+    ],
+    "reconcile": [
+        # exactly the columns the reconciliation reads (spark_ingest/_sources.py)
+        (
+            "SELECT",
+            OUTBOX_MESSAGES,
+            (
+                "id",
+                "topic",
+                "key",
+                "seq",
+                "status",
+                "created_at",
+                "available_at",
+                "published_at",
+                "tx_id",
+            ),
+        ),
+        (
+            "SELECT",
+            INBOX_MESSAGES,
+            (
+                "consumer",
+                "message_id",
+                "topic",
+                "key",
+                "seq",
+                "received_at",
+                "processed_at",
+                "attempts",
+                "duplicates",
+                "status",
+            ),
+        ),
+        ("SELECT, INSERT", RECONCILIATION_RUNS, None),
+    ],
 }
 
 #: Sequences each kind of role uses: nextval needs USAGE; the relay's commit watch reads the
@@ -81,7 +145,14 @@ _SEQUENCES: dict[str, list[tuple[str, str]]] = {
     "producer": [("USAGE", OUTBOX_WRITE_COUNTER)],
     "relay": [("SELECT, USAGE", OUTBOX_WRITE_COUNTER)],
     "consumer": [],
+    # a requeue takes a number from the write counter (it wakes relays watching commits)
+    "console": [("USAGE", OUTBOX_WRITE_COUNTER)],
+    "reconcile": [],
 }
+
+#: Predefined roles each kind of role is made a member of (granting one needs a superuser, or
+#: a role holding it WITH ADMIN OPTION).
+_MEMBER_OF: dict[str, list[str]] = {"reconcile": ["pg_read_all_stats"]}
 
 ROLE_KINDS = tuple(_NEEDS)
 
@@ -112,4 +183,6 @@ def grant_statements(kind: str, role: str, *, schema: str | None = None) -> list
         out.append(
             sql.SQL("GRANT {} ON SEQUENCE {} TO {}").format(sql.SQL(privileges), name, grantee)
         )
+    for member_of in _MEMBER_OF.get(kind, []):
+        out.append(sql.SQL("GRANT {} TO {}").format(sql.Identifier(member_of), grantee))
     return [s.as_string(None) for s in out]

@@ -116,6 +116,18 @@ def migrate_sql(revision: str, from_revision: str | None, schema: str | None) ->
 @click.option("--producer", "producers", multiple=True, help="Role of services that publish.")
 @click.option("--relay", "relays", multiple=True, help="Role of the relay and its operators.")
 @click.option("--consumer", "consumers", multiple=True, help="Role of inbox consumers.")
+@click.option(
+    "--console",
+    "consoles",
+    multiple=True,
+    help="Role of `outbox console`: reads, and the audited requeue/purge/hold decisions.",
+)
+@click.option(
+    "--reconcile",
+    "reconcilers",
+    multiple=True,
+    help="Role of the Spark reconciliation: reads what it judges, records its runs.",
+)
 @click.option("--apply", "apply_to", is_flag=True, help="Run them (needs --url), not print.")
 @_url
 @_schema
@@ -123,6 +135,8 @@ def migrate_grants(
     producers: tuple[str, ...],
     relays: tuple[str, ...],
     consumers: tuple[str, ...],
+    consoles: tuple[str, ...],
+    reconcilers: tuple[str, ...],
     apply_to: bool,
     url: str | None,
     schema: str | None,
@@ -130,7 +144,13 @@ def migrate_grants(
     """Print (or --apply) the least-privilege GRANTs for each role (see docs/security.md)."""
     from outbox._grants import grant_statements
 
-    wanted = {"producer": producers, "relay": relays, "consumer": consumers}
+    wanted = {
+        "producer": producers,
+        "relay": relays,
+        "consumer": consumers,
+        "console": consoles,
+        "reconcile": reconcilers,
+    }
     statements = [
         stmt
         for kind, roles in wanted.items()
@@ -138,7 +158,9 @@ def migrate_grants(
         for stmt in grant_statements(kind, role, schema=schema)
     ]
     if not statements:
-        raise click.UsageError("name at least one role: --producer, --relay, --consumer ...")
+        raise click.UsageError(
+            "name at least one role: --producer, --relay, --consumer, --console, --reconcile"
+        )
     if not apply_to:
         click.echo(";\n".join(statements) + ";")
         return

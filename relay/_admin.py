@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from outbox._actor import default_actor
+from outbox._database import Database, connected
 from outbox._statements import WAKEUP_CHANNEL
 from outbox.exceptions import ConfigurationError
 from outbox.schema import OUTBOX_CAPTURE, check_identifier
@@ -95,9 +96,9 @@ class RelayStatus:
         ]
 
 
-def relay_status(url: str, *, schema: str | None = None) -> RelayStatus:
+def relay_status(url: Database, *, schema: str | None = None) -> RelayStatus:
     stmts = relay_statements(schema)
-    with psycopg.connect(url, autocommit=True) as conn:
+    with connected(url) as conn:
         cur = conn.execute(stmts.status_topics)
         names = [d.name for d in cur.description or []]
         topics = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
@@ -197,10 +198,10 @@ def _capture_table(schema: str | None) -> sql.Identifier:
 
 
 def dead_list(
-    url: str, where: DeadFilter, *, limit: int = 100, schema: str | None = None
+    url: Database, where: DeadFilter, *, limit: int = 100, schema: str | None = None
 ) -> list[DeadMessage]:
     stmts = relay_statements(schema)
-    with psycopg.connect(url, autocommit=True) as conn:
+    with connected(url) as conn:
         rows = conn.execute(stmts.dead_list, {**where.params(), "limit": limit}).fetchall()
     return [
         DeadMessage(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bytes(r[7]), r[8], r[9] or {})
@@ -210,7 +211,7 @@ def dead_list(
 
 def _change(
     statement: bytes,
-    url: str,
+    url: Database,
     where: DeadFilter,
     *,
     actor: str | None,
@@ -227,7 +228,7 @@ def _change(
         "actor": actor or default_actor(),
         "reason": reason,
     }
-    with psycopg.connect(url) as conn:  # one transaction: change + audit + wake-up
+    with connected(url, transaction=True) as conn:  # one transaction: change + audit + wake-up
         rows = conn.execute(statement, params).fetchall()
         if rows:
             # Re-queued rows, or a purged dead head that held its key: relays have work now.
@@ -237,7 +238,7 @@ def _change(
 
 
 def dead_retry(
-    url: str,
+    url: Database,
     where: DeadFilter,
     *,
     actor: str | None = None,
@@ -254,7 +255,7 @@ def dead_retry(
 
 
 def dead_purge(
-    url: str,
+    url: Database,
     where: DeadFilter,
     *,
     actor: str | None = None,
@@ -270,8 +271,10 @@ def dead_purge(
     )
 
 
-def audit_log(url: str, *, limit: int = 50, schema: str | None = None) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url, autocommit=True) as conn:
+def audit_log(
+    url: Database, *, limit: int = 50, schema: str | None = None
+) -> list[tuple[Any, ...]]:
+    with connected(url) as conn:
         return conn.execute(relay_statements(schema).audit_list, {"limit": limit}).fetchall()
 
 

@@ -23,6 +23,7 @@ from outbox.schema import check_identifier
 
 __all__ = [
     "CLASSES",
+    "CONNECTION_PARAMETERS",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_ROWS_PER_PARTITION",
     "DISCREPANCY_CLASSES",
@@ -64,6 +65,25 @@ DEFAULT_MAX_CONNECTIONS = 4
 DEFAULT_ROWS_PER_PARTITION = 200_000
 
 
+#: Connection parameters a source URL may carry (``?sslmode=verify-full&sslrootcert=...``):
+#: libpq's name (psycopg, on the driver) -> the PostgreSQL JDBC driver's property (the Spark
+#: reads), for pgjdbc 42.7. The files are read by both drivers: a client key in PKCS#8 (PEM
+#: ``BEGIN PRIVATE KEY``, or DER ``.pk8``) suits both. The key's passphrase (sslpassword) is a
+#: secret: it comes from ``sslpassword_env``, never the URL. Anything else in the query is
+#: refused rather than dropped: a TLS setting one driver ignored would connect without it.
+CONNECTION_PARAMETERS = {
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
+    "channel_binding": "channelBinding",
+    "sslnegotiation": "sslNegotiation",
+    "gssencmode": "gssEncMode",
+    "connect_timeout": "connectTimeout",
+    "application_name": "ApplicationName",
+}
+
+
 def _check_count(where: str, key: str, value: object, *, example: int) -> None:
     """A whole number >= 1 (not a bool, not a float, not a string)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -89,6 +109,8 @@ class Source:
     password_file: str | None = None
     schema: str | None = None
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: the environment variable holding the passphrase of an encrypted client key (sslkey)
+    sslpassword_env: str | None = None
 
     def __post_init__(self) -> None:
         if self.schema is not None:
@@ -100,6 +122,7 @@ class Source:
             example=DEFAULT_MAX_CONNECTIONS,
         )
         self._parts()  # validate early
+        self.parameters()
 
     def __repr__(self) -> str:  # never show where a password might be embedded
         return f"Source(name={self.name!r}, url={self.jdbc_url!r}, user={self.login!r})"
@@ -140,6 +163,52 @@ class Source:
         query = dict(parse_qsl(urlsplit(self.url.removeprefix("jdbc:")).query))
         return self._parts()[3] or query.get("user")
 
+    def parameters(self) -> dict[str, str]:
+        """The URL's connection parameters (TLS, ...) by their libpq names; ``user`` apart."""
+        query = urlsplit(self.url.removeprefix("jdbc:")).query
+        found: dict[str, str] = {}
+        for name, value in parse_qsl(query, keep_blank_values=True):
+            if name == "user":
+                continue
+            if name in ("password", "sslpassword"):
+                where = (
+                    "an environment variable or a file (password_env / password_file)"
+                    if name == "password"
+                    else "an environment variable (sslpassword_env)"
+                )
+                raise ConfigurationError(
+                    f"source {self.name!r}: put the {name} in {where}, not in the URL",
+                    source=self.name,
+                )
+            if name not in CONNECTION_PARAMETERS:
+                raise ConfigurationError(
+                    f"source {self.name!r}: the URL parameter {name!r} is not one the job passes "
+                    f"to both drivers (psycopg and JDBC): use {', '.join(CONNECTION_PARAMETERS)}",
+                    source=self.name,
+                    parameter=name,
+                )
+            if not value:
+                raise ConfigurationError(
+                    f"source {self.name!r}: the URL parameter {name!r} is empty: give it a value "
+                    "or leave it out",
+                    source=self.name,
+                    parameter=name,
+                )
+            found[name] = value
+        return found
+
+    def sslpassword(self) -> str | None:
+        """The client key's passphrase from ``sslpassword_env`` (None: no passphrase)."""
+        if not self.sslpassword_env:
+            return None
+        value = os.environ.get(self.sslpassword_env)
+        if value is None:
+            raise ConfigurationError(
+                f"source {self.name!r}: environment variable {self.sslpassword_env} is not set",
+                source=self.name,
+            )
+        return value
+
     @property
     def jdbc_url(self) -> str:
         host, port, dbname, _ = self._parts()
@@ -175,6 +244,10 @@ class Source:
         password = self.password()
         if password is not None:
             kw["password"] = password
+        kw.update(self.parameters())
+        sslpassword = self.sslpassword()
+        if sslpassword is not None:
+            kw["sslpassword"] = sslpassword
         return kw
 
     def jdbc_properties(self) -> dict[str, str]:
@@ -185,6 +258,10 @@ class Source:
         password = self.password()
         if password is not None:
             props["password"] = password
+        props.update({CONNECTION_PARAMETERS[k]: v for k, v in self.parameters().items()})
+        sslpassword = self.sslpassword()
+        if sslpassword is not None:
+            props["sslpassword"] = sslpassword
         return props
 
 
@@ -387,7 +464,16 @@ def parse_duration(text: str, *, what: str | None = None) -> dt.timedelta:
     return value
 
 
-_SOURCE_KEYS = ("name", "url", "user", "password_env", "password_file", "schema", "max_connections")
+_SOURCE_KEYS = (
+    "name",
+    "url",
+    "user",
+    "password_env",
+    "password_file",
+    "schema",
+    "max_connections",
+    "sslpassword_env",
+)
 _TOP_KEYS = ("outbox", "inbox", "subscriptions", "sla", "thresholds", "rows_per_partition")
 
 
@@ -415,6 +501,7 @@ def _source(where: str, default_name: str, table: object) -> Source:
         password_file=table.get("password_file"),
         schema=table.get("schema"),
         max_connections=table.get("max_connections", DEFAULT_MAX_CONNECTIONS),
+        sslpassword_env=table.get("sslpassword_env"),
     )
 
 

@@ -19,6 +19,8 @@ from services import import_or_missing, missing
 from outbox import Message, publish_batch
 
 TOKEN = "console-test-token-0123456789"
+#: a DNS name the browser resolves to 127.0.0.1, as an attacker's name would after a rebinding
+REBOUND = "rebound.example"
 
 
 def _free_port() -> int:
@@ -67,8 +69,10 @@ def browser() -> Iterator[Any]:
         missing("Chromium", "apt-get install chromium chromium-driver (Debian packages)")
     options = webdriver.ChromeOptions()
     options.binary_location = binary
+    # a foreign DNS name that resolves to this machine (a DNS-rebinding page's view)
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                "--window-size=1400,1000", "--disable-gpu"):  # fmt: skip
+                "--window-size=1400,1000", "--disable-gpu",
+                f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1"):  # fmt: skip
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service(driver_path))
     driver.set_page_load_timeout(30)
@@ -101,6 +105,20 @@ def seed(url: str) -> dict[str, list[Any]]:
         )
         conn.commit()
     return {**dead, "all": ids}
+
+
+def csrf_of(page: str) -> str:
+    """The CSRF token a page's forms carry."""
+    return page.split('name="csrf" value="')[1].split('"')[0]
+
+
+def http_login(client: Any, name: str = "carol", token: str = TOKEN) -> str:
+    """Log ``client`` (an httpx.Client on the console) in; returns the session's CSRF token."""
+    client.post("/login", data={"csrf": csrf_of(client.get("/login").text), "operator": name,
+                                "token": token})  # fmt: skip
+    page = client.get("/dead")
+    assert page.status_code == 200, page.text
+    return csrf_of(page.text)
 
 
 def screenshot(driver: Any, name: str) -> None:

@@ -140,3 +140,161 @@ def test_each_role_does_its_job_and_nothing_else(role_urls: dict[str, str]) -> N
     assert released == [Outcome.PROCESSED, Outcome.PROCESSED]
     for statement in ("SELECT * FROM outbox_messages", "SELECT * FROM outbox_relays"):
         _refused(consumer, statement)
+
+
+@pytest.fixture
+def operator_urls(database_url: str) -> Iterator[dict[str, str]]:
+    """A `console` and a `reconcile` login role, granted with `outbox migrate grants --apply`."""
+    suffix = uuid.uuid4().hex[:8]
+    roles = {kind: f"oi_{kind}_{suffix}" for kind in ("console", "reconcile")}
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        for role in roles.values():
+            admin.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        args = ["migrate", "grants", "--apply", "--url", database_url]
+        for kind, role in roles.items():
+            args += [f"--{kind}", role]
+        result = CliRunner().invoke(outbox_cli, args)
+        assert result.exit_code == 0, result.output
+        base = conninfo_to_dict(database_url)
+        yield {kind: make_conninfo(**{**base, "user": role}) for kind, role in roles.items()}
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            names = ", ".join(f'"{r}"' for r in roles.values())
+            admin.execute(f"DROP OWNED BY {names}")
+            admin.execute(f"DROP ROLE {names}")
+
+
+def _dead_and_held(url: str) -> tuple[list[uuid.UUID], uuid.UUID]:
+    """Three dead outbox messages, and an inbox key held behind a dead message (as the owner)."""
+    with psycopg.connect(url) as conn:
+        ids = publish_batch(conn, [Message("orders", "A", 1), Message("orders", "B", 2),
+                                   Message("orders", "C", 3)])  # fmt: skip
+        conn.execute(
+            "UPDATE outbox_messages SET status = 'dead', last_error = 'boom' WHERE id = ANY(%s)",
+            (ids,),
+        )
+        conn.commit()
+
+    def handler(_conn: Any, _msg: Envelope) -> None:
+        raise ValueError("cannot handle it")
+
+    poison = Envelope(id=uuid.uuid4(), topic="orders", key="K", seq=1, payload=b"x")
+    with ConnectionPool(url, min_size=1, max_size=1) as pool:
+        runner = HandlerRunner(pool, handler, consumer="svc", ordered=True, max_attempts=1,
+                               on_dead="hold")  # fmt: skip
+        assert runner.handle(poison).outcome is Outcome.DEAD
+    return ids, poison.id
+
+
+def test_the_console_role_reads_and_makes_the_audited_changes_only(
+    database_url: str, operator_urls: dict[str, str]
+) -> None:
+    from console._statements import console_statements
+    from inbox import dead_audit, dead_purge
+    from relay._admin import DeadFilter, audit_log, dead_list, relay_status
+    from relay._admin import dead_purge as outbox_purge
+    from relay._admin import dead_retry as outbox_retry
+
+    console = operator_urls["console"]
+    (first, second, third), held = _dead_and_held(database_url)
+    # Everything the console's pages read ...
+    assert {t["topic"] for t in relay_status(console).topics} == {"orders"}
+    assert [m.payload for m in dead_list(console, DeadFilter(ids=[first]))] == [b"1"]
+    stmts = console_statements(None)
+    with psycopg.connect(console, autocommit=True) as conn:
+        conn.execute(stmts.consumers).fetchall()
+        conn.execute(stmts.runs, {"limit": 5}).fetchall()
+        conn.execute(stmts.published_since, {"seconds": 10}).fetchall()
+        listed = conn.execute(stmts.dead_listing, {**DeadFilter().params(), "error": "BOOM",
+                                                   "limit": 10}).fetchall()  # fmt: skip
+    assert len(listed) == 3
+    assert [k.message_id for k in held_keys(console)] == [held]
+    # ... and the changes it makes, each with its audit row.
+    assert outbox_retry(console, DeadFilter(ids=[first]), reason="fixed") == [first]
+    assert outbox_purge(console, DeadFilter(ids=[second]), reason="obsolete") == [second]
+    assert dead_purge(console, HeldFilter(ids=[held]), reason="give up") == [held]
+    assert {r[2] for r in audit_log(console)} == {"retry", "purge"}
+    assert [r["action"] for r in dead_audit(console)] == ["purge"]
+    # Nothing else: no publishing, no relay's work, no rewriting the audit or the capture mode.
+    for statement in (
+        "INSERT INTO outbox_messages (id, topic, key, seq, payload) "
+        "VALUES (gen_random_uuid(), 't', 'k', 1, '')",
+        f"UPDATE outbox_messages SET published_at = now() WHERE id = '{third}'",
+        f"UPDATE outbox_messages SET payload = '' WHERE id = '{third}'",
+        "UPDATE outbox_dead_audit SET reason = 'nothing happened'",
+        "DELETE FROM outbox_dead_audit",
+        "DELETE FROM inbox_dead_audit",
+        "UPDATE outbox_capture SET mode = 'wal'",
+        "INSERT INTO outbox_relays (relay_id, hostname, pid) VALUES ('r', 'h', 1)",
+        "DELETE FROM inbox_messages",
+        "UPDATE inbox_held SET role = 'parked'",
+        "SELECT * FROM inbox_key_positions",
+        "INSERT INTO outbox_reconciliation_runs (run_id) VALUES (gen_random_uuid())",
+    ):
+        _refused(console, statement)
+
+
+def _source(url: str, name: str) -> Any:
+    from spark_ingest._config import Source
+
+    info = conninfo_to_dict(url)
+    return Source(name=name, url=f"postgresql://{info['host']}:{info.get('port', 5432)}/"
+                  f"{info['dbname']}", user=info["user"])  # fmt: skip
+
+
+def test_the_reconcile_role_reads_what_the_reconciliation_judges_and_records_its_run(
+    database_url: str, operator_urls: dict[str, str]
+) -> None:
+    from spark_ingest._outputs import carried_start, record_run
+    from spark_ingest._sources import _INBOX_COLUMNS, _OUTBOX_COLUMNS, count_outbox, read_horizon
+
+    reconcile = operator_urls["reconcile"]
+    _dead_and_held(database_url)
+    source = _source(reconcile, "outbox")
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    end = start + dt.timedelta(hours=2)
+    assert read_horizon(source, "outbox_messages").xmin > 0
+    assert count_outbox(source, start, end, 100) == 3
+    with psycopg.connect(reconcile) as conn:  # the JDBC partitions' queries
+        assert len(conn.execute(f"SELECT {_OUTBOX_COLUMNS} FROM outbox_messages").fetchall()) == 3
+        assert len(conn.execute(f"SELECT {_INBOX_COLUMNS} FROM inbox_messages").fetchall()) == 1
+    run_id = uuid.uuid4()
+    summary = {"run_id": str(run_id), "started_at": start.isoformat(),
+               "finished_at": end.isoformat(), "window": {"start": start.isoformat(),
+               "end": end.isoformat()}, "messages": 3, "discrepancies": 0, "outcome": "ok",
+               "unjudged_from": start.isoformat()}  # fmt: skip
+    record_run(source, summary, 1)
+    assert carried_start(source, end) == start
+    for statement in (
+        "SELECT payload FROM outbox_messages",
+        "SELECT headers FROM outbox_messages",
+        "SELECT last_error FROM inbox_messages",
+        "SELECT * FROM outbox_dead_audit",
+        "SELECT * FROM inbox_held",
+        "UPDATE outbox_messages SET status = 'pending'",
+        "DELETE FROM outbox_reconciliation_runs",
+        "UPDATE outbox_reconciliation_runs SET outcome = 'ok'",
+    ):
+        _refused(reconcile, statement)
+
+
+def test_the_reconcile_role_sees_other_roles_open_transactions(
+    database_url: str, operator_urls: dict[str, str]
+) -> None:
+    """The inbox horizon stops at the oldest open transaction of any role: the reconcile
+    role's membership of pg_read_all_stats lets it see them (without it, pg_stat_activity
+    hides another role's xact_start and the horizon would run on past it)."""
+    from spark_ingest._sources import read_horizon
+
+    reconcile = operator_urls["reconcile"]
+    role = conninfo_to_dict(reconcile)["user"]
+    source = _source(reconcile, "inbox")
+    with psycopg.connect(database_url) as writer:  # another role, a transaction left open
+        opened = writer.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        assert read_horizon(source, "inbox_messages").safe_time == opened
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute(f'REVOKE pg_read_all_stats FROM "{role}"')
+        blind = read_horizon(source, "inbox_messages")
+        assert blind.safe_time == blind.now  # the open transaction is invisible: unsafe
+        writer.rollback()

@@ -383,3 +383,83 @@ def test_cli_bad_read_sizing_in_the_job_file_is_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     (line,) = result.output.strip().splitlines()
     assert re.search(r"^error: job file .*: rows_per_partition = 0: must be a whole", line), line
+
+
+TLS_URL = (
+    "jdbc:postgresql://db.example:5433/app?sslmode=verify-full&sslrootcert=/etc/ca.pem"
+    "&sslcert=/etc/client.pem&sslkey=/etc/client.key&channel_binding=require"
+    "&connect_timeout=7&application_name=recon&user=recon"
+)
+
+
+def test_tls_parameters_reach_both_drivers_by_their_names(monkeypatch: Any) -> None:
+    monkeypatch.setenv("RECON_KEY_PASSPHRASE", "key-s3cret")
+    src = Source("outbox", TLS_URL, sslpassword_env="RECON_KEY_PASSPHRASE")
+    assert src.jdbc_url == "jdbc:postgresql://db.example:5433/app"  # the properties carry them
+    assert src.jdbc_properties() == {
+        "driver": "org.postgresql.Driver",
+        "fetchsize": "10000",
+        "user": "recon",
+        "sslmode": "verify-full",
+        "sslrootcert": "/etc/ca.pem",
+        "sslcert": "/etc/client.pem",
+        "sslkey": "/etc/client.key",
+        "channelBinding": "require",
+        "connectTimeout": "7",
+        "ApplicationName": "recon",
+        "sslpassword": "key-s3cret",
+    }
+    assert src.libpq_kwargs() == {
+        "host": "db.example",
+        "port": 5433,
+        "dbname": "app",
+        "user": "recon",
+        "sslmode": "verify-full",
+        "sslrootcert": "/etc/ca.pem",
+        "sslcert": "/etc/client.pem",
+        "sslkey": "/etc/client.key",
+        "channel_binding": "require",
+        "connect_timeout": "7",
+        "application_name": "recon",
+        "sslpassword": "key-s3cret",
+    }
+    assert "key-s3cret" not in repr(src)
+    plain = Source("outbox", URL)
+    assert set(plain.jdbc_properties()) == {"driver", "fetchsize"}
+    assert set(plain.libpq_kwargs()) == {"host", "port", "dbname"}
+
+
+@pytest.mark.parametrize(
+    ("query", "problem"),
+    [
+        ("sslcrl=/etc/crl.pem", "'sslcrl' is not one the job passes to both drivers"),
+        ("ssl=true", "'ssl' is not one the job passes"),
+        ("sslpassword=key-s3cret", "sslpassword_env"),
+        ("password=s3cret", "password_env / password_file"),
+        ("sslmode=", "'sslmode' is empty"),
+    ],
+)
+def test_a_url_parameter_neither_driver_would_honour_alike_is_refused(
+    query: str, problem: str
+) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        Source("outbox", f"{URL}?{query}")
+    assert problem in str(err.value)
+    assert "s3cret" not in str(err.value)
+
+
+def test_an_unset_key_passphrase_variable_is_named(monkeypatch: Any) -> None:
+    monkeypatch.delenv("NO_SUCH_PASSPHRASE", raising=False)
+    src = Source("outbox", f"{URL}?sslkey=/k.pem", sslpassword_env="NO_SUCH_PASSPHRASE")
+    with pytest.raises(ConfigurationError, match="NO_SUCH_PASSPHRASE is not set"):
+        src.jdbc_properties()
+
+
+def test_the_job_file_takes_the_key_passphrase_variable(tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(
+        f'[outbox]\nurl = "{URL}?sslmode=require"\nsslpassword_env = "RECON_KEY_PASSPHRASE"\n'
+    )
+    outbox = load_toml(path)["outbox"]
+    assert outbox.sslpassword_env == "RECON_KEY_PASSPHRASE"
+    assert outbox.parameters() == {"sslmode": "require"}

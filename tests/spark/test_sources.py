@@ -87,3 +87,41 @@ def test_reconcile_counts_a_delivery_stamped_by_an_inbox_clock_behind_the_outbox
     assert counts["phantom"] == 1
     assert [d["id"] for d in result.details if d["kind"] == "phantom"] == [phantom]
     assert result.lost_ids == []
+
+
+def _libpq_source(database_url: str, query: str) -> Source:
+    info = psycopg.conninfo.conninfo_to_dict(database_url)
+    url = f"postgresql://{info['host']}:{info.get('port', 5432)}/{info['dbname']}?{query}"
+    return Source("outbox", url, user=str(info["user"]))
+
+
+@pytest.mark.parametrize("mode", ["disable", "prefer"])
+def test_the_sslmode_of_a_source_reaches_its_psycopg_connection(
+    database_url: str, mode: str
+) -> None:
+    from spark_ingest._sources import connect
+
+    with connect(_libpq_source(database_url, f"sslmode={mode}&application_name=recon")) as conn:
+        used = {o.keyword: o.val for o in conn.pgconn.info}  # libpq's, defaults included
+        assert used[b"sslmode"] == mode.encode()
+        row = conn.execute("SELECT application_name FROM pg_stat_activity "
+                           "WHERE pid = pg_backend_pid()").fetchone()  # fmt: skip
+    assert row == ("recon",)
+
+
+def test_a_required_tls_the_server_lacks_fails_both_drivers(spark: Any, database_url: str) -> None:
+    """This server runs without TLS: sslmode=require must fail, in psycopg and in JDBC, which
+    shows both were given it (a dropped sslmode would connect in clear)."""
+    from spark_ingest._sources import connect, read_outbox
+
+    with psycopg.connect(database_url) as conn:
+        if conn.execute("SHOW ssl").fetchone() != ("off",):
+            pytest.fail("this test needs a server without TLS (ssl = off)")
+    source = _libpq_source(database_url, "sslmode=require")
+    with pytest.raises(SourceError, match="SSL"):
+        connect(source).close()
+    now = dt.datetime.now(dt.UTC)
+    with pytest.raises(SourceError, match="SSL"):
+        read_outbox(spark, source, now - H, now, 1).count()
+    clear = _libpq_source(database_url, "sslmode=disable")
+    assert read_outbox(spark, clear, now - H, now, 1).count() == 0
