@@ -1,10 +1,14 @@
-"""A frozen streaming relay loses the slot to a standby (relay/_capture_lease.py), as real
-processes on the private logical cluster: the standby fences it and captures within the lease
-plus a second; the frozen one, woken, commits and confirms nothing, and stands by; an inbox fed
-with everything both sent applies every committed message once, in per-key order."""
+"""A frozen streaming relay loses the slot to a standby (relay/_capture_lease.py), on the
+private logical cluster: as real processes (SIGSTOP), the standby fences it and captures within
+the lease plus a second; the frozen one, woken, commits and confirms nothing, and stands by; an
+inbox fed with everything both sent applies every committed message once, in per-key order.
+And a relay whose event loop is stuck loses the slot the same way, to a standby running as the
+least-privilege role of `outbox migrate grants`."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -16,15 +20,20 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
+from click.testing import CliRunner
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "relay"))
 
-from relay_helpers import wait_for
+from relay_helpers import FakePublisher, await_for, config, wait_for
 
 from inbox import HandlerRunner
 from outbox import publish
+from outbox.cli import main as outbox_cli
 from outbox.envelope import Envelope
+from relay import Relay
 
 PROC = str(Path(__file__).resolve().parents[1] / "relay" / "relay_proc.py")
 LEASE = 3.0
@@ -175,3 +184,95 @@ def test_a_frozen_streaming_relay_is_fenced_and_its_standby_captures_within_the_
     assert "lost the capture lease" in log, log
     log = (tmp_path / "second.log").read_text()
     assert "terminated its sessions" in log, log
+
+
+def test_a_stuck_event_loop_loses_the_slot_to_a_standby_of_the_relay_role(
+    wal_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    role = f"oi_relay_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(wal_url, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN REPLICATION')
+    try:
+        result = CliRunner().invoke(
+            outbox_cli, ["migrate", "grants", "--apply", "--url", wal_url, "--relay", role]
+        )
+        assert result.exit_code == 0, result.output
+        url = make_conninfo(**{**conninfo_to_dict(wal_url), "user": role})
+        with caplog.at_level(logging.WARNING, logger="relay"):
+            asyncio.run(_stuck_loop_takeover(url))
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("terminated its sessions" in m for m in messages), messages  # fenced
+        assert any("lost the capture lease" in m for m in messages), messages
+        assert not any("may not end" in m for m in messages), messages  # the role sufficed
+    finally:
+        with psycopg.connect(wal_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (role,),
+            )
+            admin.execute(f'DROP OWNED BY "{role}"')
+            admin.execute(f'DROP ROLE "{role}"')
+
+
+async def _stuck_loop_takeover(url: str) -> None:
+    lease = 2.0
+    log: list[tuple[str, Envelope]] = []
+    stuck = Relay(config(url, lease_seconds=lease, publish_timeout=1.0), FakePublisher(log, "a"))
+    standby = Relay(config(url, lease_seconds=lease, publish_timeout=1.0), FakePublisher(log, "b"))
+    loop_of_stuck: list[asyncio.AbstractEventLoop] = []
+
+    async def run_stuck() -> None:
+        loop_of_stuck.append(asyncio.get_running_loop())
+        await stuck.run()
+
+    thread = threading.Thread(target=lambda: asyncio.run(run_stuck()))
+    thread.start()
+    task: asyncio.Task[None] | None = None
+    try:
+        await await_for(lambda: bool(stuck.capture and stuck.capture.capturing), 20, "capturing")
+        task = asyncio.create_task(standby.run())
+        ids = [_commit(url, "before")]
+        await await_for(lambda: _published(url) == 1, 20, "the first message recorded")
+        stuck_at = time.monotonic()
+        # The holder's loop blocks (a CPU-bound handler, a blocking call): it cannot heartbeat.
+        loop_of_stuck[0].call_soon_threadsafe(time.sleep, lease * 3)
+        await await_for(
+            lambda: bool(standby.capture and standby.capture.capturing), lease + 10, "takeover"
+        )
+        took = time.monotonic() - stuck_at
+        ids.append(_commit(url, "during"))
+        await await_for(lambda: len(log) == 2, 20, "a message after the takeover")
+        assert log[1][0] == "b"
+        # its loop runs again: it finds the lease lost and stands by; the standby keeps the slot
+        awake = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop_of_stuck[0])
+        await asyncio.wrap_future(awake)
+        assert time.monotonic() - stuck_at >= lease * 3
+        await await_for(lambda: not (stuck.capture and stuck.capture.capturing), 10, "stand by")
+        assert standby.capture is not None
+        assert standby.capture.capturing
+        ids.append(_commit(url, "after"))
+        await await_for(lambda: len(log) == 3, 20, "a message after the wake-up")
+    finally:
+        standby.stop()
+        loop_of_stuck[0].call_soon_threadsafe(stuck.stop)
+        if task is not None:
+            await task
+        await asyncio.to_thread(thread.join, 30)
+    print(f"takeover from a stuck event loop: {took:.2f}s (lease {lease:g}s)")
+    assert took <= lease + 1.0, took
+    assert [e.id for _, e in log] == ids
+    assert [e.seq for _, e in log] == [1, 2, 3]
+    assert [name for name, _ in log] == ["a", "b", "b"]
+
+
+def _commit(url: str, n: str) -> uuid.UUID:
+    with psycopg.connect(url) as conn:
+        id_ = publish(conn, topic="t", key="k", payload={"n": n})
+        conn.commit()
+    return id_
+
+
+def _published(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox_messages WHERE status = 'published'")
+        return int(row.fetchone()[0])  # type: ignore[index]
