@@ -1,7 +1,9 @@
 """The fault suite's short set, in every CI run: relay kill -9 (in both capture modes), consumer
 kill -9 between commit and ack, broker kill -9 and restart, each under a live workload on a
 private PostgreSQL and NATS server. Nothing lost, duplicated, reordered or invented; only
-poison messages dead. The full set (tests/faults/run.py) writes docs/reliability.md."""
+poison messages dead. And the streaming relay frozen for 90 s in WAL capture mode: sending
+stalls at most the lease plus a second. The full set (tests/faults/run.py) writes
+docs/reliability.md."""
 
 from __future__ import annotations
 
