@@ -247,7 +247,7 @@ class WalCapture:
                 await conn.execute(stmts.capture_record, _record_params(batch))
             finally:
                 results, unreachable = await sending
-            lease.check()  # a lapsed lease sends nothing more, and commits nothing
+            lease.check()  # a lapsed lease commits nothing (its sends stopped at the deadline)
             if unreachable and results:
                 # The broker is down: the polling loop pauses too, and the messages wait for
                 # it as pending rows. An outage is never a message's attempt (as in polling).
