@@ -34,6 +34,7 @@ from outbox.schema import (
     INBOX_MESSAGES,
     INBOX_POSITIONS,
     OUTBOX_CAPTURE,
+    OUTBOX_CAPTURE_LEASE,
     OUTBOX_DEAD_AUDIT,
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
@@ -73,6 +74,9 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_MESSAGES, None),
         ("SELECT, INSERT, UPDATE", OUTBOX_SEQUENCES, None),
         ("SELECT", OUTBOX_CAPTURE, None),
+        # the streaming relay's lease on the slot; a standby terminates a lapsed holder's
+        # sessions, which PostgreSQL allows a session of the same role (docs/capture.md)
+        ("SELECT, INSERT, UPDATE", OUTBOX_CAPTURE_LEASE, None),
         ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_RELAYS, None),
         ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),
     ],

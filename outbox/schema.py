@@ -20,6 +20,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     Column,
+    Float,
     Identity,
     Index,
     Integer,
@@ -46,6 +47,7 @@ __all__ = [
     "MESSAGE_STATUSES",
     "NAMING_CONVENTION",
     "OUTBOX_CAPTURE",
+    "OUTBOX_CAPTURE_LEASE",
     "OUTBOX_DEAD_AUDIT",
     "OUTBOX_MESSAGES",
     "OUTBOX_RELAYS",
@@ -62,6 +64,7 @@ __all__ = [
 OUTBOX_MESSAGES = "outbox_messages"
 OUTBOX_SEQUENCES = "outbox_key_sequences"
 OUTBOX_CAPTURE = "outbox_capture"
+OUTBOX_CAPTURE_LEASE = "outbox_capture_lease"
 #: A sequence: bumped by every polling-mode write, read by the relay's commit watch.
 OUTBOX_WRITE_COUNTER = "outbox_write_counter"
 INBOX_MESSAGES = "inbox_messages"
@@ -188,6 +191,25 @@ def make_metadata(schema: str | None = None) -> MetaData:
         CheckConstraint("singleton", name="one_row"),
         CheckConstraint("mode IN ('polling', 'wal')", name="mode_valid"),
         CheckConstraint("mode = 'polling' OR slot IS NOT NULL", name="wal_has_slot"),
+    )
+
+    Table(
+        OUTBOX_CAPTURE_LEASE,
+        md,
+        # Who streams a slot, under a lease (outbox_0014, relay/_capture.py): the holder's
+        # sessions (the one holding the capture lock, which also records the batches, and the
+        # walsender), its heartbeat on the server's clock, and an epoch bumped by every
+        # takeover. A standby that finds the heartbeat older than lease_seconds terminates
+        # the sessions started before acquired_at and takes the slot over.
+        Column("slot", Text, nullable=False),
+        Column("holder", Text, nullable=False),
+        Column("epoch", BigInteger, nullable=False),
+        Column("lock_pid", Integer, nullable=False),
+        Column("stream_pid", Integer, nullable=True),
+        Column("lease_seconds", Float, nullable=False),
+        Column("acquired_at", _TIMESTAMPTZ, nullable=False),
+        Column("heartbeat_at", _TIMESTAMPTZ, nullable=False),
+        PrimaryKeyConstraint("slot"),
     )
 
     Table(

@@ -2,8 +2,9 @@
 
 In 'wal' mode (``outbox capture enable``; docs/capture.md) writers emit each message as a
 transactional logical message and touch no table. One relay of the group (the holder of the
-capture lock, see ``outbox_capture_lock``) streams the slot; per batch of committed
-transactions, in ONE database transaction, it:
+capture lock, see ``outbox_capture_lock``, under a lease a standby can end: see
+relay/_capture_lease.py) streams the slot; per batch of committed transactions, in ONE
+database transaction on the lock's session, it:
 
 1. drops ids that already have a row (a batch recorded before a crash, decoded again; an
    idempotency key published again);
@@ -40,12 +41,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from outbox._capture import MODE_WAL, RecordError, WalRecord, decode_record
 from outbox.envelope import Envelope
+from relay._capture_lease import CaptureLease, fence_lapsed_holder, standby_interval
 from relay._config import RelayConfig
 from relay._dispatch import Dispatcher
 from relay._queries import RelayStatements
 from relay._replication import CommittedTransaction, ReplicationStream
 from relay._retry import Backoff, retry
 from relay._state import RunState
+from relay.exceptions import CaptureLeaseLostError
 
 __all__ = ["WalCapture"]
 
@@ -117,40 +120,82 @@ class WalCapture:
         return str(row[1]), str(row[2]), True
 
     async def _lead(self, slot: str, publication: str, draining: bool) -> None:
-        """Take the capture lock and stream, until stopped, drained or the stream fails; return
-        at once (after a pause) when another relay holds it."""
+        """Take the capture lock and stream, until stopped, drained, the stream fails or the
+        lease is lost. A standby tries the lock, and fences a holder whose lease lapsed
+        (relay/_capture_lease.py), every standby interval for a second, then returns."""
         config = self._config
         lock = await psycopg.AsyncConnection.connect(config.database_url, autocommit=True)
         try:
-            row = await (await lock.execute(self._stmts.capture_lock, {"slot": slot})).fetchone()
-            if not (row and row[0]):
-                await self._state.sleep(RECHECK_SECONDS)  # a standby: another relay captures
-                return
+            if not await self._acquire(lock, slot):
+                return  # a standby: another relay captures
+            lease = CaptureLease(self._stmts, slot, config.relay_id, config.lease_seconds)
+            await lease.take(lock)
+            # A walsender still on the slot is a fenced holder's that has not exited yet:
+            # the lock says the slot is ours now.
+            await lock.execute(self._stmts.capture_slot_free, {"slot": slot})
             stream = ReplicationStream(
                 config.database_url, slot, publication, buffer=max(4 * config.batch_size, 1000)
             )
             await stream.start()
-            self.capturing = True
-            if not draining:
-                log.info("relay %s: capturing from replication slot %s", config.relay_id, slot)
+            heartbeat: asyncio.Task[None] | None = None
             try:
-                await self._stream(stream, draining)
+                await lease.streaming(lock, stream.backend_pid)
+                heartbeat = asyncio.create_task(lease.heartbeat(self._pool))
+                self.capturing = True
+                if not draining:
+                    log.info("relay %s: capturing from replication slot %s (lease epoch %d)",
+                             config.relay_id, slot, lease.epoch)
+                await self._stream(lock, stream, lease, draining)
+            except Exception:
+                try:
+                    lease.check()
+                except CaptureLeaseLostError:
+                    return  # fenced: that explains the closed connections (logged)
+                raise
             finally:
                 self.capturing = False
                 stream.close()
+                if heartbeat is not None:
+                    heartbeat.cancel()
+                    await asyncio.gather(heartbeat, return_exceptions=True)
         finally:
             await lock.close()
 
-    async def _stream(self, stream: ReplicationStream, draining: bool) -> None:
+    async def _acquire(self, lock: psycopg.AsyncConnection[Any], slot: str) -> bool:
+        """Take the capture lock; while another relay holds it, fence that relay if its lease
+        lapsed, and try again every standby interval for a recheck period."""
+        interval = standby_interval(self._config.lease_seconds)
+        until = time.monotonic() + RECHECK_SECONDS
+        while not self._state.stopping:
+            row = await (await lock.execute(self._stmts.capture_lock, {"slot": slot})).fetchone()
+            if row and row[0]:
+                return True
+            if await fence_lapsed_holder(lock, self._stmts, slot):
+                continue  # its sessions are gone: the lock is free now
+            if time.monotonic() >= until:
+                break
+            await self._state.sleep(interval)
+        return False
+
+    async def _stream(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        stream: ReplicationStream,
+        lease: CaptureLease,
+        draining: bool,
+    ) -> None:
         """Record what the slot sends; when it goes idle, return if there is nothing more to
         wait for (draining, or the database switched back to polling meanwhile)."""
         limit = self._config.batch_size
         while not self._state.stopping:
+            lease.check()
             transactions = await stream.transactions(limit, IDLE_WAIT_SECONDS)
             if transactions:
-                await self._record(transactions)
+                await self._record(conn, lease, transactions)
+                lease.check()  # a takeover may have started while the batch was recorded
                 await stream.confirm(transactions[-1].end_lsn)
             else:
+                lease.check()
                 await stream.confirm()  # idle: nothing of ours up to the server's WAL end
                 if draining:
                     return
@@ -159,20 +204,27 @@ class WalCapture:
                     return  # switched back to polling: drain in rounds from now on
             await stream.keepalive()
 
-    async def _record(self, transactions: list[CommittedTransaction]) -> None:
-        """Number, send and record one batch, in one transaction (module docstring)."""
+    async def _record(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        lease: CaptureLease,
+        transactions: list[CommittedTransaction],
+    ) -> None:
+        """Number, send and record one batch, in one transaction on the lock's session
+        (module docstring), under the lease."""
         started = time.perf_counter()
         batch = _decode(transactions)
         if not batch:
             return
         stmts = self._stmts
         metrics = self._dispatcher.metrics
-        async with self._pool.connection() as conn, conn.transaction():
+        async with conn.transaction():
             # The slot is confirmed right after this commit, so the commit must be on disk
             # first: the relay's sessions otherwise commit without waiting for the flush
             # (relay_session), and a slot position saved ahead of a lost commit would skip
             # the batch after a server crash.
             await conn.execute(stmts.capture_durable)
+            await lease.check_in(conn)
             ids = [d.record.id for d in batch]
             cur = await conn.execute(stmts.capture_known, {"ids": ids})
             known = {r[0] for r in await cur.fetchall()}
@@ -188,13 +240,14 @@ class WalCapture:
             sending = asyncio.ensure_future(
                 self._dispatcher.publish(
                     [_envelope(d) for d in to_send],
-                    time.monotonic() + self._config.publish_timeout,
+                    lease.publish_deadline(self._config.publish_timeout),
                 )
             )
             try:
                 await conn.execute(stmts.capture_record, _record_params(batch))
             finally:
                 results, unreachable = await sending
+            lease.check()  # a lapsed lease commits nothing (its sends stopped at the deadline)
             if unreachable and results:
                 # The broker is down: the polling loop pauses too, and the messages wait for
                 # it as pending rows. An outage is never a message's attempt (as in polling).

@@ -88,7 +88,8 @@ class RelayConfig:
     per_key_batch: int = 100
     #: claims being published at once by this relay
     max_in_flight: int = 4
-    #: a dead relay's rows are claimable again this long after its last claim
+    #: a dead relay's rows are claimable again this long after its last claim (in 'wal' mode,
+    #: a stalled streaming relay loses the slot this long after its last heartbeat)
     lease_seconds: float = 30.0
     #: a publish_batch still running after this is treated as failed (must be < lease)
     publish_timeout: float = 10.0

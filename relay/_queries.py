@@ -31,6 +31,7 @@ from psycopg import sql
 from outbox._sql import Names, qualified, registry, table_name
 from outbox.schema import (
     OUTBOX_CAPTURE,
+    OUTBOX_CAPTURE_LEASE,
     OUTBOX_DEAD_AUDIT,
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
@@ -405,9 +406,93 @@ SELECT c.mode, c.slot, c.publication FROM {capture} AS c
 # (class 3084 = 0x0C0C, reserved for outbox-inbox; the slot's name hashed) on a connection the
 # capturing relay keeps open: it is released when that connection ends, however the relay died
 # (the server notices a killed process's closed socket at once), and a standby's next try takes
-# it. The slot itself refuses a second streamer too; the lock makes standbys wait politely.
+# it. The slot itself refuses a second streamer too; the lock makes standbys wait politely. A
+# holder that is alive but frozen keeps its connection, so the lock alone would keep the slot
+# until it wakes: the lease below lets a standby end that connection.
 _CAPTURE_LOCK = """
 SELECT pg_try_advisory_lock(3084, hashtext(%(slot)s))
+"""
+
+# --- The capture lease (outbox_capture_lease, one row per slot) ------------------------------
+# The holder of the lock takes the lease (a new epoch) on its lock session, so the row names
+# that session; records every batch on that session, so terminating it rolls back an open
+# batch and frees the counter rows it locked; and heartbeats on another connection, from the
+# event loop that does the work (a stuck loop stops both). A standby terminates the sessions of
+# a holder whose heartbeat is older than the holder's own lease (on the server's clock: no
+# clock skew between relays), then tries the lock again.
+
+# outbox_capture_lease_take: the lock's holder writes its lease: a new epoch, its lock session,
+# no walsender yet. Run only while holding the lock, so two relays never write it at once.
+_CAPTURE_LEASE_TAKE = """
+INSERT INTO {capture_lease} AS l
+    (slot, holder, epoch, lock_pid, stream_pid, lease_seconds, acquired_at, heartbeat_at)
+VALUES (%(slot)s, %(holder)s, 1, pg_backend_pid(), NULL, %(lease_seconds)s,
+        clock_timestamp(), clock_timestamp())
+ON CONFLICT (slot) DO UPDATE
+   SET holder = excluded.holder, epoch = l.epoch + 1, lock_pid = excluded.lock_pid,
+       stream_pid = NULL, lease_seconds = excluded.lease_seconds,
+       acquired_at = excluded.acquired_at, heartbeat_at = excluded.heartbeat_at
+RETURNING l.epoch
+"""
+
+# outbox_capture_lease_stream: the walsender streams for the lease's epoch now. acquired_at
+# moves here: both sessions started before it, and a session a fencer terminates must have
+# (a pid reused by a later backend is never terminated).
+_CAPTURE_LEASE_STREAM = """
+UPDATE {capture_lease} AS l
+   SET stream_pid = %(stream_pid)s, acquired_at = clock_timestamp(),
+       heartbeat_at = clock_timestamp()
+ WHERE l.slot = %(slot)s AND l.epoch = %(epoch)s
+RETURNING l.epoch
+"""
+
+# outbox_capture_lease_beat: the heartbeat; no row when a standby took the slot over (a later
+# epoch). A primary-key update, every quarter lease.
+_CAPTURE_LEASE_BEAT = """
+UPDATE {capture_lease} AS l SET heartbeat_at = clock_timestamp()
+ WHERE l.slot = %(slot)s AND l.epoch = %(epoch)s
+RETURNING l.epoch
+"""
+
+# outbox_capture_lease_check: in each batch's transaction, before anything is recorded: the
+# lease is still ours and this is its lock session. (A takeover needs the lock, so it comes
+# only after this session ended; the check makes the fencing explicit where progress is
+# recorded.) A primary-key probe per batch.
+_CAPTURE_LEASE_CHECK = """
+SELECT l.epoch FROM {capture_lease} AS l
+ WHERE l.slot = %(slot)s AND l.epoch = %(epoch)s AND l.lock_pid = pg_backend_pid()
+"""
+
+# outbox_capture_lease_fence: a standby that could not take the lock ends a lapsed holder's
+# sessions: the lock's (its open batch rolls back, the lock is released) and the walsender's
+# (the slot is free; the holder can confirm nothing more). The row is locked (FOR UPDATE), so
+# a heartbeat that lands first is seen (the lease is not lapsed then), and a heartbeat after
+# it finds its sessions gone. Only sessions that started before the lease was acquired are
+# terminated: a pid reused since is another backend. pg_terminate_backend waits (up to 5 s)
+# for the backend to exit. It needs the same role as the holder's sessions (or membership in
+# it, or pg_signal_backend); pg_stat_activity hides backend_start of other roles' sessions
+# without it, and then nothing is terminated. Rows: the holder, the pid, terminated or not.
+_CAPTURE_LEASE_FENCE = """
+WITH lapsed AS (
+    SELECT l.holder, l.lock_pid, l.stream_pid, l.acquired_at FROM {capture_lease} AS l
+     WHERE l.slot = %(slot)s
+       AND l.heartbeat_at < clock_timestamp() - make_interval(secs => l.lease_seconds)
+       FOR UPDATE
+)
+SELECT x.holder, p.pid,
+       CASE WHEN a.pid IS NOT NULL THEN pg_terminate_backend(a.pid, 5000) ELSE false END
+FROM lapsed AS x
+CROSS JOIN LATERAL unnest(ARRAY[x.lock_pid, x.stream_pid]) AS p(pid)
+LEFT JOIN pg_stat_activity AS a ON a.pid = p.pid AND a.backend_start <= x.acquired_at
+WHERE p.pid IS NOT NULL
+"""
+
+# outbox_capture_slot_free: the new holder ends a walsender still streaming the slot (a
+# fenced holder's that had not exited yet, or one the lease did not name): the slot takes one
+# streamer, and the lock says it is us. Waits up to 5 s for it to exit.
+_CAPTURE_SLOT_FREE = """
+SELECT pg_terminate_backend(s.active_pid, 5000) FROM pg_replication_slots AS s
+ WHERE s.slot_name = %(slot)s AND s.active_pid IS NOT NULL AND s.active_pid <> pg_backend_pid()
 """
 
 # outbox_capture_known: ids of a decoded batch that already have a row: the rows of a batch
@@ -519,6 +604,12 @@ class RelayStatements:
     capture_durable: bytes
     capture_unsent: bytes
     capture_slot: bytes
+    capture_lease_take: bytes
+    capture_lease_stream: bytes
+    capture_lease_beat: bytes
+    capture_lease_check: bytes
+    capture_lease_fence: bytes
+    capture_slot_free: bytes
     watch_reading: bytes
 
 
@@ -529,6 +620,7 @@ def _names(schema: str | None) -> Names:
         "audit": qualified(schema, OUTBOX_DEAD_AUDIT),
         "sequences": qualified(schema, OUTBOX_SEQUENCES),
         "capture": qualified(schema, OUTBOX_CAPTURE),
+        "capture_lease": qualified(schema, OUTBOX_CAPTURE_LEASE),
         "counter": qualified(schema, OUTBOX_WRITE_COUNTER),
         "counter_name": table_name(schema, OUTBOX_WRITE_COUNTER),
         "messages_name": table_name(schema, OUTBOX_MESSAGES),
@@ -568,6 +660,12 @@ relay_statements = registry(
         "capture_durable": _CAPTURE_DURABLE,
         "capture_unsent": _CAPTURE_UNSENT,
         "capture_slot": _CAPTURE_SLOT,
+        "capture_lease_take": _CAPTURE_LEASE_TAKE,
+        "capture_lease_stream": _CAPTURE_LEASE_STREAM,
+        "capture_lease_beat": _CAPTURE_LEASE_BEAT,
+        "capture_lease_check": _CAPTURE_LEASE_CHECK,
+        "capture_lease_fence": _CAPTURE_LEASE_FENCE,
+        "capture_slot_free": _CAPTURE_SLOT_FREE,
         "watch_reading": _WATCH_READING,
     },
     _names,

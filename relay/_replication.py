@@ -124,6 +124,11 @@ class ReplicationStream:
             )
         self._reader = asyncio.create_task(self._read(), name=f"replication:{self._slot}")
 
+    @property
+    def backend_pid(self) -> int:
+        """The walsender's pid (the capture lease names it: a standby may end it)."""
+        return self._conn().backend_pid
+
     def close(self) -> None:
         if self._reader is not None:
             if self._reader.done() and not self._reader.cancelled():

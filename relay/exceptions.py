@@ -6,6 +6,7 @@ from outbox.exceptions import ConfigurationError, OutboxError
 
 __all__ = [
     "BrokerUnreachableError",
+    "CaptureLeaseLostError",
     "DestinationUnavailableError",
     "NotSentError",
     "PermanentPublishError",
@@ -17,6 +18,11 @@ __all__ = [
 
 class RelayError(OutboxError):
     """The relay failed."""
+
+
+class CaptureLeaseLostError(RelayError):
+    """This relay no longer holds the lease on the replication slot (its heartbeat lapsed, or
+    a standby took the slot over): it records and confirms nothing more, and stands by."""
 
 
 class RetryablePublishError(RelayError):

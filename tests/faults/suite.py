@@ -91,6 +91,9 @@ class Result:
     recovery_seconds: float
     unclean_exits: int = 0
     notes: str = ""
+    #: the longest time between two messages sent to the broker while the producers ran
+    max_delivery_gap_seconds: float = float("nan")
+    takeover_seconds: float = float("nan")
 
     @property
     def ok(self) -> bool:
@@ -124,6 +127,8 @@ class World:
         self.supervise = True
         #: relays that did not exit 0 within their shutdown bound after a SIGTERM
         self.unclean_exits = 0
+        #: seconds from a freeze of the streaming relay until a standby held the slot
+        self.takeover_seconds = float("nan")
         self._stop = threading.Event()
         for i in range(2):
             self.start_relay(i)
@@ -203,7 +208,7 @@ class World:
 
 
 def _produce(world: World, history: History, stop: threading.Event, seed: int,
-             late_commits: bool) -> None:  # fmt: skip
+             late_commits: bool, pause: float = 0.0) -> None:  # fmt: skip
     rng = random.Random(seed)
     keys = [f"order-{seed}-{i}" for i in range(40)]
     idem: list[tuple[str, str]] = []
@@ -266,7 +271,7 @@ def _produce(world: World, history: History, stop: threading.Event, seed: int,
                 history.committed.add(msg_id)
                 if poison and not published_again:
                     history.poison.add(msg_id)
-            time.sleep(rng.uniform(0.0, 0.01))
+            time.sleep(pause or rng.uniform(0.0, 0.01))
         except psycopg.Error:
             if conn is not None:  # the database is away (crash, cut): reconnect and go on
                 conn.close()
@@ -300,6 +305,51 @@ def _relay_pause(world: World, stop: threading.Event) -> str:
         proc.send_signal(signal.SIGCONT)  # wakes up holding stale leases: must be fenced
         n += 1
     return f"{n} relay SIGSTOP for {LEASE * 2:g}s (lease {LEASE:g}s)"
+
+
+FREEZE = 90.0
+
+
+def _streaming_relay(world: World) -> tuple[subprocess.Popen[bytes], int] | None:
+    """The relay process holding the capture lease now, and the lease's epoch."""
+    with psycopg.connect(world.url) as conn:
+        row = conn.execute(
+            "SELECT r.pid, l.epoch FROM outbox_capture_lease AS l "
+            "JOIN outbox_relays AS r ON r.relay_id = l.holder WHERE l.stream_pid IS NOT NULL"
+        ).fetchone()
+    for proc in world.relays:
+        if row is not None and proc is not None and proc.pid == row[0] and proc.poll() is None:
+            return proc, int(row[1])
+    return None
+
+
+def _streaming_relay_frozen(world: World, stop: threading.Event) -> str:
+    """SIGSTOP the relay streaming the slot for FREEZE seconds: a standby must fence it and
+    take the slot over within the lease."""
+    stop.wait(3.0)
+    holder = None
+    while holder is None and not stop.wait(0.1):
+        holder = _streaming_relay(world)
+    if holder is None:
+        return "no streaming relay found to freeze"
+    proc, epoch = holder
+    proc.send_signal(signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    took = float("nan")
+    while time.monotonic() - frozen_at < FREEZE:
+        now = _streaming_relay(world)
+        if now is not None and now[1] > epoch:
+            took = time.monotonic() - frozen_at
+            break
+        time.sleep(0.05)
+    time.sleep(max(0.0, FREEZE - (time.monotonic() - frozen_at)))
+    proc.send_signal(signal.SIGCONT)  # wakes up fenced: it must stand by
+    world.takeover_seconds = took
+    stop.wait()
+    return (
+        f"streaming relay SIGSTOP for {FREEZE:g}s (lease {LEASE:g}s), slot taken over after "
+        f"{took:.1f}s"
+    )
 
 
 def _broker_kill9(world: World, stop: threading.Event) -> str:
@@ -399,6 +449,11 @@ class Scenario:
     crash_probability: float = 0.0
     late_commits: bool = False
     capture: str = "polling"
+    #: the workload runs at least this long (the nemesis needs it)
+    min_seconds: float = 0.0
+    #: each producer's pause after a commit (0: 0-10 ms at random): a long workload at a rate
+    #: the consumers keep up with, so that a stall shows as a gap and not as a backlog
+    producer_pause: float = 0.0
 
 
 SCENARIOS = {
@@ -420,6 +475,13 @@ SCENARIOS = {
         Scenario("wal-broker-kill-9", _broker_kill9, capture="wal"),
         Scenario("wal-postgres-crash", _postgres_crash, capture="wal"),
         Scenario("wal-producer-cut-mid-commit", _producer_cut, capture="wal"),
+        Scenario(
+            "wal-relay-frozen-90s",
+            _streaming_relay_frozen,
+            capture="wal",
+            min_seconds=FREEZE + 10,
+            producer_pause=0.02,
+        ),
     )
 }
 SHORT = ("relay-kill-9", "consumer-kill-9-after-commit", "broker-kill-9", "wal-relay-kill-9")
@@ -480,7 +542,8 @@ def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0)
         stop = threading.Event()
         producers = [
             threading.Thread(target=_produce, args=(world, history, stop, seed,
-                                                    scenario.late_commits))
+                                                    scenario.late_commits,
+                                                    scenario.producer_pause))
             for seed in range(3)
         ]  # fmt: skip
         for t in producers:
@@ -488,7 +551,11 @@ def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0)
         notes: list[str] = []
         nemesis = threading.Thread(target=lambda: notes.append(scenario.nemesis(world, stop)))
         nemesis.start()
-        time.sleep(seconds)
+        time.sleep(max(seconds, scenario.min_seconds))
+        with psycopg.connect(world.url) as conn:
+            row = conn.execute("SELECT clock_timestamp()").fetchone()
+            assert row is not None
+            stopped_at = row[0]
         stop.set()
         nemesis.join(60)
         for t in producers:
@@ -522,6 +589,8 @@ def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0)
             }
             outbox_ids = {r[0] for r in conn.execute("SELECT id FROM outbox_messages")}
         unclean = world.unclean_exits
+        gap = _max_gap(world.url, stopped_at)
+        takeover = world.takeover_seconds
     lost = duplicates = order = phantoms = 0
     for consumer in CONSUMERS:
         ids = [m for m, _, _ in applied[consumer]]
@@ -549,8 +618,28 @@ def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0)
         dead_unexpected=dead_unexpected,
         recovery_seconds=round(recovered, 1),
         unclean_exits=unclean,
-        notes="; ".join([*notes, f"{history.refused_oversized} oversized refused at publish"]),
+        notes="; ".join([
+            *notes,
+            f"{history.refused_oversized} oversized refused at publish",
+            f"longest gap between sends {gap:.1f}s",
+        ]),
+        max_delivery_gap_seconds=round(gap, 2),
+        takeover_seconds=round(takeover, 2),
     )
+
+
+def _max_gap(url: str, until: Any) -> float:
+    """The longest time between two messages sent to the broker while the producers ran: the
+    relays stamp a row's published_at (the database's clock) as they send it. (The consumers'
+    effects would hide a stall behind their backlog.)"""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT max(gap) FROM (SELECT extract(epoch FROM published_at - lag(published_at) "
+            "OVER (ORDER BY published_at)) AS gap FROM outbox_messages "
+            "WHERE published_at <= %s) AS g",
+            (until,),
+        ).fetchone()
+    return float(row[0]) if row and row[0] is not None else float("nan")
 
 
 def table(results: list[Result]) -> str:

@@ -1,7 +1,9 @@
 """The fault suite's short set, in every CI run: relay kill -9 (in both capture modes), consumer
 kill -9 between commit and ack, broker kill -9 and restart, each under a live workload on a
 private PostgreSQL and NATS server. Nothing lost, duplicated, reordered or invented; only
-poison messages dead. The full set (tests/faults/run.py) writes docs/reliability.md."""
+poison messages dead. And the streaming relay frozen for 90 s in WAL capture mode: sending
+stalls at most the lease plus a second. The full set (tests/faults/run.py) writes
+docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 from infra import PG_BIN
 from services import missing
-from suite import SHORT, run
+from suite import LEASE, SHORT, run
 
 
 @pytest.fixture(autouse=True)
@@ -34,3 +36,18 @@ def test_fault_scenario_loses_nothing(scenario: str, tmp_path: Path) -> None:
     assert result.phantoms == 0, result
     assert result.dead_unexpected == 0, result
     assert result.recovery_seconds == result.recovery_seconds, result  # not NaN: it recovered
+
+
+@pytest.mark.timeout(420)
+def test_a_frozen_streaming_relay_stalls_delivery_at_most_the_lease(tmp_path: Path) -> None:
+    """wal-relay-frozen-90s: the relay streaming the slot is frozen for 90 s while the producers
+    run; the standby fences it and streams within the lease."""
+    result = run("wal-relay-frozen-90s", seconds=0, log_dir=tmp_path / "frozen")
+    assert result.committed > 1000, result
+    assert result.lost == 0, (result, f"logs: {tmp_path}")
+    assert result.duplicates == 0, result
+    assert result.order_violations == 0, result
+    assert result.phantoms == 0, result
+    assert result.dead_unexpected == 0, result
+    assert result.takeover_seconds <= LEASE + 1.0, result
+    assert result.max_delivery_gap_seconds <= LEASE + 1.0, result

@@ -1,7 +1,7 @@
 """A relay in its own process, for kill -9 and SIGTERM tests.
 
 usage: relay_proc.py DATABASE_URL OUTPUT_FILE LEASE_SECONDS PUBLISH_DELAY
-Every envelope it publishes is appended to OUTPUT_FILE as "key seq relay_pid" lines.
+Every envelope it publishes is appended to OUTPUT_FILE as "key seq relay_pid id" lines.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class FilePublisher:
         await asyncio.sleep(self.delay)
         with open(self.path, "a") as f:  # noqa: ASYNC230 - a test sink
             for env in envelopes:
-                f.write(f"{env.key} {env.seq} {os.getpid()}\n")
+                f.write(f"{env.key} {env.seq} {os.getpid()} {env.id}\n")
         return [None] * len(envelopes)
 
     async def close(self) -> None:

@@ -46,7 +46,8 @@ def _lines(out: Path) -> list[tuple[str, int, int]]:
     if not out.exists():
         return []
     return [
-        (k, int(s), int(p)) for k, s, p in (ln.split() for ln in out.read_text().split("\n") if ln)
+        (k, int(s), int(p))
+        for k, s, p, _id in (ln.split() for ln in out.read_text().split("\n") if ln)
     ]
 
 
