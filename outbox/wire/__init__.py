@@ -17,6 +17,8 @@ Kafka         record headers as UTF-8 bytes; record key = the outbox key (one ke
               partition, in order); value = payload
 Redis         ``XADD`` fields: the headers plus ``payload`` (the body)
 MQTT 5        user properties; ``content_type`` property; payload = body
+AMQP 1.0      application-properties; ``message-id`` = id, ``group-id`` = key,
+              ``group-sequence`` = seq, ``subject`` = topic; body = one data section
 JSON lines    ``{"destination", "headers", "payload" | "payload_base64"}`` (stdout and file
               sinks)
 ============  ==============================================================================
@@ -27,6 +29,6 @@ configuration (:class:`relay.brokers.Destinations`), not part of the wire format
 
 from __future__ import annotations
 
-from outbox.wire import jsonl, kafka, mqtt, nats, rabbitmq, redis
+from outbox.wire import amqp1, jsonl, kafka, mqtt, nats, rabbitmq, redis
 
-__all__ = ["jsonl", "kafka", "mqtt", "nats", "rabbitmq", "redis"]
+__all__ = ["amqp1", "jsonl", "kafka", "mqtt", "nats", "rabbitmq", "redis"]

@@ -24,6 +24,7 @@ __all__ = [
 
 SCHEMES = ("nats", "amqp", "amqps", "kafka", "redis", "rediss", "mqtt", "mqtts", "stdout",
            "file", "memory")  # fmt: skip
+SCHEMES += ("amqp1", "amqp1s")  # AMQP 1.0 (amqp:// is RabbitMQ's 0-9-1)
 
 
 def publisher_for_url(
@@ -132,4 +133,6 @@ _BUILDERS: dict[str, tuple[str, str, Callable[[str], tuple[list[Any], dict[str, 
     "stdout": ("stdout", "StdoutPublisher", _none),
     "file": ("file", "FilePublisher", _file),
     "memory": ("memory", "MemoryPublisher", _none),
+    "amqp1": ("amqp1", "Amqp1Publisher", _whole),
+    "amqp1s": ("amqp1", "Amqp1Publisher", _whole),
 }
