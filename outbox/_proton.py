@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 from outbox._optional import require
 from outbox.exceptions import ConfigurationError
 
-__all__ = ["Endpoint", "Reactor", "connect_options", "endpoint", "resolve", "safe_url"]
+__all__ = ["Endpoint", "Reactor", "connect_options", "endpoint", "fail", "resolve", "safe_url"]
 
 T = TypeVar("T")
 
@@ -214,3 +214,8 @@ class _Calls:
 def resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[T], result: T) -> None:
     """Set ``future``'s result from the reactor thread."""
     loop.call_soon_threadsafe(_set_result, future, result)
+
+
+def fail(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], exc: BaseException) -> None:
+    """Set ``future``'s exception from the reactor thread."""
+    loop.call_soon_threadsafe(_set_exception, future, exc)

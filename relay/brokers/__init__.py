@@ -22,6 +22,7 @@ __all__ = [
     "publisher_for_url",
 ]
 
+SCHEMES: tuple[str, ...]
 SCHEMES = ("nats", "amqp", "amqps", "kafka", "redis", "rediss", "mqtt", "mqtts", "stdout",
            "file", "memory")  # fmt: skip
 SCHEMES += ("amqp1", "amqp1s")  # AMQP 1.0 (amqp:// is RabbitMQ's 0-9-1)

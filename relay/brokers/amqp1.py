@@ -185,7 +185,10 @@ class _Handler:
             return
         loop, future = self.opened
         self.opened = None
-        _proton.resolve(loop, future, None if error is None else ConnectionError(error))
+        if error is None:
+            _proton.resolve(loop, future, None)
+        else:
+            _proton.fail(loop, future, ConnectionError(error))
 
     def _attach(self, address: str) -> _Link:
         proton = require("proton", "amqp1")

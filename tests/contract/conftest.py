@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from amqp1_broker import node as amqp1_node
 from contract_harness import (
+    Amqp1Harness,
     FileHarness,
     Harness,
     KafkaHarness,
@@ -24,6 +26,7 @@ from kafka_broker import bootstrap
 from services import import_or_missing, require_port
 
 ADAPTERS = ["memory", "stdout", "file", "nats", "rabbitmq", "kafka", "redis", "mqtt"]
+ADAPTERS += ["amqp1"]  # AMQP 1.0 on a private RabbitMQ node (tests/amqp1_broker.py)
 
 
 def _make(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
@@ -38,6 +41,11 @@ def _make(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
         harness = KafkaHarness()
         harness.bootstrap = bootstrap()
         return harness
+    if name == "amqp1":
+        import_or_missing("proton", "amqp1")
+        amqp1 = Amqp1Harness()
+        amqp1.url = amqp1_node().url
+        return amqp1
     cls = classes[name]
     if cls.port is not None:
         require_port(cls.port, name)

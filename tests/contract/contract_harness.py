@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox.envelope import Envelope
-from outbox.wire import jsonl, kafka, mqtt, nats, rabbitmq, redis
+from outbox.wire import amqp1, jsonl, kafka, mqtt, nats, rabbitmq, redis
 from relay.brokers import Publisher
 
 DEADLINE = 15.0
@@ -449,3 +449,62 @@ class MqttHarness(Harness):
 
     def decode(self, raw: Any) -> Envelope:
         return mqtt.decode(raw.user_properties, raw.payload)
+
+
+class Amqp1Harness(Harness):
+    """AMQP 1.0 on a private RabbitMQ node with its AMQP 1.0 plugin (tests/amqp1_broker.py).
+
+    The plugin refuses no message for good that a test can send (an unroutable one is accepted
+    and dropped), so the refusal tested is the adapter's configured ``max_payload_bytes``."""
+
+    name = "amqp1"
+    bad_payload = 100_001  # limit configured below: 100,000
+    url = ""  # set by the node fixture
+
+    @property
+    def dest(self) -> str:
+        return f"/queue/{self.ns}"
+
+    def unavailable_destination(self) -> str:
+        return f"/exchange/{self.ns}-none/rk"  # an exchange nobody declared: amqp:not-found
+
+    def publisher(self, **options: Any) -> Publisher:
+        from relay.brokers.amqp1 import Amqp1Publisher
+
+        return Amqp1Publisher(self.url, destinations=self.destinations(),
+                              max_payload_bytes=100_000, **options)  # fmt: skip
+
+    def unreachable(self) -> Publisher:
+        from relay.brokers.amqp1 import Amqp1Publisher
+
+        return Amqp1Publisher("amqp1://guest:guest@127.0.0.1:1", connect_timeout=1)
+
+    async def fetch(self, n: int) -> list[Any]:
+        return await asyncio.to_thread(self._fetch, n)
+
+    def _fetch(self, n: int) -> list[amqp1.Amqp1Message]:
+        from proton.utils import BlockingConnection
+
+        conn = BlockingConnection(self.url.replace("amqp1://", "amqp://"), timeout=DEADLINE)
+        out: list[amqp1.Amqp1Message] = []
+        try:
+            # /amq/queue/NAME: the queue the relay's link declared (durable), without declaring
+            receiver = conn.create_receiver(f"/amq/queue/{self.ns}", credit=min(n, 1000))
+            while len(out) < n:
+                msg = receiver.receive(timeout=DEADLINE)
+                assert msg.durable
+                out.append(amqp1.Amqp1Message(
+                    body=bytes(msg.body), message_id=msg.id, group_id=msg.group_id,
+                    group_sequence=msg.group_sequence or None, subject=msg.subject,
+                    content_type=msg.content_type, properties=dict(msg.properties),
+                ))  # fmt: skip
+                receiver.accept()
+        finally:
+            conn.close()
+        return out
+
+    def encode(self, env: Envelope) -> Any:
+        return amqp1.encode(env)
+
+    def decode(self, raw: Any) -> Envelope:
+        return amqp1.decode(raw.properties, raw.body)
