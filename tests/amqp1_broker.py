@@ -12,6 +12,7 @@ its pid) when the process exits. :meth:`Node.kill` is a ``kill -9`` of the node'
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pwd
 import shutil
@@ -146,10 +147,8 @@ class Node:
         except (subprocess.SubprocessError, OSError):
             pid = self._vm_pid()
             if pid is not None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             self.proc.kill()
             self.proc.wait(30)
 
