@@ -14,6 +14,7 @@ Record the message first, in the transaction that applies its effect; a redelive
 
 from __future__ import annotations
 
+from inbox._amqp1 import Amqp1Consumer
 from inbox._blocked import BlockedKey, blocked_keys
 from inbox._consumer import Batching, BrokerConsumer
 from inbox._dead import HeldFilter, HeldKey, dead_audit, dead_purge, dead_retry, held_keys
@@ -29,6 +30,7 @@ from inbox._runner import AsyncHandlerRunner, HandlerRunner, Outcome, Result
 from inbox.exceptions import ConcurrentDeliveryError, InboxError, OutOfOrderError
 
 __all__ = [
+    "Amqp1Consumer",
     "AsyncHandlerRunner",
     "Batching",
     "BlockedKey",

@@ -183,11 +183,15 @@ class Reactor:
         return await asyncio.wait_for(future, timeout)
 
     def stop(self, timeout: float) -> None:
-        """Stop the container (after the connection closes) and wait for the thread."""
-        if self._thread.is_alive():
-            self.call(self.container.stop)
-            self._thread.join(timeout)
+        """Let the reactor finish (call the connection's ``close`` first) and wait for the
+        thread: closing the injector ends ``run()`` once the connection's close handshake is
+        done, so the broker learns at once that the unsettled deliveries are free again.
+        After ``timeout`` seconds the container is stopped without it."""
         self._injector.close()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self.container.stop()  # a flag the loop reads on its next wake-up (a timer at most)
+            self._thread.join(timeout)
 
 
 def _set_result(future: asyncio.Future[T], result: T) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from inbox import (
+    Amqp1Consumer,
     AsyncHandlerRunner,
     Batching,
     BrokerConsumer,
@@ -324,4 +325,72 @@ class Kafka(Broker):
         await asyncio.to_thread(self.producer.flush, 5)
 
 
+class Amqp1(Broker):
+    """AMQP 1.0 on a private RabbitMQ node with its AMQP 1.0 plugin (tests/amqp1_broker.py);
+    messages are sent with proton's own blocking client, each awaited until accepted."""
+
+    name, port = "amqp1", 0
+    url = ""
+
+    def names(self) -> None:
+        self.queue = f"inbox-test-{self.tag}"
+        self.address = f"/queue/{self.queue}"
+
+    def spec(self) -> dict[str, Any]:
+        return {**super().spec(), "url": self.url}
+
+    @classmethod
+    def attach(cls, spec: dict[str, Any]) -> Broker:
+        broker = cls(spec["tag"])
+        broker.url = spec["url"]
+        return broker
+
+    async def setup(self) -> None:
+        from amqp1_broker import node
+
+        self.url = (await asyncio.to_thread(node)).url
+        self.conn, self.sender = await asyncio.to_thread(self._open)
+
+    def _open(self) -> tuple[Any, Any]:
+        from proton import Terminus
+        from proton.reactor import LinkOption
+        from proton.utils import BlockingConnection
+
+        class Durable(LinkOption):  # the node declares a durable queue for a durable target
+            def apply(self, link: Any) -> None:
+                link.target.durability = Terminus.DELIVERIES
+
+        conn = BlockingConnection(self.url.replace("amqp1://", "amqp://"), timeout=20)
+        return conn, conn.create_sender(self.address, options=Durable())
+
+    async def publish(self, envelopes: Sequence[Envelope]) -> None:
+        await asyncio.to_thread(self._publish, list(envelopes))
+
+    def _publish(self, envelopes: list[Envelope]) -> None:
+        from proton import Message
+
+        for env in envelopes:
+            m = wire.amqp1.encode(env)
+            self.sender.send(Message(
+                body=m.body, inferred=True, id=m.message_id, group_id=m.group_id,
+                group_sequence=m.group_sequence, subject=m.subject, content_type=m.content_type,
+                properties=m.properties, durable=True,
+            ))  # fmt: skip
+
+    def consumer(self, runner: Any, on_result: ResultCallback, instance: int) -> BrokerConsumer:
+        return Amqp1Consumer(
+            runner,
+            address=self.address,
+            url=self.url,
+            credit=5,
+            redeliver_delay=0.1,
+            on_result=on_result,
+            batching=self.batching,
+        )
+
+    async def teardown(self) -> None:
+        await asyncio.to_thread(self.conn.close)
+
+
 BROKERS: dict[str, type[Broker]] = {b.name: b for b in (Nats, RabbitMQ, Redis, Mqtt, Kafka)}
+BROKERS["amqp1"] = Amqp1
