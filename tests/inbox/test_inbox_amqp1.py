@@ -1,0 +1,75 @@
+"""The AMQP 1.0 consumer fed what the relay never sends, live on the private AMQP 1.0 node:
+a message with a malformed outbox header (recorded dead, its key moves on), one that is not an
+outbox message at all (an ``amqp-value`` string body, no properties) and one larger than the
+consumer's ``max_message_bytes``: each is rejected at the broker (never redelivered), the
+consumer keeps running, the good messages around them are applied in order."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from broker_fixtures import Amqp1
+from inbox_helpers import effects, inbox_rows, make_envelope
+from psycopg_pool import AsyncConnectionPool
+from services import import_or_missing
+
+from inbox import AsyncHandlerRunner
+from inbox.testing import ResultLog, wait_until_processed
+from outbox.envelope import HEADER_CREATED_AT
+
+
+def test_malformed_and_foreign_messages_are_rejected_and_the_consumer_keeps_running(
+    effects_url: str,
+) -> None:
+    import_or_missing("proton", "amqp1")
+    from proton import Message
+
+    broker = Amqp1()
+    first, broken, third = (make_envelope(key="K", seq=s) for s in (1, 2, 3))
+
+    async def main() -> None:
+        await broker.setup()
+        try:
+            await broker.publish([first])
+            bad = {**broken.to_headers(), HEADER_CREATED_AT: "yesterday"}
+            sender = broker.sender
+            await asyncio.to_thread(sender.send, Message(body=b"{}", inferred=True,
+                                                         properties=bad, durable=True))  # fmt: skip
+            await asyncio.to_thread(sender.send, Message(body="a string, no outbox headers"))
+            await asyncio.to_thread(sender.send, Message(body=b"x" * 70_000, inferred=True))
+            await broker.publish([third])
+            async with AsyncConnectionPool(effects_url, min_size=1, max_size=2) as pool:
+
+                async def handler(conn: Any, msg: Any) -> None:
+                    await conn.execute(
+                        "INSERT INTO effects (consumer, message_id, key, seq) "
+                        "VALUES ('svc', %s, %s, %s)",
+                        (msg.id, msg.key, msg.seq),
+                    )
+
+                runner = AsyncHandlerRunner(pool, handler, consumer="svc", ordered=True)
+                consumer = broker.consumer(runner, ResultLog(), 0)
+                consumer.max_message_bytes = 65_536  # type: ignore[attr-defined]
+                task = asyncio.create_task(consumer.run())
+                await asyncio.to_thread(
+                    wait_until_processed, effects_url, consumer="svc",
+                    ids=[first.id, broken.id, third.id], timeout=30,
+                )  # fmt: skip
+                assert not task.done(), "the consumer stopped on a bad message"
+                consumer.stop()
+                await task
+        finally:
+            await broker.teardown()
+
+    asyncio.run(main())
+    assert [row[3] for row in effects(effects_url, "svc")] == [1, 3]
+    status, _, last_error, _ = inbox_rows(effects_url, "svc")[broken.id]
+    assert status == "dead"
+    assert "ISO 8601" in last_error
+    from amqp1_broker import node
+
+    # rejected, not released: nothing is left in the queue to be redelivered
+    listing = node().ctl("list_queues", "name", "messages", "--no-table-headers", "-q")
+    counts = dict(line.split("\t") for line in listing.strip().splitlines())
+    assert counts[broker.queue] == "0"
