@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,14 +123,25 @@ def connect_options(
         options["heartbeat"] = heartbeat
     if ep.tls:
         domain = proton.SSLDomain(proton.SSLDomain.MODE_CLIENT)
-        if tls_ca:
-            domain.set_trusted_ca_db(tls_ca)
+        trusted = tls_ca or _system_cas()
+        if trusted:
+            domain.set_trusted_ca_db(trusted)
         if tls_verify:
-            domain.set_peer_authentication(proton.SSLDomain.VERIFY_PEER_NAME, tls_ca)
+            domain.set_peer_authentication(proton.SSLDomain.VERIFY_PEER_NAME, trusted)
         else:
             domain.set_peer_authentication(proton.SSLDomain.ANONYMOUS_PEER)
         options["ssl_domain"] = domain
     return options
+
+
+def _system_cas() -> str | None:
+    """The system's CA file (or directory), as Python's ssl module finds OpenSSL's: handed to
+    proton explicitly, so a public CA's certificate is checked whatever proton was built with."""
+    paths = ssl.get_default_verify_paths()
+    for path in (paths.cafile, paths.openssl_cafile, paths.capath, paths.openssl_capath):
+        if path and os.path.exists(path):
+            return path
+    return None
 
 
 class Reactor:

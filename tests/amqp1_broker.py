@@ -53,12 +53,19 @@ class Node:
             missing("RabbitMQ (for its AMQP 1.0 plugin)", HOW)
         self.name = f"outbox_amqp1_{os.getpid()}_{uuid.uuid4().hex[:6]}@localhost"
         self.port = _free_port()
+        self.tls_port = _free_port()
         self.dist_port = _free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="outbox-amqp1-"))
         self._user = "rabbitmq" if os.geteuid() == 0 else None
+        self.ca = self._certificates()
         (self.dir / "env.conf").write_text("")  # not the machine's rabbitmq-env.conf
         (self.dir / "rabbitmq.conf").write_text(
             f"listeners.tcp.1 = 127.0.0.1:{self.port}\n"
+            f"listeners.ssl.1 = 127.0.0.1:{self.tls_port}\n"
+            f"ssl_options.cacertfile = {self.ca}\n"
+            f"ssl_options.certfile = {self.dir / 'server.pem'}\n"
+            f"ssl_options.keyfile = {self.dir / 'server.key'}\n"
+            "ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n"
             "log.console = false\nlog.file.level = warning\n"
         )
         (self.dir / "enabled_plugins").write_text("[rabbitmq_amqp1_0].\n")
@@ -69,6 +76,26 @@ class Node:
         self.proc: subprocess.Popen[bytes] | None = None
         atexit.register(self.stop)
         self.start()
+
+    def _certificates(self) -> Path:
+        """A test CA and a server certificate for localhost and 127.0.0.1 (the TLS listener)."""
+        d = self.dir
+
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                "-subj", "/CN=outbox test CA", "-keyout", "ca.key", "-out", "ca.pem")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+                "-keyout", "server.key", "-out", "server.csr")
+        (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+        openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", "server.pem")
+        return d / "ca.pem"  # fmt: skip
+
+    @property
+    def tls_url(self) -> str:
+        return f"amqp1s://guest:guest@localhost:{self.tls_port}"  # the certificate's name
 
     @property
     def url(self) -> str:
