@@ -165,8 +165,10 @@ class Node:
         return done.stdout.decode()
 
     def stop(self) -> None:
-        """Stop the node (``rabbitmqctl stop``; by pid if that fails); idempotent."""
+        """Stop the node (``rabbitmqctl stop``; by pid if that fails) and remove its directory;
+        idempotent."""
         if self.proc is None or self.proc.poll() is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
             return
         try:
             self.ctl("stop")
@@ -178,6 +180,7 @@ class Node:
                     os.kill(pid, signal.SIGKILL)
             self.proc.kill()
             self.proc.wait(30)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _node: Node | None = None
