@@ -138,7 +138,7 @@ class Node:
                 missing("RabbitMQ (private AMQP 1.0 node)", f"it did not start: {tail}")
             time.sleep(0.1)  # nothing to wait on but the listening socket
 
-    def _vm_pid(self) -> int | None:
+    def vm_pid(self) -> int | None:
         try:
             return int((self.dir / "node.pid").read_text().strip())
         except (OSError, ValueError):
@@ -146,7 +146,7 @@ class Node:
 
     def kill(self) -> None:
         """``kill -9`` the node's Erlang VM (no clean shutdown) and wait until it is gone."""
-        pid = self._vm_pid()
+        pid = self.vm_pid()
         assert pid is not None, "the node wrote no pid file"
         os.kill(pid, signal.SIGKILL)
         if self.proc is not None:
@@ -174,7 +174,7 @@ class Node:
             self.ctl("stop")
             self.proc.wait(30)
         except (subprocess.SubprocessError, OSError):
-            pid = self._vm_pid()
+            pid = self.vm_pid()
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

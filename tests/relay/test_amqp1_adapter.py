@@ -96,3 +96,40 @@ def test_outcomes_are_classified(outcome: Any, kind: type) -> None:
         assert not isinstance(result, BrokerUnreachableError | DestinationUnavailableError)
     if outcome is not None and outcome[0] == "rejected" and kind is PermanentPublishError:
         assert "bad" in str(result)  # the broker's own error is kept
+
+
+def test_a_broker_that_stops_answering_fails_the_batch_within_the_timeout() -> None:
+    """The node's VM is frozen (SIGSTOP): no disposition comes; the batch comes back retryable
+    within the adapter's timeout, and once the node runs again the next batch goes through."""
+    import_or_missing("proton", "amqp1")
+    import os
+    import signal
+    import time
+
+    from amqp1_broker import Node
+
+    from relay.brokers.amqp1 import Amqp1Publisher
+
+    broker = Node()
+    try:
+        pub = Amqp1Publisher(broker.url, destinations={"t": "/queue/frozen"}, timeout=1.5)
+        pid = broker.vm_pid()
+        assert pid is not None
+
+        async def body() -> None:
+            assert await pub.publish_batch([_env()]) == [None]
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                began = time.monotonic()
+                results = await pub.publish_batch([_env() for _ in range(50)])
+                assert time.monotonic() - began < 4.0
+                assert all(isinstance(r, RetryablePublishError) for r in results), results[:2]
+                assert "no disposition" in str(results[0])
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert await pub.publish_batch([_env()]) == [None]
+            await pub.close()
+
+        asyncio.run(body())
+    finally:
+        broker.stop()
