@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,8 @@ from outbox.exceptions import InvalidMessageError
 from outbox.wire import amqp1 as wire
 
 __all__ = ["Amqp1Consumer"]
+
+log = logging.getLogger("inbox.consumer")
 
 #: AMQP delivery states (proton.Delivery's constants)
 ACCEPTED, REJECTED, RELEASED = 36, 37, 38
@@ -151,8 +154,9 @@ class Amqp1Consumer(BrokerConsumer):
     A processed message is ``accepted`` after its transaction commits; a failed or out-of-order
     one is ``released`` after ``redeliver_delay`` (the broker delivers it again); one that is
     not an outbox message is ``rejected`` (to the queue's dead-letter queue, if it has one).
-    ``run()`` raises ConnectionError when the connection or link is lost; its unsettled
-    messages go back to the queue.
+    When an established connection or its link is lost, its unsettled messages go back to the
+    queue and the consumer connects again (``reconnect=False``: ``run()`` raises
+    ConnectionError instead); the first connection failing raises ConnectionError.
     """
 
     def __init__(
@@ -172,6 +176,7 @@ class Amqp1Consumer(BrokerConsumer):
         tls_ca: str | None = None,
         tls_verify: bool = True,
         virtual_host: str | None = None,
+        reconnect: bool = True,
     ) -> None:
         require("proton", "amqp1")  # fail at construction, naming the extra
         super().__init__(
@@ -189,17 +194,37 @@ class Amqp1Consumer(BrokerConsumer):
         self.connect_timeout = connect_timeout
         #: unsettled messages in flight: at least a whole transaction batch per worker
         self.credit = max(credit, self.batching.size * self.batching.workers)
-        self._handler: _Receiver | None = None
-        self._reactor: _proton.Reactor | None = None
+        #: reconnect (with backoff, at most 5 s apart) when an established connection is lost
+        self.reconnect = reconnect
+        self._received = False
 
     async def _consume(self) -> None:
+        failures = 0
+        try:
+            while not self.stopping:
+                try:
+                    await self._session()
+                    return
+                except ConnectionError as exc:
+                    if not self.reconnect or not self.ready.is_set():
+                        raise  # the first connection fails loudly: a URL or credentials to fix
+                    failures = 0 if self._received else failures + 1
+                    delay = min(5.0, 0.2 * 2 ** min(failures, 5))
+                    log.warning("inbox: %s; connecting again in %.1f s", exc, delay)
+                    await self._wait_stopping(delay)
+        finally:
+            await self._finish_workers()
+
+    async def _session(self) -> None:
+        """One connection: receive until ``stop()`` (returns) or until the connection or link
+        is lost (ConnectionError; its unsettled messages go back to the queue)."""
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[tuple[int, bytes] | BaseException] = asyncio.Queue()
         handler = _Receiver(loop, inbox, self.address, self.credit, self.durable)
         reactor = _proton.Reactor(handler, f"outbox-inbox-amqp1-{uuid.uuid4().hex[:6]}")
         handler.opened = loop.create_future()
         opened = handler.opened
-        self._handler, self._reactor = handler, reactor
+        self._received = False
         reactor.start()
         try:
             reactor.call(lambda: handler.connect(reactor.container, self._options))
@@ -226,24 +251,30 @@ class Amqp1Consumer(BrokerConsumer):
                     for item in items:
                         if isinstance(item, BaseException):
                             raise item
-                        deliveries.append(self._delivery(*item))
+                        deliveries.append(self._delivery(handler, reactor, *item))
+                    self._received = True
                     await self._submit(*deliveries)
             finally:
                 stopping.cancel()
         finally:
-            await self._finish_workers()
-            if reactor.alive:
-                reactor.call(handler.close)
-            await asyncio.to_thread(reactor.stop, 5.0)
+            await self._finish_session(handler, reactor)
 
-    def _delivery(self, number: int, data: bytes) -> Delivery:
+    async def _finish_session(self, handler: _Receiver, reactor: _proton.Reactor) -> None:
+        if self.stopping:
+            await self._finish_workers()  # the batches in hand are settled on this connection
+        if reactor.alive:
+            reactor.call(handler.close)
+        await asyncio.to_thread(reactor.stop, 5.0)
+
+    def _delivery(
+        self, handler: _Receiver, reactor: _proton.Reactor, number: int, data: bytes
+    ) -> Delivery:
         decode: Callable[[], Envelope] = functools.partial(_decode, data, self.max_message_bytes)
-        return Delivery(decode, functools.partial(self._settle, number))
+        return Delivery(decode, functools.partial(self._settle, handler, reactor, number))
 
-    async def _settle(self, number: int, result: Result | None) -> None:
-        handler, reactor = self._handler, self._reactor
-        if handler is None or reactor is None:
-            return
+    async def _settle(
+        self, handler: _Receiver, reactor: _proton.Reactor, number: int, result: Result | None
+    ) -> None:
         if result is None:
             state = REJECTED  # not an outbox message: never redeliver it
         elif result.outcome.ack:
@@ -251,6 +282,9 @@ class Amqp1Consumer(BrokerConsumer):
         else:
             await self._wait_stopping(self.redeliver_delay)
             state = RELEASED
-        if handler.lost is not None:  # as the other consumers: a lost broker ends run()
-            raise ConnectionError(f"AMQP 1.0 connection lost: {handler.lost}")
-        reactor.call(lambda: handler.settle(number, state))
+        if handler.lost is not None:
+            return  # its connection is gone: the broker delivers it again (a duplicate then)
+        try:
+            reactor.call(lambda: handler.settle(number, state))
+        except Exception as exc:  # the reactor closed meanwhile: the same as above
+            log.debug("inbox: AMQP 1.0 settlement after the connection closed: %s", exc)

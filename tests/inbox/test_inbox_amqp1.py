@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from broker_fixtures import Amqp1
 from inbox_helpers import effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool
 from services import import_or_missing
 
-from inbox import AsyncHandlerRunner
+from inbox import Amqp1Consumer, AsyncHandlerRunner
 from inbox.testing import ResultLog, wait_until_processed
 from outbox.envelope import HEADER_CREATED_AT
 
@@ -73,3 +74,21 @@ def test_malformed_and_foreign_messages_are_rejected_and_the_consumer_keeps_runn
     listing = node().ctl("list_queues", "name", "messages", "--no-table-headers", "-q")
     counts = dict(line.split("\t") for line in listing.strip().splitlines())
     assert counts[broker.queue] == "0"
+
+
+def test_a_broker_that_cannot_be_reached_at_start_fails_run_without_the_password() -> None:
+    import_or_missing("proton", "amqp1")
+
+    async def handler(conn: Any, msg: Any) -> None: ...
+
+    runner = AsyncHandlerRunner(lambda: None, handler, consumer="svc")
+    consumer = Amqp1Consumer(runner, address="/queue/q", url="amqp1://svc:s3cret@127.0.0.1:1",
+                             connect_timeout=3)  # fmt: skip
+    assert "s3cret" not in consumer.url
+
+    async def main() -> None:
+        with pytest.raises(ConnectionError) as caught:
+            await asyncio.wait_for(consumer.run(), 10)
+        assert "s3cret" not in str(caught.value)
+
+    asyncio.run(main())
