@@ -278,7 +278,7 @@ class Amqp1Publisher:
         virtual_host: str | None = None,
         heartbeat: float | None = 30.0,
     ) -> None:
-        require("proton", "amqp1")
+        self._proton = require("proton", "amqp1")
         self._endpoint = _proton.endpoint(url)
         self._options = _proton.connect_options(
             self._endpoint, sasl_mechanisms=sasl_mechanisms, tls_ca=tls_ca,
@@ -290,6 +290,7 @@ class Amqp1Publisher:
         self._durable = durable
         self._reactor: _proton.Reactor | None = None
         self._handler: _Handler | None = None
+        self._starting = asyncio.Lock()  # one connection, even when two batches start it
         self.features = BrokerFeatures(
             name="amqp1",
             dedup_window_seconds=0,  # Service Bus's duplicate detection is a queue option
@@ -300,6 +301,10 @@ class Amqp1Publisher:
         )
 
     async def start(self) -> None:
+        async with self._starting:
+            await self._start()
+
+    async def _start(self) -> None:
         handler, reactor = self._handler, self._reactor
         if handler is not None and handler.connected and reactor is not None and reactor.alive:
             return
@@ -374,7 +379,7 @@ class Amqp1Publisher:
         return batch.results
 
     def _encode(self, env: Envelope) -> bytes:
-        proton = require("proton", "amqp1")
+        proton = self._proton
         m = wire.encode(env)
         message = proton.Message(
             body=m.body, inferred=True, id=m.message_id, group_id=m.group_id,
