@@ -10,8 +10,11 @@ group-id, application-properties, durable) as the relay sends; (b) the relay's a
 ``Amqp1Publisher.publish_batch`` over the same batches (proton on its own thread, asyncio on
 this one). Rounds alternate (a) and (b) on fresh durable queues, so both see the same machine;
 the medians and their ratio are reported. (c) the relay end to end: rows committed first, then
-one relay process publishes them all. The broker runs on this machine and takes CPU too:
-figures are for comparison.
+one relay process publishes them all. (d) the pipeline: the same kind of backlog, one relay
+process and, in this process, an ordered ``Amqp1Consumer`` with ``Batching(size=100,
+workers=2)`` and the inbox (a no-op handler: the inbox's record is the work) running together;
+rate = messages / (last commit seen by ``on_result`` - start), each message checked processed
+once. The broker runs on this machine and takes CPU too: figures are for comparison.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from outbox.wire import amqp1 as wire  # noqa: E402
 MESSAGES = 10_000
 ROUNDS = 5
 E2E = 10_000
+PIPELINE = 10_000
 
 
 def raw_proton(envs: list[Envelope], url: str, address: str) -> float:
@@ -97,6 +101,68 @@ def raw_proton(envs: list[Envelope], url: str, address: str) -> float:
     return len(envs) / handler.took
 
 
+async def _pipeline(url: str, broker_url: str, topic: str, n: int) -> float:
+    from psycopg_pool import AsyncConnectionPool
+
+    from inbox import Amqp1Consumer, AsyncHandlerRunner, Batching
+
+    last = [0.0]
+
+    async def handler(conn: Any, env: Any) -> None:
+        pass
+
+    def seen(env: Any, result: Any) -> None:
+        last[0] = time.time()
+
+    async with AsyncConnectionPool(url, min_size=2, max_size=4, open=False) as pool:
+        runner = AsyncHandlerRunner(pool, handler, consumer="bench", ordered=True)
+        consumer = Amqp1Consumer(runner, address=f"/queue/{topic}", url=broker_url, credit=400,
+                                 on_result=seen,
+                                 batching=Batching(size=100, wait=0.01, workers=2))  # fmt: skip
+        task = asyncio.create_task(consumer.run())
+        await asyncio.wait_for(consumer.ready.wait(), 30)
+        group = relay_e2e.Relays(url, broker_url)
+        started = group.go()
+        try:
+            while True:
+                await asyncio.sleep(0.2)
+                async with pool.connection() as conn:
+                    cur = await conn.execute(
+                        "SELECT count(*) FROM inbox_messages WHERE consumer = 'bench' "
+                        "AND status = 'processed'"
+                    )
+                    row = await cur.fetchone()
+                if row is not None and row[0] >= n:
+                    break
+                if time.time() - started > 300:
+                    raise TimeoutError("the pipeline did not finish in 300 s")
+        finally:
+            group.stop()
+            consumer.stop()
+            await task
+    return n / (last[0] - started)
+
+
+def pipeline(broker_url: str, topic: str, n: int, keys: int = 200) -> dict[str, Any]:
+    """(d): relay process + batched ordered consumer on one backlog."""
+    name, url = relay_e2e.create_db()
+    try:
+        relay_e2e.fill(url, topic, n, keys)
+        rate = asyncio.run(_pipeline(url, broker_url, topic, n))
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                "SELECT count(*), count(DISTINCT message_id) FROM inbox_messages "
+                "WHERE consumer = 'bench' AND status = 'processed'"
+            ).fetchone()
+    finally:
+        relay_e2e.drop_db(name)
+    assert row is not None
+    return {"messages": n, "keys": keys, "msg_per_s": round(rate),
+            "processed_once": row[0] == row[1] == n}  # fmt: skip
+
+
 def main() -> None:
     import amqp1_broker
 
@@ -119,6 +185,8 @@ def main() -> None:
             print({"round": i, "raw": round(raw[-1]), "adapter": round(adapter[-1])}, flush=True)
         e2e = relay_e2e.drain(node.url, f"{ns}-e2e", E2E, keys=1000)
         print({"relay_e2e": e2e}, flush=True)
+        pipe = pipeline(node.url, f"{ns}-pipe", PIPELINE)
+        print({"pipeline": pipe}, flush=True)
     finally:
         node.stop()
     raw_median, adapter_median = statistics.median(raw), statistics.median(adapter)
@@ -138,6 +206,8 @@ def main() -> None:
         "ratio_adapter_to_raw_median": round(adapter_median / raw_median, 3),
         "relay_e2e": e2e,
         "ratio_relay_e2e_to_raw_median": round(e2e["msg_per_s"] / raw_median, 3),
+        "pipeline_relay_and_batched_consumer": pipe,
+        "ratio_pipeline_to_relay_e2e": round(pipe["msg_per_s"] / e2e["msg_per_s"], 3),
     }
     print(write_result("amqp1", result))
 
