@@ -19,6 +19,7 @@ one call and comes back in one, so the crossing costs per batch, not per message
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import uuid
@@ -48,6 +49,8 @@ THROTTLED = frozenset({
     "amqp:resource-limit-exceeded", "amqp:internal-error", "com.microsoft:server-busy",
     "com.microsoft:timeout", "amqp:connection:forced",
 })  # fmt: skip
+#: messages encoded per hand-over to the reactor thread
+SLICE = 100
 #: AMQP delivery states (proton.Delivery's constants, read without importing proton)
 ACCEPTED, REJECTED, RELEASED, MODIFIED = 36, 37, 38, 39
 
@@ -345,7 +348,9 @@ class Amqp1Publisher:
         assert handler is not None
         assert reactor is not None
         batch = Batch(envelopes, self._destination)
-        items: list[tuple[int, str, bytes, tuple[str, str]]] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        todo: list[tuple[int, Envelope, str]] = []
         limit = self.features.max_payload_bytes
         for i, env, dest in batch.items():
             if batch.skip_if_blocked(i):
@@ -354,21 +359,24 @@ class Amqp1Publisher:
             if err is not None:
                 batch.refuse(i, err)
                 continue
-            items.append((i, dest, self._encode(env), (env.topic, env.key)))
-        if not items:
+            todo.append((i, env, dest))
+        if not todo:
             return batch.results
-        loop = asyncio.get_running_loop()
-        job = _Job(loop, loop.create_future(), [None] * len(envelopes), len(items))
-        reactor.call(lambda: handler.submit(job, items))
+        job = _Job(loop, loop.create_future(), [None] * len(envelopes), len(todo))
+        # handed over in slices, so the reactor sends the first while the rest are encoded
+        for start in range(0, len(todo), SLICE):
+            items = [(i, dest, self._encode(env), (env.topic, env.key))
+                     for i, env, dest in todo[start : start + SLICE]]  # fmt: skip
+            reactor.call(functools.partial(handler.submit, job, items))
         try:
-            await asyncio.wait_for(asyncio.shield(job.future), self._timeout)
+            await asyncio.wait_for(asyncio.shield(job.future), max(0.0, deadline - loop.time()))
         except TimeoutError:
             try:
                 await reactor.run(lambda: handler.abandon(job), 2.0)
             except TimeoutError:
                 job.abandoned = True  # the reactor is stuck: nothing more of it counts
         lost = []
-        for i, _, _, _ in items:
+        for i, _, _ in todo:
             env, dest = envelopes[i], batch.destinations[i]
             outcome = job.outcomes[i]
             batch.results[i] = self._result(env, dest, outcome)
