@@ -43,6 +43,7 @@ OPTIONAL = (
     "starlette", "jinja2", "uvicorn", "fastapi", "httpx", "greenlet", "asyncpg",
     "prometheus_client", "opentelemetry", "sqlalchemy.ext.asyncio",
 )  # fmt: skip
+OPTIONAL += ("proton",)  # the amqp1 extra
 INSTALL_LINE = re.compile(r"pip install ['\"]?outbox-inbox(?:\[([a-z0-9,]+)\])?['\"]?")
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
 
