@@ -31,9 +31,9 @@ import inbox._dead as inbox_dead
 from console._history import History
 from console._security import Forbidden, check_change, csrf_token, log_in, logged_in
 from console._statements import console_statements
+from outbox._redact import redact
 from outbox.exceptions import OutboxError
 from relay._admin import DeadFilter, audit_log, dead_list, dead_purge, dead_retry, relay_status
-from relay._registration import redact
 
 __all__ = ["create_app"]
 
@@ -351,7 +351,7 @@ def create_app(
                 "upgrade --url ...` against it"
             )
         else:
-            message = f"the database cannot be reached or refused the query: {exc}".strip()
+            message = f"the database cannot be reached or refused the query: {redact(exc)}"
         return render(request, "error.html", 503, message=message.splitlines()[0])
 
     from starlette.middleware.base import BaseHTTPMiddleware
