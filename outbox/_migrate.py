@@ -46,7 +46,7 @@ def sqlalchemy_url(dsn: str) -> URL:
 def _from_conninfo(dsn: str) -> URL:
     """A libpq conninfo string (``host=db dbname=app``) as SQLAlchemy's URL, so ``migrate``
     takes what the other commands take."""
-    params = conninfo_to_dict(dsn)
+    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
     port = params.pop("port", None)
     return URL.create(
         "postgresql+psycopg",
@@ -55,7 +55,7 @@ def _from_conninfo(dsn: str) -> URL:
         host=params.pop("host", None),
         port=int(port) if port else None,
         database=params.pop("dbname", None),
-        query={k: str(v) for k, v in params.items()},
+        query=params,
     )
 
 

@@ -41,7 +41,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except click.ClickException as exc:  # a usage error quotes the arguments it refused
-            exc.message = redact(exc.message)
+            exc.message = redact(exc.message)  # type: ignore[misc]  # Final only in the stubs
             raise
         except ModuleNotFoundError as exc:
             extra = missing_extra(exc)
