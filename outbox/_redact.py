@@ -33,6 +33,7 @@ __all__ = [
     "RedactingFilter",
     "install_log_redaction",
     "redact",
+    "redact_library_logs",
     "remember_secrets",
     "secrets_in",
 ]
@@ -237,3 +238,20 @@ def install_log_redaction(handler: logging.Handler | None = None) -> None:
     for h in handlers:
         if not any(isinstance(f, RedactingFilter) for f in h.filters):
             h.addFilter(RedactingFilter())
+
+
+#: the project's own loggers (a filter on a logger sees only the records logged to it by name)
+LIBRARY_LOGGERS = (
+    "outbox.cli", "outbox.console", "outbox.fastapi", "outbox.wakeup", "inbox.consumer",
+    "inbox.runner", "relay", "relay.brokers.kafka", "relay.brokers.mqtt", "relay.brokers.nats",
+    "relay.brokers.rabbitmq",
+)  # fmt: skip
+
+
+def redact_library_logs() -> None:
+    """Add a :class:`RedactingFilter` to the project's own loggers, once: their records are
+    masked whatever handlers the application configured (the relay in a FastAPI lifespan)."""
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+            logger.addFilter(RedactingFilter())

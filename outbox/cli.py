@@ -43,6 +43,8 @@ class _Group(click.Group):
         except click.ClickException as exc:  # a usage error quotes the arguments it refused
             exc.message = redact(exc.message)  # type: ignore[misc]  # Final only in the stubs
             raise
+        except (click.exceptions.Exit, click.Abort):  # --help, --version, Ctrl-C at a prompt
+            raise
         except ModuleNotFoundError as exc:
             extra = missing_extra(exc)
             if extra is None:

@@ -22,7 +22,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from outbox._errors import connect_failure, describe_database_error, schema_not_installed
-from outbox._redact import redact, remember_secrets
+from outbox._redact import redact, redact_library_logs, remember_secrets
 from outbox.exceptions import ConfigurationError
 from relay._capture import WalCapture
 from relay._claim import Claim, claim_batch, relay_session, resume_point
@@ -58,6 +58,7 @@ class Relay:
     ) -> None:
         _check_ack_timeout(config, publisher)
         remember_secrets(config.database_url, config.broker_url)  # masked in every output
+        redact_library_logs()
         self.config = config
         self.publisher = publisher
         self.metrics = metrics or RelayMetrics.disabled()
