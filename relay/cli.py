@@ -160,7 +160,7 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
             "paused_destinations": status.paused_destinations,
             "capture": status.capture,
         }
-        click.echo(json.dumps(document, default=str))
+        click.echo(redact(json.dumps(document, default=str)))
         return
     click.echo(f"{'topic':<24} {'pending':>8} {'leased':>7} {'dead':>6} {'oldest pending':>15}")
     for t in status.topics:
@@ -294,13 +294,15 @@ def dead_list_cmd(
     if as_json:
         fields = ("id", "topic", "key", "seq", "attempts", "created_at", "last_error")
         rows = [{name: getattr(m, name) for name in fields} for m in found]
+        for row in rows:  # an error stored by an older relay may quote a broker URL
+            row["last_error"] = redact(row["last_error"]) if row["last_error"] else None
         click.echo(json.dumps(rows, default=str))
         return
     for m in found:
         click.echo(
             f"{m.id}  {one_line(m.topic)}  {one_line(m.key)}  seq={m.seq}  "
             f"attempts={m.attempts}  {m.created_at:%Y-%m-%d %H:%M:%S}  "
-            f"{one_line(m.last_error or '')}"
+            f"{one_line(redact(m.last_error or ''))}"
         )
 
 
@@ -324,7 +326,7 @@ def dead_show_cmd(message_id: str, url: str | None, schema: str | None) -> None:
                 "seq": m.seq,
                 "attempts": m.attempts,
                 "created_at": m.created_at.isoformat(),
-                "last_error": m.last_error,
+                "last_error": redact(m.last_error) if m.last_error else None,
                 "content_type": m.content_type,
                 "headers": m.headers,
                 "payload": m.payload.decode("utf-8", errors="replace"),
