@@ -114,8 +114,10 @@ class Relay:
         """Relay until stopped. Never raises for broker or database outages: it retries.
 
         Raises SchemaNotInstalledError at once when the database answers but the outbox tables
-        are missing (or too old), and RelayIdInUseError when another live relay process has
-        registered this relay id: retrying would not help.
+        are missing (or too old), RelayIdInUseError when another live relay process has
+        registered this relay id, and ConfigurationError when the database can never answer
+        (it does not exist, the login is refused, the URL is malformed): retrying would not
+        help.
         """
         await self._wait_for_database()
         if self.state.stopping:  # stopped while the database was still unreachable

@@ -107,7 +107,8 @@ def _assert_one_clean_line(done: subprocess.CompletedProcess[str], what: str) ->
     assert "Traceback" not in output, f"{what}: a traceback:\n{output}"
     assert done.returncode == 2, f"{what}: exit {done.returncode}:\n{output}"
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), f"{what}:\n{done.stderr}"
+    assert len(lines) == 1, f"{what}:\n{done.stderr}"
+    assert lines[0].startswith("error: "), f"{what}:\n{done.stderr}"
 
 
 def _in_parallel(jobs: dict[str, Callable[[], Any]]) -> dict[str, Any]:
@@ -259,7 +260,8 @@ def test_a_relay_waits_for_a_database_that_can_heal_with_one_line_per_state(
     output = first + more + "".join(rest)
     assert SENTINEL not in output
     assert output.count("database unreachable") == 1, output
-    assert "psycopg.pool" not in output and "Traceback" not in output
+    assert "psycopg.pool" not in output
+    assert "Traceback" not in output
 
 
 BROKER_URLS = {
@@ -319,7 +321,7 @@ def _get(url: str) -> str:
     deadline = time.monotonic() + 30
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - loopback
+            with urllib.request.urlopen(url, timeout=30) as response:
                 return str(response.read().decode())
         except urllib.error.HTTPError as error:
             return str(error.read().decode())
@@ -352,11 +354,10 @@ def test_the_console_on_an_unreachable_database_shows_no_secret() -> None:
 def test_the_spark_sources_never_show_their_password(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    from outbox.exceptions import ConfigurationError
     from spark_ingest._config import Source
     from spark_ingest._errors import SourceError
     from spark_ingest._sources import connect
-
-    from outbox.exceptions import ConfigurationError
 
     for url in (
         f"jdbc:postgresql://app:{SENTINEL}@127.0.0.1:5432/x",
@@ -400,9 +401,33 @@ def test_listings_escape_control_characters(database_url: str) -> None:
     listed = _run(["dead", "list", "--url", database_url])
     assert listed.returncode == 0, listed.stderr
     [line] = listed.stdout.splitlines()
-    assert "\x1b" not in listed.stdout and "\x9b" not in listed.stdout and "\x07" not in line
+    assert "\x1b" not in listed.stdout
+    assert "\x9b" not in listed.stdout
+    assert "\x07" not in line
     assert "k\\x1b[2J\\x1b]0;owned\\x07\\x9b" in line
     status = _run(["status", "--url", database_url])
     assert status.returncode == 0, status.stderr
-    assert "\x1b" not in status.stdout and "\x9b" not in status.stdout
+    assert "\x1b" not in status.stdout
+    assert "\x9b" not in status.stdout
     assert "tk\\x1b[2J" in status.stdout
+
+
+def test_reconcile_on_unusable_sources_is_one_line_without_the_secret(database_url: str) -> None:
+    host, port = _server(database_url)
+    env = {**_env(), "SENTINEL_PW": SENTINEL}
+    runs = {
+        "refused": ["--outbox", "jdbc:postgresql://127.0.0.1:1/x?user=app"],
+        "missing database": ["--outbox", f"jdbc:postgresql://{host}:{port}/no_such_db_r"],
+        "password in the URL": ["--outbox", f"jdbc:postgresql://app:{SENTINEL}@{host}:{port}/x"],
+        "malformed": ["--outbox", f"postgresql://app:{SENTINEL}@{host}:99999/x"],
+    }
+
+    def one(args: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*OUTBOX, "reconcile", *args, "--inbox", f"jdbc:postgresql://{host}:{port}/y",
+             "--subscribe", "orders=c1", "--no-record", "--password-env", "SENTINEL_PW"],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+
+    for what, done in _in_parallel({k: (lambda a=a: one(a)) for k, a in runs.items()}).items():
+        _assert_one_clean_line(done, f"reconcile / {what}")

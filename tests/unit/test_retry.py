@@ -90,4 +90,5 @@ def test_retry_logs_once_per_change_of_reason_not_per_attempt(
         assert asyncio.run(retry("db", flaky, Backoff(0.001, 0.002), state=RunState())) == "ok"
     lines = [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "INFO")]
     assert [line.split(" (")[1].split(")")[0] for line in lines[:2]] == ["refused", "timed out"]
-    assert len(lines) == 3 and "succeeded after 5 failed attempt(s)" in lines[2]
+    assert len(lines) == 3
+    assert "succeeded after 5 failed attempt(s)" in lines[2]
