@@ -17,12 +17,18 @@ so) unless the mode is 'wal'; the polling insert returns the mode, so a switch t
 at the next publish. So a writer that still believes the
 wrong mode never loses a message: a row written in 'wal' mode is published by the relay's
 polling loop, which keeps running; a WAL emit refused in 'polling' mode is written as a row.
+
+The emit is also refused in 'wal' mode while the database has no slot that decodes it (the
+slot the row names is missing, invalidated, or another database's: outbox/_statements.py):
+the writer then writes rows, and tries the WAL again after :data:`REFUSED_RETRY_SECONDS`
+rather than on every publish (the row then costs no extra round trip).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import struct
+import time
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -34,6 +40,7 @@ __all__ = [
     "MODE_POLLING",
     "MODE_WAL",
     "PREFIX",
+    "REFUSED_RETRY_SECONDS",
     "RecordError",
     "WalRecord",
     "decode_record",
@@ -46,6 +53,9 @@ __all__ = [
 PREFIX = "outbox.v1"
 MODE_POLLING = "polling"
 MODE_WAL = "wal"
+#: after the server refused a WAL emit in 'wal' mode (no slot of this database decodes it), a
+#: connection writes rows for this long before it tries the WAL again
+REFUSED_RETRY_SECONDS = 1.0
 
 _VERSION = 1
 _IDEMPOTENT = 1
@@ -156,16 +166,31 @@ def decode_record(data: bytes) -> WalRecord:
 
 
 # What each connection last learnt of the mode (weakly keyed: a closed, collected connection
-# leaves nothing behind). Only a hint: every statement checks the mode again in the server.
-_modes: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# leaves nothing behind): a mode, or the monotonic time until which it writes rows because its
+# emit was refused in 'wal' mode. Only a hint: every statement checks the mode again in the
+# server.
+_modes: weakref.WeakKeyDictionary[Any, str | float] = weakref.WeakKeyDictionary()
 
 
 def known_mode(raw: Any) -> str | None:
     """The mode ``raw`` last saw; None before its first publish (which then tries the WAL
     emit first: in 'polling' mode that costs one round trip, once per connection)."""
-    return _modes.get(raw)
+    mode = _modes.get(raw)
+    if isinstance(mode, float):  # refused in 'wal' mode: rows until then, then the WAL again
+        if time.monotonic() < mode:
+            return MODE_POLLING
+        _modes[raw] = MODE_WAL
+        return MODE_WAL
+    return mode
 
 
-def remember_mode(raw: Any, mode: str | None) -> None:
-    """Note what ``raw``'s last statement said of the mode (None: not 'wal')."""
-    _modes[raw] = mode if mode in (MODE_POLLING, MODE_WAL) else MODE_POLLING
+def remember_mode(raw: Any, mode: str | None, *, refused: bool = False) -> None:
+    """Note what ``raw``'s last statement said of the mode (None: not 'wal'). ``refused``: this
+    publish's WAL emit was refused, so a 'wal' answer means the database has no usable slot:
+    write rows for :data:`REFUSED_RETRY_SECONDS`."""
+    if mode != MODE_WAL:
+        _modes[raw] = MODE_POLLING
+    elif refused:
+        _modes[raw] = time.monotonic() + REFUSED_RETRY_SECONDS
+    elif not isinstance(_modes.get(raw), float):
+        _modes[raw] = MODE_WAL

@@ -180,11 +180,13 @@ def _write(target: Target, batch: _Batch, schema: str | None, wakeup: bool) -> l
     stmts = producer_statements(schema)
     try:
         with raw.cursor() as cur:
+            refused = False
             if known_mode(raw) in (MODE_WAL, None):
                 cur.execute(*batch.wal_statement(stmts))
                 if cur.rowcount == len(batch.rows):
                     return batch.ids  # the relay decodes them after commit
-                remember_mode(raw, None)  # not in 'wal' mode (any more): write rows
+                remember_mode(raw, None)  # not in 'wal' mode (any more), or no slot: rows
+                refused = True
             if batch.lock_keys:
                 cur.execute(stmts.idempotency_lock, batch.lock_params())
             cur.execute(*batch.statement(stmts))
@@ -192,7 +194,7 @@ def _write(target: Target, batch: _Batch, schema: str | None, wakeup: bool) -> l
     except pg_errors.UndefinedTable as exc:
         raise translate(exc, schema=schema) from exc
     if rows:
-        remember_mode(raw, rows[0][4])
+        remember_mode(raw, rows[0][4], refused=refused)
     tx_ids = _tx_ids(rows)
     if wakeup and tx_ids:
         ring_after_commit(target, raw, tx_ids)
@@ -222,11 +224,13 @@ async def _write_async(
     stmts = producer_statements(schema)
     try:
         async with raw.cursor() as cur:
+            refused = False
             if known_mode(raw) in (MODE_WAL, None):
                 await cur.execute(*batch.wal_statement(stmts))
                 if cur.rowcount == len(batch.rows):
                     return batch.ids  # the relay decodes them after commit
                 remember_mode(raw, None)
+                refused = True
             if batch.lock_keys:
                 await cur.execute(stmts.idempotency_lock, batch.lock_params())
             await cur.execute(*batch.statement(stmts))
@@ -234,7 +238,7 @@ async def _write_async(
     except pg_errors.UndefinedTable as exc:
         raise translate(exc, schema=schema) from exc
     if rows:
-        remember_mode(raw, rows[0][4])
+        remember_mode(raw, rows[0][4], refused=refused)
     tx_ids = _tx_ids(rows)
     if wakeup and tx_ids:
         ring_after_commit(target, raw, tx_ids)

@@ -157,21 +157,36 @@ ORDER BY k
 # messages, in input order (volatile functions in the target list are evaluated after the
 # sort). Nothing is written to any table and nothing is locked: the relay decodes them after
 # commit, in commit order, and gives them their seqs. Emits nothing (zero rows) unless the
-# database is in 'wal' mode: the writer then writes them as rows instead, in the same
-# transaction. Rolled back, they are never decoded.
+# database is in 'wal' mode AND its slot can decode them (the slot check below): the writer
+# then writes them as rows instead, in the same transaction. Rolled back, they are never decoded.
 _WAL_EMIT = """
 SELECT pg_logical_emit_message(true, {prefix}, u.record)
 FROM {capture} AS c, unnest(%(records)b::bytea[]) WITH ORDINALITY AS u(record, ord)
-WHERE c.mode = 'wal'
+WHERE c.mode = 'wal' AND {slot_ok}
 ORDER BY u.ord
 """
 
 # outbox_wal_emit_one: the same for a batch of one (every publish()): no array to build, send
-# and unnest, no sort. The mode check is the same one-row scan.
+# and unnest, no sort. The mode check is the same one-row scan, plus the slot's.
 _WAL_EMIT_ONE = """
 SELECT pg_logical_emit_message(true, {prefix}, %(record)b::bytea)
-FROM {capture} AS c WHERE c.mode = 'wal'
+FROM {capture} AS c WHERE c.mode = 'wal' AND {slot_ok}
 """
+
+# The slot check of both emits: a message goes to the WAL only while the slot the mode row
+# names is a pgoutput slot of THIS database that still has its WAL. Slot names are global to
+# the server and a logical slot decodes one database only, so without it a database whose row
+# names another database's slot (a second database enabled with the same slot name, a clone
+# made with CREATE DATABASE ... TEMPLATE, a restore) or a slot that was dropped or invalidated
+# would emit into WAL that nothing decodes: the messages would be lost, in no table. Refused,
+# they are written as rows, which the polling loop publishes. The cost: one scan of the
+# server's slot array in shared memory (max_replication_slots entries, a shared lock) and an
+# index probe of pg_database, per statement. A slot dropped after this check and before the
+# commit still loses the message: the drop is not transactional (docs/capture.md, recovery).
+_SLOT_OK = """EXISTS (
+    SELECT 1 FROM pg_catalog.pg_replication_slots AS s
+    WHERE s.slot_name = c.slot AND s.database = current_database()
+      AND s.plugin = 'pgoutput' AND s.wal_status IS DISTINCT FROM 'lost')"""
 
 
 @dataclass(frozen=True)
@@ -191,6 +206,7 @@ def _names(schema: str | None) -> Names:
         "capture": qualified(schema, OUTBOX_CAPTURE),
         "counter": table_name(schema, OUTBOX_WRITE_COUNTER),
         "prefix": sql.Literal(PREFIX),
+        "slot_ok": sql.SQL(_SLOT_OK),
     }
 
 
