@@ -159,6 +159,7 @@ def enable_capture(
                 "max_wal_senders must be at least 1 (the defaults are 10)",
                 setting="wal_level",
             )
+        _refuse_second_schema(conn, schema)
         slot = _choose_slot(conn, stmts, slot)
         exists = conn.execute(
             "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
@@ -192,6 +193,48 @@ def enable_capture(
                 slot=slot,
             )
         return _capture_state(conn, stmts)
+
+
+def _refuse_second_schema(conn: psycopg.Connection[Any], schema: str | None) -> None:
+    """Refuse 'wal' mode while another schema of this database is in it, or still has a slot
+    here: a slot decodes every logical message of its database, so that schema's relays
+    would record this schema's messages as their own."""
+    ours = conn.execute(
+        "SELECT to_regclass(%s)::oid", (_capture_table(schema).as_string(conn),)
+    ).fetchone()
+    others = conn.execute(
+        "SELECT c.oid, n.nspname FROM pg_catalog.pg_class AS c "
+        "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+        "WHERE c.relname = %s AND c.relkind = 'r' ORDER BY n.nspname",
+        (OUTBOX_CAPTURE,),
+    ).fetchall()
+    for oid, namespace in others:
+        if ours is not None and oid == ours[0]:
+            continue
+        try:
+            row = conn.execute(
+                sql.SQL(
+                    "SELECT c.mode, c.slot FROM {} AS c WHERE c.mode = 'wal' OR EXISTS ("
+                    "SELECT 1 FROM pg_catalog.pg_replication_slots AS s "
+                    "WHERE s.slot_name = c.slot AND s.database = current_database())"
+                ).format(sql.Identifier(namespace, OUTBOX_CAPTURE))
+            ).fetchone()
+        except psycopg.errors.InsufficientPrivilege:
+            continue  # not readable by this role: not an outbox this operator runs
+        if row is None:
+            continue
+        what = (
+            "is in 'wal' mode"
+            if row[0] == "wal"
+            else f"still has its replication slot {row[1]!r} (drop it once `outbox capture "
+            f"status --schema {namespace}` shows no lag)"
+        )
+        raise ConfigurationError(
+            f"the outbox in schema {namespace!r} of this database {what}: a slot decodes "
+            "every logical message of its database, so that schema's relays would record "
+            "this schema's messages as their own. Use 'wal' mode for one schema per database",
+            schema=namespace,
+        )
 
 
 def _choose_slot(

@@ -241,7 +241,8 @@ def capture_disable_cmd(url: str | None, schema: str | None) -> None:
 @_schema
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def capture_status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
-    """The capture mode; in 'wal' mode the slot's lag and retained WAL."""
+    """The capture mode; the slot, the database it decodes, its lag and retained WAL, or what
+    keeps it from capturing this database."""
     state = relay_status(database_url(url), schema=schema).capture
     click.echo(json.dumps(state, default=str) if as_json else _capture_line(state))
 

@@ -490,3 +490,20 @@ def test_switching_slots_while_the_databases_slot_holds_messages_is_refused(
         with pytest.raises(ConfigurationError, match="drop it"):
             enable_capture(url, slot="outbox_other_t")  # still draining: it may hold messages
         assert relay_status(url).capture["slot"] == slot
+
+
+def test_a_second_schema_of_one_database_is_refused_wal_mode(logical_pg: PgServer) -> None:
+    """A slot decodes every logical message of its database: two outbox schemas of one
+    database in 'wal' mode would each record the other's messages."""
+    with _databases(logical_pg, 1) as [(_db, url)]:
+        upgrade(url, schema="messaging")
+        enable_capture(url)
+        with pytest.raises(ConfigurationError, match="schema 'public' of this database"):
+            enable_capture(url, schema="messaging")
+        assert relay_status(url, schema="messaging").capture["mode"] == "polling"
+        slot = disable_capture(url)["slot"]
+        with pytest.raises(ConfigurationError, match=f"still has its replication slot '{slot}'"):
+            enable_capture(url, schema="messaging")  # public's relays drain it in rounds
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        assert enable_capture(url, schema="messaging")["slot_state"] == "ok"
