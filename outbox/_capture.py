@@ -21,7 +21,9 @@ polling loop, which keeps running; a WAL emit refused in 'polling' mode is writt
 The emit is also refused in 'wal' mode while the database has no slot that decodes it (the
 slot the row names is missing, invalidated, or another database's: outbox/_statements.py):
 the writer then writes rows, and tries the WAL again after :data:`REFUSED_RETRY_SECONDS`
-rather than on every publish (the row then costs no extra round trip).
+rather than on every publish (the row then costs no extra round trip). That slot check costs
+tens of microseconds, so a connection makes it on its first emit and then at most every
+:data:`SLOT_CHECK_SECONDS`; the emits in between check the mode only.
 """
 
 from __future__ import annotations
@@ -41,12 +43,15 @@ __all__ = [
     "MODE_WAL",
     "PREFIX",
     "REFUSED_RETRY_SECONDS",
+    "SLOT_CHECK_SECONDS",
     "RecordError",
     "WalRecord",
     "decode_record",
     "encode_record",
     "known_mode",
     "remember_mode",
+    "slot_check_due",
+    "slot_checked",
 ]
 
 #: the logical message prefix; the version travels in the record too
@@ -56,6 +61,9 @@ MODE_WAL = "wal"
 #: after the server refused a WAL emit in 'wal' mode (no slot of this database decodes it), a
 #: connection writes rows for this long before it tries the WAL again
 REFUSED_RETRY_SECONDS = 1.0
+#: how long a connection's emits trust the slot check its last checked emit passed: a slot
+#: dropped or invalidated meanwhile costs at most this much more of what it would lose anyway
+SLOT_CHECK_SECONDS = 0.1
 
 _VERSION = 1
 _IDEMPOTENT = 1
@@ -194,3 +202,18 @@ def remember_mode(raw: Any, mode: str | None, *, refused: bool = False) -> None:
         _modes[raw] = time.monotonic() + REFUSED_RETRY_SECONDS
     elif not isinstance(_modes.get(raw), float):
         _modes[raw] = MODE_WAL
+
+
+# Until when each connection's emits may skip the slot check (monotonic time; weakly keyed).
+_slot_checked: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+def slot_check_due(raw: Any) -> bool:
+    """Whether ``raw``'s next emit must check the slot (its first, then every
+    :data:`SLOT_CHECK_SECONDS`)."""
+    return time.monotonic() >= _slot_checked.get(raw, 0.0)
+
+
+def slot_checked(raw: Any) -> None:
+    """``raw``'s checked emit passed: its emits skip the check for a while."""
+    _slot_checked[raw] = time.monotonic() + SLOT_CHECK_SECONDS

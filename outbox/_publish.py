@@ -16,7 +16,14 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from outbox._capture import MODE_WAL, encode_record, known_mode, remember_mode
+from outbox._capture import (
+    MODE_WAL,
+    encode_record,
+    known_mode,
+    remember_mode,
+    slot_check_due,
+    slot_checked,
+)
 from outbox._connections import AsyncTarget, Target, resolve_async, resolve_sync
 from outbox._errors import translate
 from outbox._message import (
@@ -45,11 +52,16 @@ class _Batch:
         """The batch of one message (every ``publish()``): nothing to deduplicate or sort."""
         return cls([p.id], [_lock_key(p.id)] if p.idempotent else [], p, [p])
 
-    def wal_statement(self, stmts: ProducerStatements) -> tuple[bytes, dict[str, Any]]:
-        """The WAL emit statement and its parameters: each distinct message as a record."""
+    def wal_statement(
+        self, stmts: ProducerStatements, checked: bool
+    ) -> tuple[bytes, dict[str, Any]]:
+        """The WAL emit statement and its parameters: each distinct message as a record.
+        ``checked``: the variant that also checks the slot (outbox/_statements.py)."""
         if self.single is not None:
-            return stmts.wal_emit_one, {"record": _record(self.single)}
-        return stmts.wal_emit, {"records": [_record(p) for p in self.rows]}
+            stmt = stmts.wal_emit_one_checked if checked else stmts.wal_emit_one
+            return stmt, {"record": _record(self.single)}
+        stmt = stmts.wal_emit_checked if checked else stmts.wal_emit
+        return stmt, {"records": [_record(p) for p in self.rows]}
 
     def lock_params(self) -> dict[str, Any]:
         """Parameters of the idempotency lock: every (topic, key) of the batch, then the ids."""
@@ -182,8 +194,11 @@ def _write(target: Target, batch: _Batch, schema: str | None, wakeup: bool) -> l
         with raw.cursor() as cur:
             refused = False
             if known_mode(raw) in (MODE_WAL, None):
-                cur.execute(*batch.wal_statement(stmts))
+                checked = slot_check_due(raw)
+                cur.execute(*batch.wal_statement(stmts, checked))
                 if cur.rowcount == len(batch.rows):
+                    if checked:
+                        slot_checked(raw)
                     return batch.ids  # the relay decodes them after commit
                 remember_mode(raw, None)  # not in 'wal' mode (any more), or no slot: rows
                 refused = True
@@ -226,8 +241,11 @@ async def _write_async(
         async with raw.cursor() as cur:
             refused = False
             if known_mode(raw) in (MODE_WAL, None):
-                await cur.execute(*batch.wal_statement(stmts))
+                checked = slot_check_due(raw)
+                await cur.execute(*batch.wal_statement(stmts, checked))
                 if cur.rowcount == len(batch.rows):
+                    if checked:
+                        slot_checked(raw)
                     return batch.ids  # the relay decodes them after commit
                 remember_mode(raw, None)
                 refused = True

@@ -157,33 +157,37 @@ ORDER BY k
 # messages, in input order (volatile functions in the target list are evaluated after the
 # sort). Nothing is written to any table and nothing is locked: the relay decodes them after
 # commit, in commit order, and gives them their seqs. Emits nothing (zero rows) unless the
-# database is in 'wal' mode AND its slot can decode them (the slot check below): the writer
-# then writes them as rows instead, in the same transaction. Rolled back, they are never decoded.
+# database is in 'wal' mode (and, in the _checked variant, its slot can decode them: the slot
+# check below): the writer then writes them as rows instead, in the same transaction. Rolled
+# back, they are never decoded.
 _WAL_EMIT = """
 SELECT pg_logical_emit_message(true, {prefix}, u.record)
 FROM {capture} AS c, unnest(%(records)b::bytea[]) WITH ORDINALITY AS u(record, ord)
-WHERE c.mode = 'wal' AND {slot_ok}
+WHERE c.mode = 'wal' {slot_check}
 ORDER BY u.ord
 """
 
 # outbox_wal_emit_one: the same for a batch of one (every publish()): no array to build, send
-# and unnest, no sort. The mode check is the same one-row scan, plus the slot's.
+# and unnest, no sort. The mode check is the same one-row scan.
 _WAL_EMIT_ONE = """
 SELECT pg_logical_emit_message(true, {prefix}, %(record)b::bytea)
-FROM {capture} AS c WHERE c.mode = 'wal' AND {slot_ok}
+FROM {capture} AS c WHERE c.mode = 'wal' {slot_check}
 """
 
-# The slot check of both emits: a message goes to the WAL only while the slot the mode row
-# names is a pgoutput slot of THIS database that still has its WAL. Slot names are global to
-# the server and a logical slot decodes one database only, so without it a database whose row
-# names another database's slot (a second database enabled with the same slot name, a clone
-# made with CREATE DATABASE ... TEMPLATE, a restore) or a slot that was dropped or invalidated
-# would emit into WAL that nothing decodes: the messages would be lost, in no table. Refused,
-# they are written as rows, which the polling loop publishes. The cost: one scan of the
-# server's slot array in shared memory (max_replication_slots entries, a shared lock) and an
-# index probe of pg_database, per statement. A slot dropped after this check and before the
-# commit still loses the message: the drop is not transactional (docs/capture.md, recovery).
-_SLOT_OK = """EXISTS (
+# The slot check (the emits' _checked variants): a message goes to the WAL only while the slot
+# the mode row names is a pgoutput slot of THIS database that still has its WAL. Slot names
+# are global to the server and a logical slot decodes one database only, so without it a
+# database whose row names another database's slot (a second database enabled with the same
+# slot name, a clone made with CREATE DATABASE ... TEMPLATE, a restore) or a slot that was
+# dropped or invalidated would emit into WAL that nothing decodes: the messages would be
+# lost, in no table. Refused, they are written as rows, which the polling loop publishes.
+# It costs a statement tens of microseconds (pg_get_replication_slots() builds its whole
+# result, and the view joins pg_database), about a tenth of a lean transaction, so a
+# connection runs it on its first emit and then at most every SLOT_CHECK_SECONDS
+# (outbox/_capture.py); the emits in between check the mode only. A slot dropped after the
+# check and before the commit still loses the message: the drop is not transactional
+# (docs/capture.md says what is lost and how to find it).
+_SLOT_CHECK = """AND EXISTS (
     SELECT 1 FROM pg_catalog.pg_replication_slots AS s
     WHERE s.slot_name = c.slot AND s.database = current_database()
       AND s.plugin = 'pgoutput' AND s.wal_status IS DISTINCT FROM 'lost')"""
@@ -197,6 +201,8 @@ class ProducerStatements:
     idempotency_lock: bytes
     wal_emit: bytes
     wal_emit_one: bytes
+    wal_emit_checked: bytes
+    wal_emit_one_checked: bytes
 
 
 def _names(schema: str | None) -> Names:
@@ -206,7 +212,6 @@ def _names(schema: str | None) -> Names:
         "capture": qualified(schema, OUTBOX_CAPTURE),
         "counter": table_name(schema, OUTBOX_WRITE_COUNTER),
         "prefix": sql.Literal(PREFIX),
-        "slot_ok": sql.SQL(_SLOT_OK),
     }
 
 
@@ -218,8 +223,10 @@ producer_statements = registry(
         "insert_one": (_INSERT_ONE, {"guard": ""}),
         "insert_one_idempotent": (_INSERT_ONE, {"guard": _GUARD}),
         "idempotency_lock": _IDEMPOTENCY_LOCK,
-        "wal_emit": _WAL_EMIT,
-        "wal_emit_one": _WAL_EMIT_ONE,
+        "wal_emit": (_WAL_EMIT, {"slot_check": ""}),
+        "wal_emit_one": (_WAL_EMIT_ONE, {"slot_check": ""}),
+        "wal_emit_checked": (_WAL_EMIT, {"slot_check": _SLOT_CHECK}),
+        "wal_emit_one_checked": (_WAL_EMIT_ONE, {"slot_check": _SLOT_CHECK}),
     },
     _names,
 )

@@ -35,6 +35,7 @@ from relay_helpers import FakePublisher, config, running
 from services import require_port
 
 from outbox import ConfigurationError, publish
+from outbox._capture import slot_check_due
 from outbox._migrate import upgrade
 from relay import Relay, RelayMetrics, disable_capture
 from relay._admin import enable_capture, relay_status
@@ -337,7 +338,9 @@ async def test_a_slot_dropped_in_wal_mode_makes_writers_write_rows(
             assert _rows(url) == 0  # in the WAL, for the slot
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-            # the same connection believes 'wal': the server refuses its emit, it writes a row
+            # The connection trusts its last slot check for SLOT_CHECK_SECONDS; from then on
+            # it believes 'wal', the server refuses its checked emit, and it writes a row.
+            await _until(lambda: slot_check_due(writer), 5, "the connection's next slot check")
             kept = [publish(writer, topic="orders", key="k", payload={"n": n}) for n in range(3)]
             writer.commit()
         finally:

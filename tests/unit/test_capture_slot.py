@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from outbox import _capture
-from outbox._capture import MODE_POLLING, MODE_WAL, known_mode, remember_mode
+from outbox._capture import (
+    MODE_POLLING,
+    MODE_WAL,
+    known_mode,
+    remember_mode,
+    slot_check_due,
+    slot_checked,
+)
 from relay._slot import SLOT_STATES, SlotHealth
 
 
@@ -37,6 +44,19 @@ def test_a_refused_emit_writes_rows_for_a_while_then_tries_the_wal_again(
     assert known_mode(conn) == MODE_WAL  # time to try the WAL again
     remember_mode(conn, "polling")
     assert known_mode(conn) == MODE_POLLING
+
+
+def test_a_connection_checks_the_slot_first_then_at_most_every_slot_check_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    conn = _Conn()
+    now = time.monotonic()
+    monkeypatch.setattr(_capture.time, "monotonic", lambda: now)
+    assert slot_check_due(conn)  # its first emit checks
+    slot_checked(conn)
+    assert not slot_check_due(conn)
+    monkeypatch.setattr(_capture.time, "monotonic", lambda: now + _capture.SLOT_CHECK_SECONDS)
+    assert slot_check_due(conn)
 
 
 def _health(state: str, **kw: Any) -> SlotHealth:
