@@ -182,8 +182,9 @@ FROM {capture} AS c WHERE c.mode = 'wal' {slot_check}
 # dropped or invalidated would emit into WAL that nothing decodes: the messages would be
 # lost, in no table. Refused, they are written as rows, which the polling loop publishes.
 # It costs a statement tens of microseconds (pg_get_replication_slots() builds its whole
-# result, and the view joins pg_database), about a tenth of a lean transaction, so a
-# connection runs it on its first emit and then at most every SLOT_CHECK_SECONDS
+# result, and the view joins pg_database), up to a tenth of a CPU-bound transaction
+# (bench/capture_slot_check.py), so a connection runs it on its first emit and then at most
+# every SLOT_CHECK_SECONDS
 # (outbox/_capture.py); the emits in between check the mode only. A slot dropped after the
 # check and before the commit still loses the message: the drop is not transactional
 # (docs/capture.md says what is lost and how to find it).
