@@ -112,7 +112,7 @@ class WalCapture:
         back to polling while the slot exists (what writers emitted before the switch, or in
         transactions that commit after it, is still published); None: nothing to stream, or
         the slot cannot capture this database (missing, another database's, invalidated:
-        logged as an error once per state; writers write rows meanwhile)."""
+        logged as an error, see :meth:`_report`; writers write rows meanwhile)."""
         async with self._pool.connection() as conn:
             row = await (await conn.execute(self._stmts.capture_mode)).fetchone()
             if row is None or row[1] is None:
@@ -121,7 +121,7 @@ class WalCapture:
             health = SlotHealth.of_row(await cur.fetchone())
         self._report(health, str(row[0]))
         if health.state != "ok":
-            return None  # dropped after the switch to polling: nothing left
+            return None  # not a slot of ours to stream (after a drain and a drop: all done)
         return str(row[1]), str(row[2]), row[0] != MODE_WAL
 
     def _report(self, health: SlotHealth, mode: str) -> None:

@@ -145,11 +145,17 @@ class RelayMetrics:
         slot_name = str(mode[1])
         cur = await conn.execute(stmts.capture_slot, {"slot": slot_name})
         slot = SlotHealth.of_row(await cur.fetchone())
-        self.slot_ok.labels(slot_name).set(0 if slot.problem(str(mode[0])) else 1)
         labels = (slot_name, slot.database or "")
-        if labels != self._slot_labels:  # a state series per (slot, database) in use
-            self.slot_state.clear()
+        if labels != self._slot_labels:
+            # Series only for the slot (and database) the mode row names now: a slot left
+            # behind must not keep an alert firing.
+            for gauge in (
+                self.slot_ok, self.slot_state, self.slot_active, self.slot_lag,
+                self.slot_retained,
+            ):  # fmt: skip
+                gauge.clear()
             self._slot_labels = labels
+        self.slot_ok.labels(slot_name).set(0 if slot.problem(str(mode[0])) else 1)
         for state in SLOT_STATES:
             self.slot_state.labels(*labels, state).set(1 if state == slot.state else 0)
         if not slot.own:  # missing, or another database's: its lag says nothing of ours

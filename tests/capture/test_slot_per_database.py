@@ -315,9 +315,16 @@ async def test_a_mode_row_naming_another_databases_slot_loses_nothing(
         )
         after = _publish(url2, 2, "c")
         assert _rows(url2) == 12  # emitted to the WAL again, through its own slot
-        publisher2 = FakePublisher()
-        async with running(Relay(config(url2), publisher2)):
+        publisher2 = FakePublisher()  # the same metrics: the old slot's alert must stop
+        relay2 = Relay(config(url2, heartbeat_interval=0.1), publisher2, metrics=metrics)
+        async with running(relay2):
             await _until(lambda: len(publisher2.log) == 2, 30, "the captured messages")
+            await _until(
+                lambda: _gauge(metrics, "outbox_capture_slot_ok", {"slot": fixed["slot"]}) == 1,
+                20,
+                "the new slot ok",
+            )
+        assert _gauge(metrics, "outbox_capture_slot_ok", {"slot": slot}) is None
         assert sorted(e.id for _, e in publisher2.log) == sorted(after)
 
 
