@@ -34,7 +34,7 @@ from harness import PgServer, logical_server
 from relay_helpers import FakePublisher, config, running
 from services import require_port
 
-from outbox import ConfigurationError, publish
+from outbox import ConfigurationError, Message, publish, publish_batch
 from outbox._capture import slot_check_due
 from outbox._migrate import upgrade
 from relay import Relay, RelayMetrics, disable_capture
@@ -270,7 +270,12 @@ async def test_a_mode_row_naming_another_databases_slot_loses_nothing(
             conn.execute("CREATE PUBLICATION outbox_capture")
             conn.commit()
         ids = _publish(url2, 10, "b", sql_function=2)
-        assert _rows(url2) == 12  # every message is a row: none went to WAL nothing decodes
+        with psycopg.connect(url2) as conn:  # a batch takes the same check
+            ids += publish_batch(
+                conn, [Message("orders", "b-batch", {"n": n}) for n in range(2)]
+            )
+            conn.commit()
+        assert _rows(url2) == 14  # every message is a row: none went to WAL nothing decodes
 
         state = relay_status(url2).capture
         assert (state["slot_state"], state["slot_database"], state["database"]) == (
@@ -291,7 +296,7 @@ async def test_a_mode_row_naming_another_databases_slot_loses_nothing(
         relay = Relay(config(url2, heartbeat_interval=0.1), publisher, metrics=metrics)
         caplog.set_level(logging.ERROR, logger="relay")
         async with running(relay):
-            await _until(lambda: len(publisher.log) == 12, 30, "the rows published")
+            await _until(lambda: len(publisher.log) == 14, 30, "the rows published")
             await _until(
                 lambda: _gauge(metrics, "outbox_capture_slot_ok", {"slot": slot}) == 0,
                 20,
@@ -314,7 +319,7 @@ async def test_a_mode_row_naming_another_databases_slot_loses_nothing(
             default_slot(db2), "ok", None,
         )
         after = _publish(url2, 2, "c")
-        assert _rows(url2) == 12  # emitted to the WAL again, through its own slot
+        assert _rows(url2) == 14  # emitted to the WAL again, through its own slot
         publisher2 = FakePublisher()  # the same metrics: the old slot's alert must stop
         relay2 = Relay(config(url2, heartbeat_interval=0.1), publisher2, metrics=metrics)
         async with running(relay2):
