@@ -44,7 +44,7 @@ depends_on = None
 _ANCHOR = "    SELECT c.mode INTO v_mode FROM {capture} AS c;\n"
 
 # 'wal' only while the slot can decode the message; v_mode is NULL (a row) otherwise. One scan
-# of the server's slot array in shared memory and an index probe of pg_database.
+# of the server's slot array in shared memory and a read of pg_database (a few rows).
 _CHECKED = """\
     -- 'wal' only while the slot the row names is a pgoutput slot of THIS database that still
     -- has its WAL; otherwise the message would go to WAL nothing decodes (outbox_0014).
