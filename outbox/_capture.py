@@ -17,12 +17,20 @@ so) unless the mode is 'wal'; the polling insert returns the mode, so a switch t
 at the next publish. So a writer that still believes the
 wrong mode never loses a message: a row written in 'wal' mode is published by the relay's
 polling loop, which keeps running; a WAL emit refused in 'polling' mode is written as a row.
+
+The emit is also refused in 'wal' mode while the database has no slot that decodes it (the
+slot the row names is missing, invalidated, or another database's: outbox/_statements.py):
+the writer then writes rows, and tries the WAL again after :data:`REFUSED_RETRY_SECONDS`
+rather than on every publish (the row then costs no extra round trip). That slot check costs
+tens of microseconds, so a connection makes it on its first emit and then at most every
+:data:`SLOT_CHECK_SECONDS`; the emits in between check the mode only.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import struct
+import time
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -34,18 +42,28 @@ __all__ = [
     "MODE_POLLING",
     "MODE_WAL",
     "PREFIX",
+    "REFUSED_RETRY_SECONDS",
+    "SLOT_CHECK_SECONDS",
     "RecordError",
     "WalRecord",
     "decode_record",
     "encode_record",
     "known_mode",
     "remember_mode",
+    "slot_check_due",
+    "slot_checked",
 ]
 
 #: the logical message prefix; the version travels in the record too
 PREFIX = "outbox.v1"
 MODE_POLLING = "polling"
 MODE_WAL = "wal"
+#: after the server refused a WAL emit in 'wal' mode (no slot of this database decodes it), a
+#: connection writes rows for this long before it tries the WAL again
+REFUSED_RETRY_SECONDS = 1.0
+#: how long a connection's emits trust the slot check its last checked emit passed: a slot
+#: dropped or invalidated meanwhile costs at most this much more of what it would lose anyway
+SLOT_CHECK_SECONDS = 0.1
 
 _VERSION = 1
 _IDEMPOTENT = 1
@@ -156,16 +174,46 @@ def decode_record(data: bytes) -> WalRecord:
 
 
 # What each connection last learnt of the mode (weakly keyed: a closed, collected connection
-# leaves nothing behind). Only a hint: every statement checks the mode again in the server.
-_modes: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# leaves nothing behind): a mode, or the monotonic time until which it writes rows because its
+# emit was refused in 'wal' mode. Only a hint: every statement checks the mode again in the
+# server.
+_modes: weakref.WeakKeyDictionary[Any, str | float] = weakref.WeakKeyDictionary()
 
 
 def known_mode(raw: Any) -> str | None:
     """The mode ``raw`` last saw; None before its first publish (which then tries the WAL
     emit first: in 'polling' mode that costs one round trip, once per connection)."""
-    return _modes.get(raw)
+    mode = _modes.get(raw)
+    if isinstance(mode, float):  # refused in 'wal' mode: rows until then, then the WAL again
+        if time.monotonic() < mode:
+            return MODE_POLLING
+        _modes[raw] = MODE_WAL
+        return MODE_WAL
+    return mode
 
 
-def remember_mode(raw: Any, mode: str | None) -> None:
-    """Note what ``raw``'s last statement said of the mode (None: not 'wal')."""
-    _modes[raw] = mode if mode in (MODE_POLLING, MODE_WAL) else MODE_POLLING
+def remember_mode(raw: Any, mode: str | None, *, refused: bool = False) -> None:
+    """Note what ``raw``'s last statement said of the mode (None: not 'wal'). ``refused``: this
+    publish's WAL emit was refused, so a 'wal' answer means the database has no usable slot:
+    write rows for :data:`REFUSED_RETRY_SECONDS`."""
+    if mode != MODE_WAL:
+        _modes[raw] = MODE_POLLING
+    elif refused:
+        _modes[raw] = time.monotonic() + REFUSED_RETRY_SECONDS
+    elif not isinstance(_modes.get(raw), float):
+        _modes[raw] = MODE_WAL
+
+
+# Until when each connection's emits may skip the slot check (monotonic time; weakly keyed).
+_slot_checked: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+def slot_check_due(raw: Any) -> bool:
+    """Whether ``raw``'s next emit must check the slot (its first, then every
+    :data:`SLOT_CHECK_SECONDS`)."""
+    return time.monotonic() >= _slot_checked.get(raw, 0.0)
+
+
+def slot_checked(raw: Any) -> None:
+    """``raw``'s checked emit passed: its emits skip the check for a while."""
+    _slot_checked[raw] = time.monotonic() + SLOT_CHECK_SECONDS

@@ -189,18 +189,19 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
 
 
 def _capture_line(state: dict[str, Any]) -> str:
-    """The capture mode in one line; in 'wal' mode the slot's lag and retained WAL."""
-    if state.get("mode") != "wal":
+    """The capture mode in one line: in 'wal' mode the slot, its database, lag and retained
+    WAL; a slot that cannot capture this database, in capitals with what to do."""
+    mode = state.get("mode") or "polling"
+    slot = state.get("slot")
+    problem = state.get("problem")
+    if problem:
+        return f"capture: {mode}, slot {slot} {str(state.get('slot_state')).upper()}: {problem}"
+    if mode != "wal":
         return "capture: polling"
-    if not state.get("slot_exists"):
-        return (
-            f"capture: wal, slot {state['slot']} MISSING: nothing is being captured; see "
-            "docs/capture.md (a lost slot)"
-        )
     return (
-        f"capture: wal, slot {state['slot']} {'streaming' if state['active'] else 'idle'}, "
-        f"lag {state['lag_bytes']} bytes, WAL retained {state['retained_bytes']} bytes "
-        f"({state['wal_status']})"
+        f"capture: wal, slot {slot} of database {state['slot_database']} "
+        f"{'streaming' if state['active'] else 'idle'}, lag {state['lag_bytes']} bytes, "
+        f"WAL retained {state['retained_bytes']} bytes ({state['wal_status']})"
     )
 
 
@@ -212,9 +213,16 @@ def capture_group() -> None:
 @capture_group.command("enable")
 @_url
 @_schema
-@click.option("--slot", default="outbox_relay", show_default=True, help="Logical slot name.")
+@click.option(
+    "--slot",
+    default=None,
+    help="Logical slot name (default: the database's slot, else outbox_<database>; slot "
+    "names are global to the server, so each database needs its own).",
+)
 @click.option("--publication", default="outbox_capture", show_default=True)
-def capture_enable_cmd(url: str | None, schema: str | None, slot: str, publication: str) -> None:
+def capture_enable_cmd(
+    url: str | None, schema: str | None, slot: str | None, publication: str
+) -> None:
     """Switch to WAL capture: create the slot and publication, then flip the mode."""
     state = enable_capture(database_url(url), slot=slot, publication=publication, schema=schema)
     click.echo(_capture_line(state))
@@ -233,7 +241,8 @@ def capture_disable_cmd(url: str | None, schema: str | None) -> None:
 @_schema
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def capture_status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
-    """The capture mode; in 'wal' mode the slot's lag and retained WAL."""
+    """The capture mode; the slot, the database it decodes, its lag and retained WAL, or what
+    keeps it from capturing this database."""
     state = relay_status(database_url(url), schema=schema).capture
     click.echo(json.dumps(state, default=str) if as_json else _capture_line(state))
 
