@@ -21,7 +21,7 @@ def text(value: object) -> str:
     """UTF-8 text of ``value`` (bytes from RabbitMQ tables, Kafka and Redis; str elsewhere;
     numbers and nested tables from RabbitMQ as ``str()`` of them)."""
     if value.__class__ is str:
-        return value  # type: ignore[return-value]
+        return value
     if isinstance(value, bytes | bytearray | memoryview):
         if len(value) > MAX_HEADER_VALUE_BYTES:  # refused before it is decoded
             raise InvalidMessageError(
@@ -59,7 +59,8 @@ def total(decode: Callable[P, R]) -> Callable[P, R]:
             raise
         except UnicodeError as exc:
             raise InvalidMessageError(
-                f"broker message has a header or field that is not UTF-8 text: {getattr(exc, 'reason', exc)}",
+                "broker message has a header or field that is not UTF-8 text: "
+                f"{getattr(exc, 'reason', exc)}",
                 reason="not_utf8",
             ) from exc
         except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError,

@@ -64,7 +64,5 @@ def decode(
         payload = base64.b64decode(doc["payload_base64"], validate=True)
     else:
         raise InvalidMessageError("line has no payload text", reason="bad_format")
-    envelope = Envelope.from_headers(
-        doc["headers"], payload, max_payload_bytes=max_payload_bytes
-    )
+    envelope = Envelope.from_headers(doc["headers"], payload, max_payload_bytes=max_payload_bytes)
     return destination, envelope

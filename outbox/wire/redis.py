@@ -49,7 +49,7 @@ def decode(
     headers: dict[str, str] = {}
     payload = b""
     for name, value in fields.items():
-        if name == PAYLOAD_FIELD or name == _PAYLOAD_BYTES:
+        if name in (PAYLOAD_FIELD, _PAYLOAD_BYTES):
             # the body as it is (its size is checked with the envelope, not decoded)
             payload = value if isinstance(value, bytes) else str(value).encode()
         else:
