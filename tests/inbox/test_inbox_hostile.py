@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import pytest
 from broker_fixtures import Broker
 from inbox_helpers import effects, inbox_rows, make_envelope
@@ -27,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 from test_inbox_brokers import _broker
 
-from inbox import AsyncHandlerRunner, InboxMetrics
+from inbox import AsyncHandlerRunner, Batching, InboxMetrics
 from inbox.testing import ResultLog, wait_until_processed
 from outbox import wire
 from outbox.envelope import (
@@ -277,3 +278,102 @@ def test_no_malformed_message_stops_a_consumer(effects_url: str, name: str) -> N
             status, _, last_error, _ = rows[b.envelope.id]
             assert status == "dead", b.kind
             assert last_error, b.kind
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_exception_escaping_the_runner_never_ends_run(
+    effects_url: str, batched: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bugs, injected on live NATS: ``runner.check`` raising (a decoder-side bug) and
+    ``runner.handle`` raising (a handler-wrapper bug) make their message a poison message,
+    logged with its traceback and recorded dead, and the key moves on; a lost database
+    connection escaping the same way is redelivered, not dead-lettered; ``on_result`` raising
+    is logged. The consumer keeps running and every other message is applied once, in order."""
+    broker = _broker("nats")
+    if batched:
+        broker.batching = Batching(size=10, wait=0.05, workers=2)
+    msgs = [make_envelope(key="K", seq=s) for s in range(1, 8)]
+    check_bug, handle_bug, transient, report_bug = msgs[1].id, msgs[3].id, msgs[4].id, msgs[5].id
+    registry = CollectorRegistry()
+    lost_once = {transient}
+
+    async def main() -> None:
+        refusals = Refusals()
+        logging.getLogger("inbox").addHandler(refusals)
+        await broker.setup()
+        try:
+            async with AsyncConnectionPool(effects_url, min_size=1, max_size=4) as pool:
+
+                async def handler(conn: Any, msg: Any) -> None:
+                    await conn.execute(
+                        "INSERT INTO effects (consumer, message_id, key, seq) "
+                        "VALUES ('svc', %s, %s, %s)",
+                        (msg.id, msg.key, msg.seq),
+                    )
+
+                runner = AsyncHandlerRunner(
+                    pool, handler, consumer="svc", ordered=True,
+                    metrics=InboxMetrics.prometheus(registry),
+                )  # fmt: skip
+                check, handle, handle_batch = runner.check, runner.handle, runner.handle_batch
+
+                def buggy_check(message: Any) -> None:
+                    if message.id == check_bug:
+                        raise KeyError("\x1b[2J a bug in a check")
+                    check(message)
+
+                async def buggy_handle(message: Any, *, also: Any = None) -> Any:
+                    if message.id == handle_bug:
+                        raise RuntimeError("\x1b[2J a bug in a wrapper")
+                    if message.id in lost_once:
+                        lost_once.discard(message.id)
+                        raise psycopg.OperationalError("the connection is lost")
+                    return await handle(message, also=also)
+
+                async def buggy_batch(messages: Any, *, also: Any = None) -> Any:
+                    if {m.id for m in messages} & {handle_bug, *lost_once}:
+                        raise RuntimeError("a bug in the batch path")
+                    return await handle_batch(messages, also=also)
+
+                runner.check = buggy_check  # type: ignore[method-assign]
+                runner.handle = buggy_handle  # type: ignore[method-assign]
+                runner.handle_batch = buggy_batch  # type: ignore[method-assign]
+                log = ResultLog()
+
+                def on_result(envelope: Envelope, result: Any) -> None:
+                    log(envelope, result)
+                    if envelope.id == report_bug:
+                        raise ValueError("a bug in on_result")
+
+                consumer = broker.consumer(runner, on_result, 0)
+                task = asyncio.create_task(consumer.run())
+                async with asyncio.timeout(30):
+                    await consumer.ready.wait()
+                await broker.publish(msgs)
+                await asyncio.to_thread(
+                    wait_until_processed, effects_url, consumer="svc",
+                    ids=[m.id for m in msgs], timeout=60,
+                )  # fmt: skip
+                assert not task.done(), "an exception ended run()"
+                consumer.stop()
+                await task
+        finally:
+            logging.getLogger("inbox").removeHandler(refusals)
+            await broker.teardown()
+
+    asyncio.run(main())
+    applied = [row[3] for row in effects(effects_url, "svc")]
+    assert applied == [1, 3, 5, 6, 7]  # the two poison messages skipped, the key moved on
+    rows = inbox_rows(effects_url, "svc")
+    assert rows[check_bug][0] == rows[handle_bug][0] == "dead"
+    assert "KeyError" in rows[check_bug][2]
+    assert "RuntimeError" in rows[handle_bug][2]
+    assert rows[transient][0] == "processed"  # redelivered, not dead-lettered
+    errors = registry.get_sample_value(
+        "inbox_refused_total", {"consumer": "svc", "reason": "error"}
+    )
+    assert errors == 2
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "a bug in a wrapper" in logged
+    assert "Traceback" in logged or any(r.exc_info for r in caplog.records)
+    assert "\x1b" not in logged  # escaped: the hostile text cannot drive a terminal
