@@ -192,9 +192,12 @@ def _kafka_committed_to_end(b: Any) -> bool:
         probe.close()
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batched"])
 @pytest.mark.parametrize("name", ["nats", "rabbitmq", "kafka", "redis", "mqtt"])
-def test_no_malformed_message_stops_a_consumer(effects_url: str, name: str) -> None:
+def test_no_malformed_message_stops_a_consumer(effects_url: str, name: str, batched: bool) -> None:
     broker = _broker(name)
+    if batched:  # batches of several messages; Kafka's parallelism is the partition
+        broker.batching = Batching(size=10, wait=0.05, workers=1 if name == "kafka" else 2)
     bad = bad_messages(name)
     good = {key: [make_envelope(key=key, seq=s) for s in range(1, PER_KEY + 1)] for key in KEYS}
     registry = CollectorRegistry()
