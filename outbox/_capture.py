@@ -117,6 +117,9 @@ def encode_record(
 class RecordError(InvalidMessageError):
     """A logical message under our prefix that is not a valid record (never written by us)."""
 
+    def __init__(self, message: str | None = None, **data: Any) -> None:
+        super().__init__(message, **{"reason": "bad_format", **data})
+
 
 def decode_record(data: bytes) -> WalRecord:
     """Parse one record; :class:`RecordError` names what is wrong with a malformed one."""
