@@ -47,6 +47,10 @@ EXAMPLES = 10_000
 MAX_CALL_SECONDS = 0.1
 SLOWEST: dict[str, float] = {}
 
+#: about a minute of CPU for the two tests (10,000 examples each; every example runs every
+#: wire module): slow, and given room beyond the suite's 300 s timeout on a busy machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
 PROFILE = settings(
     max_examples=EXAMPLES,
     deadline=None,  # timed below, per call, without hypothesis's own overhead
