@@ -263,7 +263,7 @@ class BrokerConsumer:
                 results = await self.runner.handle_batch(envelopes)
             except Exception as exc:  # a bug: each message on its own finds the one at fault
                 log.error("inbox: a batch of %d failed, one by one now: %s", len(batch),
-                          shown(str(exc), 200), exc_info=True)  # fmt: skip
+                          described(exc))  # fmt: skip
         if results is None:
             results = [await self._handle(e, None, d.where) for e, d in batch]
         for envelope, result in zip(envelopes, results, strict=True):
@@ -351,11 +351,9 @@ class BrokerConsumer:
         reason = _reason(exc)
         self.runner.metrics.refused.labels(self.runner.consumer, reason).inc()
         position = _position(where)
-        if reason == "error":  # not a refusal but a bug: its traceback, not its text
-            frames = "".join(traceback.format_tb(exc.__traceback__))
-            log.error("inbox: %s raised %s while decoding the broker message at %s: %s\n%s",
-                      self.runner.consumer, type(exc).__name__, position,
-                      shown(str(exc), 200), frames)  # fmt: skip
+        if reason == "error":  # not a refusal but a bug
+            log.error("inbox: %s failed decoding the broker message at %s: %s",
+                      self.runner.consumer, position, described(exc))  # fmt: skip
         else:
             log.error("inbox: %s refused the broker message at %s (%s): %s",
                       self.runner.consumer, position, reason, shown(str(exc), 300))  # fmt: skip
@@ -373,14 +371,14 @@ class BrokerConsumer:
             if _is_transient(exc):
                 return Result(Outcome.FAILED, envelope.id, error=exc)
             self.runner.metrics.refused.labels(self.runner.consumer, "error").inc()
-            log.error("inbox: %s raised %s handling message %s at %s: %s", self.runner.consumer,
-                      type(exc).__name__, envelope.id, _position(where),
-                      shown(str(exc), 200), exc_info=True)  # fmt: skip
+            log.error("inbox: %s failed handling message %s at %s: %s", self.runner.consumer,
+                      envelope.id, _position(where), described(exc))  # fmt: skip
             ref = invalid_ref(
                 self.runner.consumer, envelope.id, envelope.topic, envelope.key, envelope.seq
             )
+            if ref is None:  # cannot be: a decoded envelope's id is a UUID
+                return Result(Outcome.FAILED, envelope.id, error=exc)
             try:
-                assert ref is not None  # a decoded envelope's id is a UUID
                 return await self.runner.settle_invalid(ref, envelope, exc, also=also)
             except Exception as record_exc:  # not recorded: redelivered, never dropped
                 log.warning("inbox: could not record message %s dead: %s", envelope.id,
@@ -393,8 +391,8 @@ class BrokerConsumer:
             return
         try:
             self._on_result(envelope, result)
-        except Exception:
-            log.exception("inbox: on_result raised for message %s", envelope.id)
+        except Exception as exc:
+            log.error("inbox: on_result failed for message %s: %s", envelope.id, described(exc))
 
     async def _settle_invalid(
         self, envelope: Envelope | None, exc: Exception, also: AsyncAlso | None
@@ -432,6 +430,14 @@ def _reason(exc: BaseException) -> str:
         return "error"
     reason = exc.data.get("reason", "invalid")
     return reason if isinstance(reason, str) and reason in REFUSAL_REASONS else "invalid"
+
+
+def described(exc: BaseException) -> str:
+    """An unexpected exception for the log: its type, its text escaped and cut short (it may
+    quote a hostile message), and its traceback's frames (code locations only)."""
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    text = shown(str(exc), 200)
+    return f"{type(exc).__name__}: {text}\nTraceback (most recent call last):\n{frames}"
 
 
 def _position(where: Callable[[], str]) -> str:

@@ -14,11 +14,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from inbox._consumer import Batching, BrokerConsumer, Invalid, ResultCallback
+from inbox._consumer import Batching, BrokerConsumer, Invalid, ResultCallback, described
 from inbox._runner import AsyncAlso, AsyncBatchAlso, AsyncHandlerRunner, Outcome, Result
 from outbox._connections import resolve_async
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
-from outbox.envelope import Envelope, shown
+from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
 from outbox.wire import kafka as wire
 
@@ -183,7 +183,7 @@ class KafkaConsumer(BrokerConsumer):
                 results = await self.runner.handle_batch(envelopes, also=also)
             except Exception as exc:  # a bug: each message on its own finds the one at fault
                 log.error("inbox: a batch of %d failed, one by one now: %s", len(envelopes),
-                          shown(str(exc), 200), exc_info=True)  # fmt: skip
+                          described(exc))  # fmt: skip
         if results is None:
             results = await self._one_by_one([msgs[i] for i in valid], envelopes)
         for i, envelope, result in zip(valid, envelopes, results, strict=True):
