@@ -87,14 +87,48 @@ _envelope_values: dict[str, st.SearchStrategy[str]] = {
 # a header count at the limit, just past it, far past it (made once: shared, never changed)
 _many = st.sampled_from([{f"x-h{i}": "v" for i in range(n)} for n in (0, 70, 81, 2_000)])
 
-#: header maps as text: some envelope headers (any case), some of the user's, sometimes many
-text_headers = st.builds(
-    lambda chosen, upper, extra, many: {
-        **many,
-        **extra,
-        **{(k.upper() if upper else k): v for k, v in chosen.items()},
+_valid = st.fixed_dictionaries(
+    {
+        HEADER_ID: st.uuids().map(str),
+        HEADER_TOPIC: st.sampled_from(["orders", "t" * 255, "é" * 127]),
+        HEADER_KEY: st.sampled_from(["order-1", "k" * 1024]),
+        HEADER_SEQ: st.integers(1, 2**63 - 1).map(str),
     },
-    st.fixed_dictionaries({}, optional=_envelope_values),
+    optional={
+        HEADER_CREATED_AT: st.datetimes().map(lambda d: d.isoformat()),
+        HEADER_CONTENT_TYPE: st.just("application/json"),
+    },
+)
+#: what to do to a valid envelope's headers: replace a header (with a valid value or a
+#: hostile one), or drop it (None)
+_changes = st.lists(
+    st.sampled_from(sorted(_envelope_values)).flatmap(
+        lambda name: st.tuples(st.just(name), st.none() | _envelope_values[name])
+    ),
+    max_size=2,
+)
+
+
+def _changed(
+    valid: dict[str, str], changes: list[tuple[str, str | None]], upper: bool,
+    extra: dict[str, str], many: dict[str, str],
+) -> dict[str, str]:  # fmt: skip
+    headers = dict(valid)
+    for name, value in changes:
+        if value is None:
+            headers.pop(name, None)
+        else:
+            headers[name] = value
+    cased = {(k.upper() if upper else k): v for k, v in headers.items()}
+    return {**many, **extra, **cased}
+
+
+#: header maps as text: a valid envelope's, mostly, with a change or two (so every check is
+#: reached, not only the first), any case, some user headers, sometimes very many
+text_headers = st.builds(
+    _changed,
+    _valid,
+    _changes,
     st.booleans(),
     st.dictionaries(_short, st.one_of(_short, _huge), max_size=3),
     st.one_of(st.just({}), _many, st.sampled_from([{"x" * 256: "v"}, {"é" * 128: "v"}])),
@@ -117,21 +151,26 @@ def _as_bytes(headers: dict[str, str], data: st.DataObject) -> dict[str, bytes]:
     return out
 
 
-def _total(name: str, decode: Callable[[], Any]) -> Any:
-    """Run ``decode``: a result, or None when refused with a known reason; timed."""
-    started = time.process_time()  # this process's CPU: not other processes' load
-    refused: InvalidMessageError | None = None
+def _run(decode: Callable[[], Any]) -> tuple[Any, InvalidMessageError | None, float]:
+    """``decode()``'s result or refusal, and the CPU time of this thread it took."""
+    started = time.thread_time()  # not other processes' load, nor other threads'
     gc.disable()  # the decoder's work, not a collection of what hypothesis made
     try:
-        result = decode()
+        return decode(), None, time.thread_time() - started
     except InvalidMessageError as exc:
-        result, refused = None, exc
+        return None, exc, time.thread_time() - started
     finally:
         gc.enable()
-    took = time.process_time() - started
+
+
+def _total(name: str, decode: Callable[[], Any]) -> Any:
+    """Run ``decode``: a result, or None when refused with a known reason; timed."""
+    result, refused, took = _run(decode)
     if refused is not None:
         assert refused.data.get("reason") in REFUSAL_REASONS, refused
         assert str(refused)
+    if took >= MAX_CALL_SECONDS:  # a slow input is slow every time; a hiccup is not
+        took = min(took, *(_run(decode)[2] for _ in range(3)))
     SLOWEST[name] = max(SLOWEST.get(name, 0.0), took)
     assert took < MAX_CALL_SECONDS, f"{name} took {took:.3f}s"
     return result
