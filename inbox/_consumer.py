@@ -386,13 +386,11 @@ class BrokerConsumer:
                 return Result(Outcome.FAILED, envelope.id, error=exc)
 
     def _report(self, envelope: Envelope, result: Result) -> None:
-        """``on_result``, whose exception is logged, not raised (the message is settled)."""
-        if self._on_result is None:
-            return
-        try:
+        """``on_result``: the caller's code, after the commit and before the broker's ack.
+        Its exception is not caught: ``run()`` ends without the ack, and the redelivery is a
+        duplicate (what a crash there would do; tests inject crashes this way)."""
+        if self._on_result is not None:
             self._on_result(envelope, result)
-        except Exception as exc:
-            log.error("inbox: on_result failed for message %s: %s", envelope.id, described(exc))
 
     async def _settle_invalid(
         self, envelope: Envelope | None, exc: Exception, also: AsyncAlso | None
