@@ -36,7 +36,17 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from outbox.exceptions import OutboxError
+import orjson
+
+from outbox._limits import (
+    MAX_CONTENT_TYPE_BYTES,
+    MAX_HEADER_NAME_BYTES,
+    MAX_HEADER_VALUE_BYTES,
+    MAX_HEADERS,
+    MAX_KEY_BYTES,
+    MAX_TOPIC_BYTES,
+)
+from outbox.exceptions import InvalidMessageError
 
 __all__ = [
     "MODE_POLLING",
@@ -122,8 +132,11 @@ def encode_record(
     )  # fmt: skip
 
 
-class RecordError(OutboxError):
+class RecordError(InvalidMessageError):
     """A logical message under our prefix that is not a valid record (never written by us)."""
+
+    def __init__(self, message: str | None = None, **data: Any) -> None:
+        super().__init__(message, **{"reason": "bad_format", **data})
 
 
 def decode_record(data: bytes) -> WalRecord:
@@ -156,9 +169,26 @@ def decode_record(data: bytes) -> WalRecord:
         headers = fields[4].decode()
     except UnicodeDecodeError as exc:
         raise RecordError(f"a text field is not UTF-8: {exc}") from exc
+    # What the relay would fail to write (a NUL in a text column, an index entry too large)
+    # would fail its batch on every retry: refused here, with publish()'s own bounds.
+    for name, value, size, limit in (
+        ("topic", topic, len(fields[0]), MAX_TOPIC_BYTES),
+        ("key", key, len(fields[1]), MAX_KEY_BYTES),
+    ):
+        if not value.strip() or "\x00" in value or size > limit:
+            raise RecordError(f"the {name} is blank, has a NUL or is longer than {limit} bytes")
+    if len(fields[2]) > MAX_CONTENT_TYPE_BYTES or "\x00" in content_type:
+        raise RecordError(f"the content type has a NUL or is over {MAX_CONTENT_TYPE_BYTES} bytes")
+    if len(fields[3]) > MAX_HEADER_VALUE_BYTES or "\x00" in traceparent:
+        raise RecordError(f"the traceparent has a NUL or is over {MAX_HEADER_VALUE_BYTES} bytes")
+    if headers not in ("", "{}"):
+        _check_headers(fields[4])
     available_at = None
     if flags & _HAS_AVAILABLE_AT:
-        available_at = _EPOCH + dt.timedelta(microseconds=micros)
+        try:
+            available_at = _EPOCH + dt.timedelta(microseconds=micros)
+        except OverflowError as exc:
+            raise RecordError(f"available_at of {micros} microseconds is out of range") from exc
     # positional: the order of WalRecord's fields
     return WalRecord(
         uuid.UUID(bytes=raw_id),
@@ -171,6 +201,32 @@ def decode_record(data: bytes) -> WalRecord:
         available_at,
         bool(flags & _IDEMPOTENT),
     )
+
+
+def _check_headers(raw: bytes) -> None:
+    """The headers field is a JSON object of at most MAX_HEADERS text values (publish()'s
+    bounds), without NUL (which a jsonb column refuses)."""
+    limit = MAX_HEADERS * (MAX_HEADER_NAME_BYTES + MAX_HEADER_VALUE_BYTES) * 6 + 2
+    if len(raw) > limit:
+        raise RecordError(f"the headers are {len(raw)} bytes, more than any publish() writes")
+    try:
+        headers = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise RecordError(f"the headers are not JSON: {exc}") from exc
+    if not isinstance(headers, dict) or len(headers) > MAX_HEADERS:
+        raise RecordError(f"the headers are not a JSON object of at most {MAX_HEADERS} entries")
+    for name, value in headers.items():
+        if (
+            not isinstance(value, str)
+            or "\x00" in name
+            or "\x00" in value
+            or len(name.encode("utf-8", "surrogatepass")) > MAX_HEADER_NAME_BYTES
+            or len(value.encode("utf-8", "surrogatepass")) > MAX_HEADER_VALUE_BYTES
+        ):
+            raise RecordError(
+                "a header is not text without NUL within publish()'s bounds "
+                f"({MAX_HEADER_NAME_BYTES} bytes a name, {MAX_HEADER_VALUE_BYTES} a value)"
+            )
 
 
 # What each connection last learnt of the mode (weakly keyed: a closed, collected connection
