@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from inbox._receive import invalid_ref
 from inbox._runner import AsyncAlso, AsyncHandlerRunner, Outcome, Result, _is_transient
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
+from outbox._redact import redact_library_logs
 from outbox.envelope import REFUSAL_REASONS, Envelope, shown
 from outbox.exceptions import ConfigurationError, InvalidMessageError, OutboxError
 
@@ -114,6 +115,7 @@ class BrokerConsumer:
             raise ConfigurationError(
                 f"runner must be an inbox.AsyncHandlerRunner, not {type(runner).__name__}"
             )
+        redact_library_logs()  # the consumer's log lines mask secrets whatever the handlers
         if redeliver_delay < 0:
             raise ConfigurationError(f"redeliver_delay must be >= 0, not {redeliver_delay!r}")
         if not hold_interval > 0:
