@@ -55,9 +55,9 @@ from console._security import (
     logged_in,
 )
 from console._statements import console_statements
+from outbox._redact import redact
 from outbox.exceptions import ConfigurationError, OutboxError
 from relay._admin import DeadFilter, audit_log, dead_list, dead_purge, dead_retry, relay_status
-from relay._registration import redact
 
 __all__ = ["create_app"]
 
@@ -570,7 +570,7 @@ def create_app(
         elif isinstance(exc, PoolTimeout):
             message = f"the database cannot be reached: {await asyncio.to_thread(_why, url)}"
         else:
-            message = f"the database cannot be reached or refused the query: {exc}".strip()
+            message = f"the database cannot be reached or refused the query: {redact(exc)}"
         return problem(request, 503, message.splitlines()[0])
 
     async def too_deep(request: Request, exc: Exception) -> Response:
@@ -623,4 +623,5 @@ def _why(url: str) -> str:
         with psycopg.connect(url, connect_timeout=3):
             return "no connection became free in time"
     except psycopg.Error as exc:
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = redact(exc).strip()
+        return text.splitlines()[0] if text else type(exc).__name__

@@ -3,8 +3,17 @@
 A runner acknowledges a broker message only after the database transaction that recorded it
 (and applied its effect, or found it a duplicate) has committed; a crash before the ack means a
 redelivery, which the inbox turns into a DUPLICATE with no second effect. A message the runner
-cannot decode (not published by the relay) is logged and settled without an effect (terminated,
-dead-lettered where the broker has it, or acknowledged), since no redelivery can fix it.
+cannot decode (not published by the relay, or hostile) is refused: counted
+(``inbox_refused{reason}``), logged with its broker position, recorded dead when its id can be
+read, and settled without an effect (terminated, dead-lettered where the broker has it, or
+acknowledged), since no redelivery can fix it.
+
+The loop is total: no exception raised while decoding a message or handling it ends ``run()``.
+One that is not a refusal (a bug) is logged with its traceback and its message recorded dead
+like a poison message; a lost database connection is not a message's fault, so its message is
+redelivered instead (the runner's rule). What still ends ``run()``: cancellation, a lost broker
+connection (the broker's own settle call fails), and a ``BaseException`` such as
+``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
@@ -12,14 +21,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import traceback
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from inbox._receive import invalid_ref
-from inbox._runner import AsyncAlso, AsyncHandlerRunner, Result
-from outbox.envelope import Envelope
-from outbox.exceptions import ConfigurationError, InvalidMessageError
+from inbox._runner import AsyncAlso, AsyncHandlerRunner, Outcome, Result, _is_transient
+from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
+from outbox._redact import redact_library_logs
+from outbox.envelope import REFUSAL_REASONS, Envelope, shown
+from outbox.exceptions import ConfigurationError, InvalidMessageError, OutboxError
 
 __all__ = ["Batching", "BrokerConsumer", "Delivery", "ResultCallback"]
 
@@ -66,6 +78,9 @@ class Delivery:
 
     decode: Callable[[], Envelope]
     settle: Callable[[Result | None], Awaitable[object]]
+    #: where the message is at the broker (stream seq, delivery tag, partition and offset,
+    #: entry id), for the log line of a refused message; called only then
+    where: Callable[[], str] = lambda: "an unknown position"
 
 
 #: decoded deliveries on their way to one worker
@@ -94,11 +109,13 @@ class BrokerConsumer:
         on_result: ResultCallback | None = None,
         hold_interval: float = 1.0,
         batching: Batching | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
     ) -> None:
         if not isinstance(runner, AsyncHandlerRunner):
             raise ConfigurationError(
                 f"runner must be an inbox.AsyncHandlerRunner, not {type(runner).__name__}"
             )
+        redact_library_logs()  # the consumer's log lines mask secrets whatever the handlers
         if redeliver_delay < 0:
             raise ConfigurationError(f"redeliver_delay must be >= 0, not {redeliver_delay!r}")
         if not hold_interval > 0:
@@ -107,7 +124,17 @@ class BrokerConsumer:
             raise ConfigurationError(
                 f"batching must be an inbox.Batching, not {type(batching).__name__}"
             )
+        if (
+            isinstance(max_payload_bytes, bool)
+            or not isinstance(max_payload_bytes, int)
+            or max_payload_bytes < 1
+        ):
+            raise ConfigurationError(
+                f"max_payload_bytes must be a positive int, not {max_payload_bytes!r}"
+            )
         self.runner = runner
+        #: a received body larger than this is refused (reason ``payload_too_large``)
+        self.max_payload_bytes = max_payload_bytes
         self.redeliver_delay = redeliver_delay
         self.batching = batching or SINGLE
         self._queues: list[asyncio.Queue[Chunk]] = []
@@ -165,25 +192,19 @@ class BrokerConsumer:
         here at once."""
         chunks: list[Chunk] = [[] for _ in self._queues]
         for delivery in deliveries:
-            item: Envelope | Invalid
-            try:
-                item = envelope = delivery.decode()
-                self.runner.check(envelope)
-            except (InvalidMessageError, UnicodeDecodeError) as exc:
-                log.error("inbox: a broker message is not a valid outbox envelope: %s", exc)
-                decoded = None if isinstance(exc, UnicodeDecodeError) else _decoded(delivery)
-                data = getattr(exc, "data", {})
-                topic = getattr(decoded, "topic", data.get("topic"))
-                key = getattr(decoded, "key", data.get("key"))
+            item = self._decode(delivery.decode, delivery.where)
+            if isinstance(item, Invalid):
+                data = _data(item.error)
+                topic = getattr(item.envelope, "topic", data.get("topic"))
+                key = getattr(item.envelope, "key", data.get("key"))
                 if not isinstance(topic, str) or not isinstance(key, str):
                     # no key to keep in order with: recorded (if it has an id) and settled now
-                    await self._settle_invalid(decoded, exc, None)
+                    await self._settle_invalid(item.envelope, item.error, None)
                     await delivery.settle(None)
                     continue
                 # Its key's worker records it dead in turn, after the messages of the key
                 # before it: recorded earlier, while a predecessor was still being applied,
                 # it could not move the key on, and the key's later messages waited forever.
-                item = Invalid(decoded, exc)
             route = 0
             if len(chunks) > 1:
                 route = zlib.crc32(f"{topic_key(item)}".encode()) % len(chunks)
@@ -238,13 +259,17 @@ class BrokerConsumer:
         if not batch:
             return
         envelopes = [envelope for envelope, _ in batch]
-        if len(batch) == 1:
-            results = [await self.runner.handle(envelopes[0])]
-        else:
-            results = await self.runner.handle_batch(envelopes)
+        results: list[Result] | None = None
+        if len(batch) > 1:
+            try:
+                results = await self.runner.handle_batch(envelopes)
+            except Exception as exc:  # a bug: each message on its own finds the one at fault
+                log.error("inbox: a batch of %d failed, one by one now: %s", len(batch),
+                          described(exc))  # fmt: skip
+        if results is None:
+            results = [await self._handle(e, None, d.where) for e, d in batch]
         for envelope, result in zip(envelopes, results, strict=True):
-            if self._on_result is not None:
-                self._on_result(envelope, result)
+            self._report(envelope, result)
         later = []
         for (_, delivery), result in zip(batch, results, strict=True):
             if result.outcome.ack:
@@ -288,7 +313,10 @@ class BrokerConsumer:
             await self._wait_stopping(self.hold_interval)
 
     async def _dispatch(
-        self, decode: Callable[[], Envelope], also: AsyncAlso | None = None
+        self,
+        decode: Callable[[], Envelope],
+        also: AsyncAlso | None = None,
+        where: Callable[[], str] = lambda: "an unknown position",
     ) -> Result | None:
         """Decode and handle one broker message; None when it is not a valid outbox envelope.
 
@@ -297,24 +325,79 @@ class BrokerConsumer:
         reconciliation and the operator see it), then the caller settles it at the broker
         (terminated, dead-lettered where the broker has it, or acknowledged).
         """
+        item = self._decode(decode, where)
+        if isinstance(item, Invalid):
+            await self._settle_invalid(item.envelope, item.error, also)
+            return None
+        result = await self._handle(item, also, where)
+        self._report(item, result)
+        return result
+
+    def _decode(
+        self, decode: Callable[[], Envelope], where: Callable[[], str]
+    ) -> Envelope | Invalid:
+        """The envelope of a broker message, checked as the runner will record it; or, when
+        it is refused (whatever was raised), what could be read of it, counted and logged."""
         envelope: Envelope | None = None
         try:
             envelope = decode()
-            # handle() validates the envelope (seq range, topic and key text) before it opens a
-            # transaction, and turns every handler failure into a Result: only bad input raises
-            result = await self.runner.handle(envelope, also=also)
-        except (InvalidMessageError, UnicodeDecodeError) as exc:
-            log.error("inbox: a broker message is not a valid outbox envelope: %s", exc)
-            await self._settle_invalid(envelope, exc, also)
-            return None
+            self.runner.check(envelope)
+        except Exception as exc:
+            self._refused(exc, where)
+            return Invalid(envelope, exc)
+        return envelope
+
+    def _refused(self, exc: Exception, where: Callable[[], str]) -> None:
+        """Count a refused message by reason and log it with its broker position; what is
+        shown of the message is escaped and cut short (it may be hostile)."""
+        reason = _reason(exc)
+        self.runner.metrics.refused.labels(self.runner.consumer, reason).inc()
+        position = _position(where)
+        if reason == "error":  # not a refusal but a bug
+            log.error("inbox: %s failed decoding the broker message at %s: %s",
+                      self.runner.consumer, position, described(exc))  # fmt: skip
+        else:
+            log.error("inbox: %s refused the broker message at %s (%s): %s",
+                      self.runner.consumer, position, reason, shown(str(exc), 300))  # fmt: skip
+
+    async def _handle(
+        self, envelope: Envelope, also: AsyncAlso | None, where: Callable[[], str]
+    ) -> Result:
+        """``runner.handle``, total: it turns every handler failure into a Result, so what
+        escapes it is a bug (or an ``also`` that failed): the message is recorded dead like a
+        poison message, unless the database is away (then it is redelivered, as any message
+        is while the database is away)."""
+        try:
+            return await self.runner.handle(envelope, also=also)
+        except Exception as exc:
+            if _is_transient(exc):
+                return Result(Outcome.FAILED, envelope.id, error=exc)
+            self.runner.metrics.refused.labels(self.runner.consumer, "error").inc()
+            log.error("inbox: %s failed handling message %s at %s: %s", self.runner.consumer,
+                      envelope.id, _position(where), described(exc))  # fmt: skip
+            ref = invalid_ref(
+                self.runner.consumer, envelope.id, envelope.topic, envelope.key, envelope.seq
+            )
+            if ref is None:  # cannot be: a decoded envelope's id is a UUID
+                return Result(Outcome.FAILED, envelope.id, error=exc)
+            try:
+                return await self.runner.settle_invalid(ref, envelope, exc, also=also)
+            except Exception as record_exc:  # not recorded: redelivered, never dropped
+                log.warning("inbox: could not record message %s dead: %s", envelope.id,
+                            shown(str(record_exc), 200))  # fmt: skip
+                return Result(Outcome.FAILED, envelope.id, error=exc)
+
+    def _report(self, envelope: Envelope, result: Result) -> None:
+        """``on_result``: the caller's code, after the commit and before the broker's ack.
+        Its exception is not caught: ``run()`` ends without the ack, and the redelivery is a
+        duplicate (what a crash there would do; tests inject crashes this way)."""
         if self._on_result is not None:
             self._on_result(envelope, result)
-        return result
 
     async def _settle_invalid(
         self, envelope: Envelope | None, exc: Exception, also: AsyncAlso | None
     ) -> None:
-        data = getattr(exc, "data", {}) if envelope is None else {}
+        data = _data(exc) if envelope is None else {}
         ref = invalid_ref(
             self.runner.consumer,
             getattr(envelope, "id", data.get("message_id")),
@@ -327,7 +410,8 @@ class BrokerConsumer:
         try:
             await self.runner.settle_invalid(ref, envelope, exc, also=also)
         except Exception as record_exc:  # the database may be away: the broker still settles
-            log.warning("inbox: could not record invalid message %s: %s", ref.id, record_exc)
+            log.warning("inbox: could not record invalid message %s: %s", ref.id,
+                        shown(str(record_exc), 200))  # fmt: skip
 
     async def _wait_stopping(self, seconds: float) -> None:
         """Wait up to ``seconds``, returning early when stop() is called."""
@@ -335,18 +419,38 @@ class BrokerConsumer:
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
 
-def _decoded(delivery: Delivery) -> Envelope | None:
-    """The envelope of a delivery whose decoding succeeded but whose fields are invalid."""
+def _data(exc: BaseException) -> dict[str, object]:
+    """What a decoder could read of a refused message (id, topic, key, seq)."""
+    return exc.data if isinstance(exc, OutboxError) else {}
+
+
+def _reason(exc: BaseException) -> str:
+    """The ``reason`` label of a refusal: one of REFUSAL_REASONS, whatever ``exc`` carries."""
+    if not isinstance(exc, InvalidMessageError):
+        return "error"
+    reason = exc.data.get("reason", "invalid")
+    return reason if isinstance(reason, str) and reason in REFUSAL_REASONS else "invalid"
+
+
+def described(exc: BaseException) -> str:
+    """An unexpected exception for the log: its type, its text escaped and cut short (it may
+    quote a hostile message), and its traceback's frames (code locations only)."""
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    text = shown(str(exc), 200)
+    return f"{type(exc).__name__}: {text}\nTraceback (most recent call last):\n{frames}"
+
+
+def _position(where: Callable[[], str]) -> str:
     try:
-        return delivery.decode()
-    except (InvalidMessageError, UnicodeDecodeError):
-        return None
+        return where()
+    except Exception:  # the broker client's metadata of a hostile message: not worth a crash
+        return "an unknown position"
 
 
 def topic_key(item: Envelope | Invalid) -> str:
     """What routes a message to its key's worker: its topic and key."""
     if isinstance(item, Invalid):
-        data = getattr(item.error, "data", {})
+        data = _data(item.error)
         topic = getattr(item.envelope, "topic", data.get("topic"))
         key = getattr(item.envelope, "key", data.get("key"))
         return f"{topic}\x00{key}"

@@ -2,7 +2,8 @@
 
 Pass ``metrics=InboxMetrics.prometheus(registry)`` to a runner: every delivery is counted by
 outcome, the handler's seconds and the end-to-end lag (from the message's ``created_at`` to
-its commit here) are observed, and the broker consumers refresh two gauges on a timer: keys
+its commit here) are observed, every broker message refused by the decoders is counted by
+reason (``inbox_refused``), and the broker consumers refresh two gauges on a timer: keys
 that keep waiting for a predecessor (``outbox inbox blocked``) and keys held behind a dead
 message (``outbox inbox held``). Without it the runners use no-op metrics that cost nothing.
 """
@@ -25,7 +26,7 @@ class InboxMetrics:
         self.registry = registry
         if registry is None:
             noop: Any = NoopMetric()
-            self.deliveries = self.handler_seconds = self.lag_seconds = noop
+            self.deliveries = self.handler_seconds = self.lag_seconds = self.refused = noop
             self.blocked_keys = self.held_keys = noop
             return
         from prometheus_client import Counter, Gauge, Histogram
@@ -36,6 +37,14 @@ class InboxMetrics:
             "Deliveries by outcome (processed, duplicate, stale, out_of_order, failed, dead, "
             "parked)",
             ["consumer", "outcome"],
+            **kw,
+        )
+        self.refused = Counter(
+            "inbox_refused",
+            "Broker messages refused before any effect (not a valid outbox message, or an "
+            "exception while decoding or handling it), by reason (outbox.envelope."
+            "REFUSAL_REASONS)",
+            ["consumer", "reason"],
             **kw,
         )
         self.handler_seconds = Histogram(

@@ -13,7 +13,9 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
+from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
 from outbox._optional import require
+from outbox.envelope import shown
 from outbox.exceptions import ConfigurationError
 from outbox.wire import mqtt as wire
 
@@ -36,10 +38,15 @@ class MqttConsumer(BrokerConsumer):
         connect_timeout: float = 10.0,
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
     ) -> None:
         require("paho.mqtt.client", "mqtt")  # fail at construction, naming the extra
         super().__init__(
-            runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
+            runner,
+            redeliver_delay=redeliver_delay,
+            on_result=on_result,
+            batching=batching,
+            max_payload_bytes=max_payload_bytes,
         )
         if not client_id:
             raise ConfigurationError("client_id is required: it names the persistent session")
@@ -102,8 +109,14 @@ class MqttConsumer(BrokerConsumer):
 
     async def _one(self, client: Any, queue: asyncio.Queue[Any], msg: Any) -> None:
         properties = getattr(msg.properties, "UserProperty", None) if msg.properties else None
-        decode = functools.partial(wire.decode, properties, msg.payload)
-        await self._submit(Delivery(decode, functools.partial(self._settle, client, queue, msg)))
+        decode = functools.partial(
+            wire.decode, properties, msg.payload, max_payload_bytes=self.max_payload_bytes
+        )
+        settle = functools.partial(self._settle, client, queue, msg)
+        await self._submit(Delivery(decode, settle, functools.partial(self._where, msg)))
+
+    def _where(self, msg: Any) -> str:
+        return f"topic {shown(msg.topic)} message id {msg.mid}"
 
     async def _settle(
         self, client: Any, queue: asyncio.Queue[Any], msg: Any, result: Result | None

@@ -7,6 +7,7 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
+from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
 from outbox._optional import require
 from outbox.wire import nats as wire
 
@@ -35,10 +36,15 @@ class NatsConsumer(BrokerConsumer):
         redeliver_delay: float = 1.0,
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
     ) -> None:
         require("nats", "nats")  # fail at construction, naming the extra
         super().__init__(
-            runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
+            runner,
+            redeliver_delay=redeliver_delay,
+            on_result=on_result,
+            batching=batching,
+            max_payload_bytes=max_payload_bytes,
         )
         self.stream, self.durable, self.subject = stream, durable, subject
         self.servers, self.fetch_timeout = servers, fetch_timeout
@@ -61,14 +67,20 @@ class NatsConsumer(BrokerConsumer):
                     msgs = await sub.fetch(self.batch, timeout=self.fetch_timeout)
                 except (NatsTimeout, TimeoutError):  # nats-py raises either
                     continue
-                await self._submit(*(
-                    Delivery(functools.partial(wire.decode, msg.headers, msg.data),
-                             functools.partial(self._settle, msg))
-                    for msg in msgs
-                ))  # fmt: skip
+                await self._submit(*(self._delivery(msg) for msg in msgs))
         finally:
             await self._finish_workers()
             await nc.close()
+
+    def _delivery(self, msg: Any) -> Delivery:
+        decode = functools.partial(
+            wire.decode, msg.headers, msg.data, max_payload_bytes=self.max_payload_bytes
+        )
+        settle = functools.partial(self._settle, msg)
+        return Delivery(decode, settle, functools.partial(self._where, msg))
+
+    def _where(self, msg: Any) -> str:
+        return f"stream {self.stream} seq {msg.metadata.sequence.stream}"
 
     async def _settle(self, msg: Any, result: Result | None) -> None:
         if result is None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
+from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
 from outbox._optional import require
 from outbox.wire import rabbitmq as wire
 
@@ -30,10 +31,15 @@ class RabbitMQConsumer(BrokerConsumer):
         redeliver_delay: float = 1.0,
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
     ) -> None:
         require("aio_pika", "rabbitmq")  # fail at construction, naming the extra
         super().__init__(
-            runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
+            runner,
+            redeliver_delay=redeliver_delay,
+            on_result=on_result,
+            batching=batching,
+            max_payload_bytes=max_payload_bytes,
         )
         self.queue, self.url = queue, url
         #: unacknowledged messages in flight: at least a whole transaction batch per worker
@@ -56,8 +62,14 @@ class RabbitMQConsumer(BrokerConsumer):
             await connection.close()  # unacknowledged deliveries return to the queue
 
     async def _on_message(self, message: Any) -> None:
-        decode = functools.partial(wire.decode, message.headers, message.body)
-        await self._submit(Delivery(decode, functools.partial(self._settle, message)))
+        decode = functools.partial(
+            wire.decode, message.headers, message.body, max_payload_bytes=self.max_payload_bytes
+        )
+        settle = functools.partial(self._settle, message)
+        await self._submit(Delivery(decode, settle, functools.partial(self._where, message)))
+
+    def _where(self, message: Any) -> str:
+        return f"queue {self.queue} delivery tag {message.delivery_tag}"
 
     async def _settle(self, message: Any, result: Result | None) -> None:
         if result is None:

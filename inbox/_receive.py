@@ -22,7 +22,8 @@ from inbox._statements import InboxStatements, inbox_statements
 from inbox.exceptions import ConcurrentDeliveryError, OutOfOrderError
 from outbox._connections import AsyncRaw, AsyncTarget, Target, resolve_async, resolve_sync
 from outbox._errors import translate as translate_database_error
-from outbox._message import MAX_KEY_BYTES, MAX_TOPIC_BYTES, check_text
+from outbox._limits import MAX_KEY_BYTES, MAX_TOPIC_BYTES
+from outbox._message import check_text
 from outbox.exceptions import InvalidMessageError
 
 __all__ = [

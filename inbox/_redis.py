@@ -7,7 +7,9 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
+from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
 from outbox._optional import require
+from outbox.envelope import shown
 from outbox.wire import redis as wire
 
 __all__ = ["RedisStreamConsumer"]
@@ -35,10 +37,15 @@ class RedisStreamConsumer(BrokerConsumer):
         claim_idle_ms: int = 30_000,
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
     ) -> None:
         require("redis.asyncio", "redis")  # fail at construction, naming the extra
         super().__init__(
-            runner, redeliver_delay=claim_idle_ms / 1000, on_result=on_result, batching=batching
+            runner,
+            redeliver_delay=claim_idle_ms / 1000,
+            on_result=on_result,
+            batching=batching,
+            max_payload_bytes=max_payload_bytes,
         )
         self.stream, self.group, self.name, self.url = stream, group, name, url
         self.block_ms, self.claim_idle_ms = block_ms, claim_idle_ms
@@ -81,8 +88,12 @@ class RedisStreamConsumer(BrokerConsumer):
         await self._submit(*(self._delivery(client, e, f) for e, f in reply[1] if f))
 
     def _delivery(self, client: Any, entry_id: Any, fields: Any) -> Delivery:
-        decode = functools.partial(wire.decode, fields)
-        return Delivery(decode, functools.partial(self._settle, client, entry_id))
+        decode = functools.partial(wire.decode, fields, max_payload_bytes=self.max_payload_bytes)
+        settle = functools.partial(self._settle, client, entry_id)
+        return Delivery(decode, settle, functools.partial(self._where, entry_id))
+
+    def _where(self, entry_id: Any) -> str:
+        return f"stream {self.stream} entry {shown(entry_id)}"
 
     async def _settle(self, client: Any, entry_id: Any, result: Result | None) -> None:
         if result is None or result.outcome.ack:

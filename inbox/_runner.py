@@ -48,6 +48,7 @@ from inbox._transactions import (
 )
 from inbox.exceptions import ConcurrentDeliveryError
 from outbox._connections import resolve_async, resolve_sync
+from outbox.envelope import shown
 from outbox.exceptions import ConfigurationError
 
 __all__ = ["AsyncHandlerRunner", "HandlerRunner", "Outcome", "Result"]
@@ -167,7 +168,9 @@ def _failure_result(ref: MessageRef, exc: BaseException, row: tuple[int | None, 
         return Result(Outcome.DUPLICATE, ref.id)
     outcome = Outcome.DEAD if status == "dead" else Outcome.FAILED
     if outcome is Outcome.DEAD:
-        log.error("inbox: message %s is dead after %s attempts: %s", ref.id, attempts, exc)
+        # the error may carry what a hostile message held: escaped and cut short
+        log.error("inbox: message %s is dead after %s attempts: %s", ref.id, attempts,
+                  shown(str(exc), 300))  # fmt: skip
     return Result(outcome, ref.id, attempts, exc)
 
 
@@ -315,7 +318,8 @@ class _RunnerBase:
         self, ref: MessageRef, exc: BaseException, row: tuple[int | None, str]
     ) -> Result:
         if row[1] == "dead":
-            log.error("inbox: released %s is dead and holds key %r: %s", ref.id, ref.key, exc)
+            log.error("inbox: released %s is dead and holds key %s: %s", ref.id, shown(ref.key),
+                      shown(str(exc), 300))  # fmt: skip
             return Result(Outcome.DEAD, ref.id, row[0], exc)
         if row[1] == "processed":
             return Result(Outcome.DUPLICATE, ref.id)

@@ -13,6 +13,7 @@ from inbox._blocked import blocked_keys
 from inbox._dead import HeldFilter, dead_audit, dead_purge, dead_retry, held_keys
 from inbox._retention import purge
 from outbox._errors import one_line
+from outbox._redact import redact
 
 __all__ = ["commands"]
 
@@ -175,7 +176,7 @@ def held_command(
         click.echo(
             f"{_field(k.consumer)}\t{_field(k.topic)}\t{_field(k.key)}\tseq={k.seq}"
             f"\tdead={k.message_id}\tparked={k.parked}\theld_at={k.held_at.isoformat()}"
-            f"\tdecision={k.decision or '-'}\terror={_field(k.last_error or '')}"
+            f"\tdecision={k.decision or '-'}\terror={_field(redact(k.last_error or ''))}"
         )
     click.echo(f"{len(keys)} held key(s)", err=True)
 

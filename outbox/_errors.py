@@ -13,10 +13,13 @@ from __future__ import annotations
 import psycopg
 from psycopg import errors as pg_errors
 
-from outbox.exceptions import SchemaNotInstalledError
+from outbox._redact import redact
+from outbox.exceptions import OutboxError, SchemaNotInstalledError
 
 __all__ = [
     "EXTRA_OF_MODULE",
+    "connect_failure",
+    "describe_cli_error",
     "describe_database_error",
     "missing_extra",
     "one_line",
@@ -71,8 +74,68 @@ def translate(exc: psycopg.Error, *, schema: str | None) -> Exception:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+    """The start of the error's text, secrets masked (a driver may quote its conninfo)."""
+    text = redact(exc).strip().splitlines()
     return " ".join(line.strip() for line in text[:2]) if text else type(exc).__name__
+
+
+#: how libpq words the connection failures that retrying cannot heal, by kind (psycopg raises
+#: them as a plain OperationalError, without a SQLSTATE, so the text is all there is)
+_PERMANENT_CONNECT = {  # ('database "x" does not exist' is told apart in connect_failure)
+    "login": (
+        "password authentication failed",
+        "no password supplied",
+        'role "',  # ... does not exist
+        "is not permitted to log in",
+        "no pg_hba.conf entry",
+        "certificate authentication failed",
+        "sasl authentication failed",
+    ),
+    "url": (
+        "invalid dsn",
+        "invalid connection option",
+        'missing "=" after',
+        "invalid uri",
+        "invalid port number",
+        "invalid integer value",
+        "unterminated quoted string",
+        "invalid sslmode value",
+        "invalid percent-encoded token",
+        "unexpected spaces found",
+        "invalid value for parameter",
+    ),
+}
+
+
+def connect_failure(exc: BaseException) -> str | None:
+    """What a failure to connect says can never heal by retrying, or None when it may (the
+    server refused or did not answer, is starting up or shutting down, has no free slot):
+    ``'database'`` (it does not exist), ``'login'`` (user, password, pg_hba.conf) or ``'url'``
+    (a malformed URL or conninfo string)."""
+    if isinstance(exc, pg_errors.InvalidCatalogName):
+        return "database"
+    if isinstance(exc, pg_errors.InvalidAuthorizationSpecification | pg_errors.InvalidPassword):
+        return "login"
+    if getattr(exc, "sqlstate", None) is not None:
+        return None  # the server answered a statement: not a failure to connect
+    if isinstance(exc, psycopg.ProgrammingError):  # the conninfo parser, client-side
+        return "url"
+    text = str(exc).lower()
+    if "does not exist" in text and 'database "' in text and 'role "' not in text:
+        return "database"
+    for kind in ("login", "url"):
+        if any(w in text for w in _PERMANENT_CONNECT[kind]):
+            return kind
+    return None
+
+
+_HINTS = {
+    "database": "check the database name in --url (or $OUTBOX_DATABASE_URL)",
+    "login": "check the user and password in --url (or $OUTBOX_DATABASE_URL; a password may "
+    "also come from PGPASSWORD or ~/.pgpass) and the server's pg_hba.conf",
+    "url": "check --url (or $OUTBOX_DATABASE_URL): postgresql://user@host:5432/dbname or a "
+    "conninfo string 'host=... dbname=...'",
+}
 
 
 def describe_database_error(exc: psycopg.Error) -> str:
@@ -88,8 +151,11 @@ def describe_database_error(exc: psycopg.Error) -> str:
             f"{reason}: this database user lacks a grant; `outbox migrate grants` prints what "
             "each role needs"
         )
-    if isinstance(exc, pg_errors.InvalidCatalogName) or "does not exist" in reason:
-        return f"{reason}: check the database name in --url (or $OUTBOX_DATABASE_URL)"
+    kind = connect_failure(exc)
+    if kind is not None:
+        return f"{reason}: {_HINTS[kind]}"
+    if "does not exist" in reason:
+        return f"{reason}: {_HINTS['database']}"
     if isinstance(exc, psycopg.OperationalError):
         return (
             f"cannot reach the database ({reason}): check --url (or $OUTBOX_DATABASE_URL), "
@@ -98,10 +164,41 @@ def describe_database_error(exc: psycopg.Error) -> str:
     return f"database error ({type(exc).__name__}): {reason}"
 
 
+def describe_cli_error(exc: BaseException) -> str | None:
+    """The one line a command prints for ``exc``, secrets masked; None for an error that is
+    none of the library's nor the database's (a bug: the caller shows its traceback, masked).
+    SQLAlchemy's wrapper of a driver error (``migrate``) is described as the driver's error."""
+    if isinstance(exc, OutboxError):
+        return redact(exc)
+    driver_error = getattr(exc, "orig", None)  # sqlalchemy.exc.DBAPIError
+    if isinstance(driver_error, psycopg.Error):
+        exc = driver_error
+    if isinstance(exc, psycopg.Error):
+        return describe_database_error(exc)
+    return None
+
+
 _ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
 
 def one_line(value: object) -> str:
-    """``value`` as text that stays on one line of a listing (backslash, newline, CR and tab
-    escaped), so `grep` and `awk` see one item per line."""
-    return str(value).translate(_ESCAPES)
+    """``value`` as text that stays on one line of a listing and cannot drive the terminal:
+    backslash, newline, CR and tab escaped as ``\\``, ``\\n``, ``\\r``, ``\\t``, and every other
+    non-printable character (ESC and the other C0 and C1 controls, DEL, line and paragraph
+    separators, bidirectional overrides) as ``\\xNN`` or ``\\uNNNN``. `grep` and `awk` see one
+    item per line. Every CLI listing writes its fields through this function."""
+    text = str(value).translate(_ESCAPES)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else f"\\u{code:04x}"
+        if code < 0x10000
+        else (f"\\U{code:08x}")
+    )

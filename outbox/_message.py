@@ -10,6 +10,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outbox._ids import id_from_idempotency_key, new_message_id
+from outbox._limits import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_CONTENT_TYPE_BYTES,
+    MAX_HEADER_NAME_BYTES,
+    MAX_HEADER_VALUE_BYTES,
+    MAX_HEADERS,
+    MAX_KEY_BYTES,
+    MAX_TOPIC_BYTES,
+)
 from outbox._payload import JSON_ENCODER, encode_checked_headers, encode_payload
 from outbox._trace import current_traceparent
 from outbox.envelope import is_reserved_header
@@ -27,15 +36,6 @@ __all__ = [
     "prepare_fields",
 ]
 
-#: NATS's default max_payload and Kafka's default message.max.bytes are both about 1 MB: a
-#: larger message would be accepted here and then rejected by the broker, so refuse it now.
-DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
-
-#: Longest topic and key, in UTF-8 bytes. Both go into btree indexes (the outbox's and the
-#: inbox's), whose entries PostgreSQL caps at about 2.7 kB: a longer one would fail inside the
-#: caller's transaction and abort it. Brokers cap names too (a Kafka topic: 249 characters).
-MAX_TOPIC_BYTES = 255
-MAX_KEY_BYTES = 1024
 # Header names travel as MIME-style names (NATS, and the inbox's own header mapping): no
 # whitespace, colon or control character. Values must not break a header line.
 _BAD_HEADER_NAME = re.compile(r"[\x00-\x20:\x7f]")
@@ -143,13 +143,14 @@ def _headers(headers: Mapping[str, str] | None) -> str:
     # The common case: a dict whose names were all checked before and whose values are
     # printable ASCII (no control character at all, so no NUL, CR or LF). Anything else takes
     # the full checks, which decide the same and name what is wrong.
-    if headers.__class__ is dict:
+    if headers.__class__ is dict and len(headers) <= MAX_HEADERS:
         for k, v in headers.items():
             if not (
                 k in _CHECKED_NAMES
                 and k.__class__ is str
                 and v.__class__ is str
                 and v.isascii()
+                and len(v) <= MAX_HEADER_VALUE_BYTES
                 and v.isprintable()
             ):
                 break
@@ -165,6 +166,13 @@ def _headers_fully(headers: Mapping[str, str]) -> str:
             f"headers must be a mapping of str to str, got {type(headers).__name__}",
             where="headers",
             type_name=type(headers).__name__,
+        )
+    if len(headers) > MAX_HEADERS:
+        raise SerializationError(
+            f"{len(headers)} headers, above the maximum of {MAX_HEADERS}: put the data in the "
+            "payload instead (consumers refuse a message with more)",
+            where="headers",
+            type_name="dict",
         )
     for k, v in headers.items():
         if not isinstance(k, str) or not isinstance(v, str):
@@ -197,9 +205,20 @@ def _headers_fully(headers: Mapping[str, str]) -> str:
                 where=f"headers[{k!r}]",
                 type_name="str",
             )
-        for text in (k, v):
-            if not text.isascii():  # ASCII is UTF-8 already
-                _utf8(text, f"headers[{k!r}]", SerializationError)
+        for part, text, limit in (
+            ("name", k, MAX_HEADER_NAME_BYTES),
+            ("value", v, MAX_HEADER_VALUE_BYTES),
+        ):
+            # ASCII is UTF-8 already, one byte a character
+            utf8 = text if text.isascii() else _utf8(text, f"headers[{k!r}]", SerializationError)
+            if len(utf8) > limit:
+                raise SerializationError(
+                    f"headers[{k[:40]!r}] has a {part} of {len(utf8)} bytes in UTF-8, above the "
+                    f"maximum of {limit}: put the data in the payload instead (consumers refuse "
+                    "a message with a larger header)",
+                    where=f"headers[{k[:40]!r}]",
+                    type_name="str",
+                )
     if len(_CHECKED_NAMES) < _CHECKED_NAMES_MAX:
         _CHECKED_NAMES.update(k for k in headers if k.__class__ is str)
     return JSON_ENCODER.encode(dict(headers))
@@ -284,7 +303,7 @@ def prepare_fields(
             limit=max_payload_bytes,
         )
     if content_type is not None:
-        check_text(content_type, "content_type", MAX_TOPIC_BYTES)
+        check_text(content_type, "content_type", MAX_CONTENT_TYPE_BYTES)
     if idempotency_key is None:
         msg_id = new_message_id()
     else:

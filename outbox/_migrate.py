@@ -9,10 +9,12 @@ from importlib import resources
 
 from alembic import command
 from alembic.config import Config
+from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import Connection, create_engine, make_url
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
+from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
 from outbox.schema import check_identifier
 
@@ -23,11 +25,12 @@ VERSION_TABLE = "outbox_alembic_version"
 def sqlalchemy_url(dsn: str) -> URL:
     """Turn a libpq-style ``postgresql://`` URL into SQLAlchemy's psycopg 3 URL."""
     try:
-        url = make_url(dsn)
+        url = _from_conninfo(dsn) if "://" not in dsn and "=" in dsn else make_url(dsn)
     except Exception as exc:
         raise ConfigurationError(
-            f"invalid database URL {dsn!r}: expected postgresql://user@host:port/dbname",
-            url=dsn,
+            f"invalid database URL {redact(dsn)!r}: expected postgresql://user@host:port/dbname "
+            "or a conninfo string 'host=... dbname=...'",
+            url=redact(dsn),
         ) from exc
     if url.get_backend_name() != "postgresql":
         raise ConfigurationError(
@@ -38,6 +41,22 @@ def sqlalchemy_url(dsn: str) -> URL:
     if url.drivername in ("postgresql", "postgres"):
         url = url.set(drivername="postgresql+psycopg")
     return url
+
+
+def _from_conninfo(dsn: str) -> URL:
+    """A libpq conninfo string (``host=db dbname=app``) as SQLAlchemy's URL, so ``migrate``
+    takes what the other commands take."""
+    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    port = params.pop("port", None)
+    return URL.create(
+        "postgresql+psycopg",
+        username=params.pop("user", None),
+        password=params.pop("password", None),
+        host=params.pop("host", None),
+        port=int(port) if port else None,
+        database=params.pop("dbname", None),
+        query=params,
+    )
 
 
 def configured_schema(config: Config | None) -> str | None:

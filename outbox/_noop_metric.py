@@ -22,3 +22,6 @@ class NoopMetric:
 
     def observe(self, value: float) -> None:
         pass
+
+    def clear(self) -> None:
+        pass

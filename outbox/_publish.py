@@ -16,7 +16,14 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from outbox._capture import MODE_WAL, encode_record, known_mode, remember_mode
+from outbox._capture import (
+    MODE_WAL,
+    encode_record,
+    known_mode,
+    remember_mode,
+    slot_check_due,
+    slot_checked,
+)
 from outbox._connections import AsyncTarget, Target, resolve_async, resolve_sync
 from outbox._errors import translate
 from outbox._message import (
@@ -45,11 +52,16 @@ class _Batch:
         """The batch of one message (every ``publish()``): nothing to deduplicate or sort."""
         return cls([p.id], [_lock_key(p.id)] if p.idempotent else [], p, [p])
 
-    def wal_statement(self, stmts: ProducerStatements) -> tuple[bytes, dict[str, Any]]:
-        """The WAL emit statement and its parameters: each distinct message as a record."""
+    def wal_statement(
+        self, stmts: ProducerStatements, checked: bool
+    ) -> tuple[bytes, dict[str, Any]]:
+        """The WAL emit statement and its parameters: each distinct message as a record.
+        ``checked``: the variant that also checks the slot (outbox/_statements.py)."""
         if self.single is not None:
-            return stmts.wal_emit_one, {"record": _record(self.single)}
-        return stmts.wal_emit, {"records": [_record(p) for p in self.rows]}
+            stmt = stmts.wal_emit_one_checked if checked else stmts.wal_emit_one
+            return stmt, {"record": _record(self.single)}
+        stmt = stmts.wal_emit_checked if checked else stmts.wal_emit
+        return stmt, {"records": [_record(p) for p in self.rows]}
 
     def lock_params(self) -> dict[str, Any]:
         """Parameters of the idempotency lock: every (topic, key) of the batch, then the ids."""
@@ -180,11 +192,16 @@ def _write(target: Target, batch: _Batch, schema: str | None, wakeup: bool) -> l
     stmts = producer_statements(schema)
     try:
         with raw.cursor() as cur:
+            refused = False
             if known_mode(raw) in (MODE_WAL, None):
-                cur.execute(*batch.wal_statement(stmts))
+                checked = slot_check_due(raw)
+                cur.execute(*batch.wal_statement(stmts, checked))
                 if cur.rowcount == len(batch.rows):
+                    if checked:
+                        slot_checked(raw)
                     return batch.ids  # the relay decodes them after commit
-                remember_mode(raw, None)  # not in 'wal' mode (any more): write rows
+                remember_mode(raw, None)  # not in 'wal' mode (any more), or no slot: rows
+                refused = True
             if batch.lock_keys:
                 cur.execute(stmts.idempotency_lock, batch.lock_params())
             cur.execute(*batch.statement(stmts))
@@ -192,7 +209,7 @@ def _write(target: Target, batch: _Batch, schema: str | None, wakeup: bool) -> l
     except pg_errors.UndefinedTable as exc:
         raise translate(exc, schema=schema) from exc
     if rows:
-        remember_mode(raw, rows[0][4])
+        remember_mode(raw, rows[0][4], refused=refused)
     tx_ids = _tx_ids(rows)
     if wakeup and tx_ids:
         ring_after_commit(target, raw, tx_ids)
@@ -222,11 +239,16 @@ async def _write_async(
     stmts = producer_statements(schema)
     try:
         async with raw.cursor() as cur:
+            refused = False
             if known_mode(raw) in (MODE_WAL, None):
-                await cur.execute(*batch.wal_statement(stmts))
+                checked = slot_check_due(raw)
+                await cur.execute(*batch.wal_statement(stmts, checked))
                 if cur.rowcount == len(batch.rows):
+                    if checked:
+                        slot_checked(raw)
                     return batch.ids  # the relay decodes them after commit
                 remember_mode(raw, None)
+                refused = True
             if batch.lock_keys:
                 await cur.execute(stmts.idempotency_lock, batch.lock_params())
             await cur.execute(*batch.statement(stmts))
@@ -234,7 +256,7 @@ async def _write_async(
     except pg_errors.UndefinedTable as exc:
         raise translate(exc, schema=schema) from exc
     if rows:
-        remember_mode(raw, rows[0][4])
+        remember_mode(raw, rows[0][4], refused=refused)
     tx_ids = _tx_ids(rows)
     if wakeup and tx_ids:
         ring_after_commit(target, raw, tx_ids)

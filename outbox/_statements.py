@@ -157,12 +157,13 @@ ORDER BY k
 # messages, in input order (volatile functions in the target list are evaluated after the
 # sort). Nothing is written to any table and nothing is locked: the relay decodes them after
 # commit, in commit order, and gives them their seqs. Emits nothing (zero rows) unless the
-# database is in 'wal' mode: the writer then writes them as rows instead, in the same
-# transaction. Rolled back, they are never decoded.
+# database is in 'wal' mode (and, in the _checked variant, its slot can decode them: the slot
+# check below): the writer then writes them as rows instead, in the same transaction. Rolled
+# back, they are never decoded.
 _WAL_EMIT = """
 SELECT pg_logical_emit_message(true, {prefix}, u.record)
 FROM {capture} AS c, unnest(%(records)b::bytea[]) WITH ORDINALITY AS u(record, ord)
-WHERE c.mode = 'wal'
+WHERE c.mode = 'wal' {slot_check}
 ORDER BY u.ord
 """
 
@@ -170,8 +171,27 @@ ORDER BY u.ord
 # and unnest, no sort. The mode check is the same one-row scan.
 _WAL_EMIT_ONE = """
 SELECT pg_logical_emit_message(true, {prefix}, %(record)b::bytea)
-FROM {capture} AS c WHERE c.mode = 'wal'
+FROM {capture} AS c WHERE c.mode = 'wal' {slot_check}
 """
+
+# The slot check (the emits' _checked variants): a message goes to the WAL only while the slot
+# the mode row names is a pgoutput slot of THIS database that still has its WAL. Slot names
+# are global to the server and a logical slot decodes one database only, so without it a
+# database whose row names another database's slot (a second database enabled with the same
+# slot name, a clone made with CREATE DATABASE ... TEMPLATE, a restore) or a slot that was
+# dropped or invalidated would emit into WAL that nothing decodes: the messages would be
+# lost, in no table. Refused, they are written as rows, which the polling loop publishes.
+# It costs a statement tens of microseconds (pg_get_replication_slots() builds its whole
+# result, and the view joins pg_database), up to a tenth of a CPU-bound transaction
+# (bench/capture_slot_check.py), so a connection runs it on its first emit and then at most
+# every SLOT_CHECK_SECONDS
+# (outbox/_capture.py); the emits in between check the mode only. A slot dropped after the
+# check and before the commit still loses the message: the drop is not transactional
+# (docs/capture.md says what is lost and how to find it).
+_SLOT_CHECK = """AND EXISTS (
+    SELECT 1 FROM pg_catalog.pg_replication_slots AS s
+    WHERE s.slot_name = c.slot AND s.database = current_database()
+      AND s.plugin = 'pgoutput' AND s.wal_status IS DISTINCT FROM 'lost')"""
 
 
 @dataclass(frozen=True)
@@ -182,6 +202,8 @@ class ProducerStatements:
     idempotency_lock: bytes
     wal_emit: bytes
     wal_emit_one: bytes
+    wal_emit_checked: bytes
+    wal_emit_one_checked: bytes
 
 
 def _names(schema: str | None) -> Names:
@@ -202,8 +224,10 @@ producer_statements = registry(
         "insert_one": (_INSERT_ONE, {"guard": ""}),
         "insert_one_idempotent": (_INSERT_ONE, {"guard": _GUARD}),
         "idempotency_lock": _IDEMPOTENCY_LOCK,
-        "wal_emit": _WAL_EMIT,
-        "wal_emit_one": _WAL_EMIT_ONE,
+        "wal_emit": (_WAL_EMIT, {"slot_check": ""}),
+        "wal_emit_one": (_WAL_EMIT_ONE, {"slot_check": ""}),
+        "wal_emit_checked": (_WAL_EMIT, {"slot_check": _SLOT_CHECK}),
+        "wal_emit_one_checked": (_WAL_EMIT_ONE, {"slot_check": _SLOT_CHECK}),
     },
     _names,
 )

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 
 import click
-import psycopg
 
 from outbox import _migrate
-from outbox._errors import describe_database_error, missing_extra
-from outbox.exceptions import MissingDependencyError, OutboxError
+from outbox._errors import describe_cli_error, missing_extra
+from outbox._redact import install_log_redaction, redact, remember_secrets
+from outbox.exceptions import MissingDependencyError
 
 __all__ = ["database_url", "main"]
 
@@ -28,21 +29,23 @@ def database_url(url: str | None) -> str:
             "no database given: pass --url postgresql://user@host:5432/dbname "
             "or set OUTBOX_DATABASE_URL (or DATABASE_URL)"
         )
+    remember_secrets(url)  # masked wherever a driver's error might quote it
     return url
 
 
 class _Group(click.Group):
-    """Turns library and database errors into one clear line and exit status 2."""
+    """Turns library and database errors into one clear line and exit status 2, with every
+    secret masked (``outbox._redact``); installs the log redaction for the command's run."""
 
     def invoke(self, ctx: click.Context) -> object:
+        install_log_redaction()
         try:
             return super().invoke(ctx)
-        except OutboxError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
-        except psycopg.Error as exc:
-            click.echo(f"error: {describe_database_error(exc)}", err=True)
-            sys.exit(2)
+        except click.ClickException as exc:  # a usage error quotes the arguments it refused
+            exc.message = redact(exc.message)  # type: ignore[misc]  # Final only in the stubs
+            raise
+        except (click.exceptions.Exit, click.Abort):  # --help, --version, Ctrl-C at a prompt
+            raise
         except ModuleNotFoundError as exc:
             extra = missing_extra(exc)
             if extra is None:
@@ -52,6 +55,13 @@ class _Group(click.Group):
                 f"pip install 'outbox-inbox[{extra}]'",
                 err=True,
             )
+            sys.exit(2)
+        except Exception as exc:
+            line = describe_cli_error(exc)
+            if line is None:  # a bug: its traceback, with secrets masked too
+                click.echo(redact(traceback.format_exc()), err=True, nl=False)
+                sys.exit(1)
+            click.echo(f"error: {line}", err=True)
             sys.exit(2)
 
 

@@ -13,6 +13,17 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from outbox._limits import (
+    DEFAULT_MAX_RECEIVE_BYTES,
+    MAX_CONTENT_TYPE_BYTES,
+    MAX_CREATED_AT_CHARS,
+    MAX_HEADER_NAME_BYTES,
+    MAX_HEADER_VALUE_BYTES,
+    MAX_KEY_BYTES,
+    MAX_RECEIVED_HEADERS,
+    MAX_SEQ_DIGITS,
+    MAX_TOPIC_BYTES,
+)
 from outbox.exceptions import InvalidMessageError
 
 __all__ = [
@@ -23,9 +34,11 @@ __all__ = [
     "HEADER_SEQ",
     "HEADER_TOPIC",
     "HEADER_TRACEPARENT",
+    "REFUSAL_REASONS",
     "RESERVED_PREFIX",
     "Envelope",
     "is_reserved_header",
+    "shown",
 ]
 
 RESERVED_PREFIX = "outbox-"
@@ -39,6 +52,17 @@ HEADER_TRACEPARENT = "traceparent"
 #: ``payload`` is the body's field in a Redis Streams entry; ``nats-msg-id`` is JetStream's dedup
 #: header. Neither may be a user header, and neither is returned as one.
 _RESERVED_EXACT = frozenset({HEADER_CONTENT_TYPE, HEADER_TRACEPARENT, "payload", "nats-msg-id"})
+
+#: Why a decoder refuses a broker message: the ``reason`` of its :class:`InvalidMessageError`
+#: and the ``reason`` label of the consumers' ``inbox_refused`` counter (a closed set, so the
+#: label's cardinality is bounded). ``invalid``: refused by the inbox's own checks after
+#: decoding; ``error``: an unexpected exception while decoding or handling (a bug, logged
+#: with its traceback).
+REFUSAL_REASONS = frozenset({
+    "too_many_headers", "bad_header", "missing_header", "bad_id", "bad_topic", "bad_key",
+    "bad_seq", "bad_created_at", "payload_too_large", "not_utf8", "bad_format", "invalid",
+    "error",
+})  # fmt: skip
 
 
 def is_reserved_header(name: str) -> bool:
@@ -76,47 +100,151 @@ class Envelope:
         return out
 
     @classmethod
-    def from_headers(cls, headers: Mapping[str, str], payload: bytes) -> Envelope:
-        """Rebuild an envelope from broker headers; a clear error names a missing field."""
-        lowered = {k.lower(): v for k, v in headers.items()}
+    def from_headers(
+        cls,
+        headers: Mapping[str, str],
+        payload: bytes,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+    ) -> Envelope:
+        """Rebuild an envelope from broker headers, or raise :class:`InvalidMessageError`
+        naming what is wrong (its ``reason`` is one of :data:`REFUSAL_REASONS`).
+
+        The input may be hostile: every bound (``outbox._limits``) is checked before the work
+        that grows with it, and what is shown of a value in the error is cut short and escaped.
+        What could be read of the message (id, topic, key, seq) rides on the error, so a
+        consumer can record it dead.
+        """
+        if len(headers) > MAX_RECEIVED_HEADERS:
+            raise InvalidMessageError(
+                f"broker message has {len(headers)} headers, above the maximum of "
+                f"{MAX_RECEIVED_HEADERS}: it was not published by the outbox relay",
+                reason="too_many_headers",
+            )
+        lowered: dict[str, str] = {}
+        for name, value in headers.items():
+            if not (name.__class__ is str and value.__class__ is str):
+                raise InvalidMessageError(
+                    f"broker message header {shown(name)} is not text", reason="bad_header"
+                )
+            # text of a quarter of the bound in characters is within it in bytes: one len()
+            # each decides the common case
+            if (len(name) > _NAME_CHARS or len(value) > _VALUE_CHARS) and (
+                _too_long(name, MAX_HEADER_NAME_BYTES) or _too_long(value, MAX_HEADER_VALUE_BYTES)
+            ):
+                raise InvalidMessageError(
+                    f"broker message header {shown(name)} is longer than the maximum "
+                    f"({MAX_HEADER_NAME_BYTES} bytes a name, {MAX_HEADER_VALUE_BYTES} a value)",
+                    reason="bad_header",
+                )
+            lowered[name.lower()] = value
         missing = [h for h in (HEADER_ID, HEADER_TOPIC, HEADER_KEY, HEADER_SEQ) if h not in lowered]
         if missing:
             raise InvalidMessageError(
                 f"broker message lacks the outbox header(s) {', '.join(missing)}: it was not "
                 "published by the outbox relay",
                 missing=missing,
+                reason="missing_header",
             )
+        topic, key = lowered[HEADER_TOPIC], lowered[HEADER_KEY]
         # What is known of the message rides on the error, so a consumer can record it dead.
-        known: dict[str, object] = {"topic": lowered[HEADER_TOPIC], "key": lowered[HEADER_KEY]}
+        known: dict[str, object] = {"topic": topic, "key": key}
+        raw_id = lowered[HEADER_ID]
         try:
-            known["message_id"] = msg_id = uuid.UUID(lowered[HEADER_ID])
+            known["message_id"] = msg_id = uuid.UUID(raw_id)
         except ValueError as exc:
             raise InvalidMessageError(
-                f"malformed outbox header {HEADER_ID}={lowered[HEADER_ID]!r}: not a UUID", **known
+                f"malformed outbox header {HEADER_ID}={shown(raw_id)}: not a UUID",
+                reason="bad_id",
+                **known,
             ) from exc
+        for name, text, limit in ((HEADER_TOPIC, topic, MAX_TOPIC_BYTES),
+                                  (HEADER_KEY, key, MAX_KEY_BYTES)):  # fmt: skip
+            if not text.strip() or "\x00" in text or _too_long(text, limit):
+                raise InvalidMessageError(
+                    f"malformed outbox header {name}={shown(text)}: must be non-blank text "
+                    f"without NUL of at most {limit} bytes (what publish() accepts)",
+                    reason="bad_topic" if name == HEADER_TOPIC else "bad_key",
+                    **known,
+                )
         raw_seq = lowered[HEADER_SEQ]
-        if not (raw_seq.isascii() and raw_seq.isdigit()):
+        # digits only (no sign, space, '_' or other script), counted before int() reads them
+        if not (raw_seq.isascii() and raw_seq.isdigit()) or len(raw_seq) > MAX_SEQ_DIGITS:
             raise InvalidMessageError(
-                f"malformed outbox header {HEADER_SEQ}={raw_seq!r}: not a positive integer",
+                f"malformed outbox header {HEADER_SEQ}={shown(raw_seq)}: not a positive integer "
+                f"of at most {MAX_SEQ_DIGITS} digits",
+                reason="bad_seq",
                 **known,
             )
-        known["seq"] = seq = int(raw_seq)
-        created = lowered.get(HEADER_CREATED_AT)
-        try:
-            created_at = dt.datetime.fromisoformat(created) if created else None
-        except ValueError as exc:
+        seq = int(raw_seq)
+        if not 1 <= seq < 2**63:
             raise InvalidMessageError(
-                f"malformed outbox header {HEADER_CREATED_AT}={created!r}: not an ISO 8601 time",
+                f"malformed outbox header {HEADER_SEQ}={shown(raw_seq)}: seq must be a positive "
+                "int below 2**63 (a PostgreSQL bigint)",
+                reason="bad_seq",
                 **known,
-            ) from exc
+            )
+        known["seq"] = seq
+        created = lowered.get(HEADER_CREATED_AT)
+        created_at = None
+        if created:
+            try:
+                if len(created) > MAX_CREATED_AT_CHARS:
+                    raise ValueError("too long")
+                created_at = dt.datetime.fromisoformat(created)
+            except ValueError as exc:
+                raise InvalidMessageError(
+                    f"malformed outbox header {HEADER_CREATED_AT}={shown(created)}: not an "
+                    "ISO 8601 time",
+                    reason="bad_created_at",
+                    **known,
+                ) from exc
+        content_type = lowered.get(HEADER_CONTENT_TYPE, "application/json")
+        if _too_long(content_type, MAX_CONTENT_TYPE_BYTES):
+            raise InvalidMessageError(
+                f"malformed header {HEADER_CONTENT_TYPE}={shown(content_type)}: longer than "
+                f"{MAX_CONTENT_TYPE_BYTES} bytes",
+                reason="bad_header",
+                **known,
+            )
+        if len(payload) > max_payload_bytes:
+            raise InvalidMessageError(
+                f"broker message body is {len(payload)} bytes, above the consumer's "
+                f"max_payload_bytes={max_payload_bytes}: raise it if your producers publish "
+                "larger messages",
+                reason="payload_too_large",
+                **known,
+            )
         return cls(
             id=msg_id,
-            topic=lowered[HEADER_TOPIC],
-            key=lowered[HEADER_KEY],
+            topic=topic,
+            key=key,
             seq=seq,
             payload=bytes(payload),
-            content_type=lowered.get(HEADER_CONTENT_TYPE, "application/json"),
+            content_type=content_type,
             headers={k: v for k, v in headers.items() if not is_reserved_header(k)},
             traceparent=lowered.get(HEADER_TRACEPARENT),
             created_at=created_at,
         )
+
+
+_NAME_CHARS = MAX_HEADER_NAME_BYTES // 4
+_VALUE_CHARS = MAX_HEADER_VALUE_BYTES // 4
+
+
+def _too_long(text: str, max_bytes: int) -> bool:
+    """True when ``text`` is more than ``max_bytes`` in UTF-8 (a lone surrogate counts 3)."""
+    if len(text) > max_bytes:
+        return True
+    if len(text) * 4 <= max_bytes or text.isascii():
+        return False
+    return len(text.encode("utf-8", "surrogatepass")) > max_bytes
+
+
+def shown(value: object, limit: int = 48) -> str:
+    """``value`` as an error or a log line may show it: escaped (``repr``: no control character
+    reaches a terminal) and cut to about ``limit`` characters (no hostile megabyte in a log)."""
+    if isinstance(value, str | bytes) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} long)"
+    text = repr(value)
+    return text if len(text) <= 4 * limit else text[: 4 * limit] + "..."

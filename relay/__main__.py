@@ -6,20 +6,24 @@ import sys
 
 import click
 
-from outbox.exceptions import OutboxError
+from outbox._errors import describe_cli_error
 from relay.cli import commands, relay_cmd
 
 
 def main() -> None:
-    """Run the command; a library error is one line on stderr and exit status 2 (as ``outbox``)."""
+    """Run the command; a library or database error is one line on stderr and exit status 2
+    (as ``outbox``)."""
     try:
         if len(sys.argv) > 1 and sys.argv[1] in {c.name for c in commands}:
             group = click.Group("relay", commands={c.name or "": c for c in commands})
             group(prog_name="python -m relay")
         else:
             relay_cmd(prog_name="python -m relay")
-    except OutboxError as exc:
-        click.echo(f"error: {exc}", err=True)
+    except Exception as exc:
+        line = describe_cli_error(exc)  # the library's and the database's errors, masked
+        if line is None:
+            raise
+        click.echo(f"error: {line}", err=True)
         sys.exit(2)
 
 

@@ -7,6 +7,7 @@ their audit rows in the same statement as the change.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import uuid
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from outbox._statements import WAKEUP_CHANNEL
 from outbox.exceptions import ConfigurationError
 from outbox.schema import OUTBOX_CAPTURE, check_identifier
 from relay._queries import RelayStatements, relay_statements
+from relay._slot import SlotHealth, default_slot
 
 __all__ = [
     "DeadFilter",
@@ -82,8 +84,9 @@ class RelayStatus:
 
     topics: list[dict[str, Any]] = field(default_factory=list)
     relays: list[dict[str, Any]] = field(default_factory=list)
-    #: mode, slot, publication; in 'wal' mode the slot's state (active, lag_bytes,
-    #: retained_bytes, wal_status; missing: the slot does not exist)
+    #: mode, slot, publication; with a slot: its state (relay/_slot.py: slot_state, the slot's
+    #: database, and for a slot of this database active, lag_bytes, retained_bytes,
+    #: wal_status) and ``problem``, the alert-worthy text or None
     capture: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -115,19 +118,18 @@ def _capture_state(conn: psycopg.Connection[Any], stmts: RelayStatements) -> dic
         return {"mode": "polling"}
     state: dict[str, Any] = {"mode": row[0], "slot": row[1], "publication": row[2]}
     if row[1] is not None:
-        slot = conn.execute(stmts.capture_slot, {"slot": row[1]}).fetchone()
-        state["slot_exists"] = slot is not None
-        if slot is not None:
-            state.update(
-                active=slot[1], lag_bytes=slot[2], retained_bytes=slot[3], wal_status=slot[4]
-            )
+        state.update(_slot(conn, stmts, row[1]).as_status(row[0]))
     return state
+
+
+def _slot(conn: psycopg.Connection[Any], stmts: RelayStatements, slot: str) -> SlotHealth:
+    return SlotHealth.of_row(conn.execute(stmts.capture_slot, {"slot": slot}).fetchone())
 
 
 def enable_capture(
     url: str,
     *,
-    slot: str = "outbox_relay",
+    slot: str | None = None,
     publication: str = "outbox_capture",
     schema: str | None = None,
 ) -> dict[str, Any]:
@@ -137,9 +139,16 @@ def enable_capture(
     whatever it holds) and the logical slot (pgoutput) unless they exist, then flips the mode.
     The slot exists before any writer emits a message, so none is ever missed. Needs a role
     with REPLICATION (to create the slot) and CREATE on the database (the publication).
+
+    ``slot`` None: the slot the database already has, else ``outbox_<database>``
+    (:func:`~relay._slot.default_slot`): slot names are global to the server, so each database
+    gets its own. A slot of another database, a physical one, one with another plugin or an
+    invalidated one is refused with what to do; so is a switch to another slot while this
+    database's slot still holds what it has not captured.
     """
-    check_identifier(slot)
-    check_identifier(publication)
+    if slot is not None:
+        check_identifier(slot, "replication slot")
+    check_identifier(publication, "publication")
     stmts = relay_statements(schema)
     with psycopg.connect(url, autocommit=True) as conn:
         level = conn.execute("SHOW wal_level").fetchone()
@@ -151,32 +160,143 @@ def enable_capture(
                 "max_wal_senders must be at least 1 (the defaults are 10)",
                 setting="wal_level",
             )
+        _refuse_second_schema(conn, schema)
+        slot = _choose_slot(conn, stmts, slot)
         exists = conn.execute(
             "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
         ).fetchone()
         if exists is None:
             conn.execute(sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(publication)))
-        has_slot = conn.execute(
-            "SELECT plugin FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-        ).fetchone()
-        if has_slot is None:
-            conn.execute(
-                "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,)
-            )
-        elif has_slot[0] != "pgoutput":
+        health = _slot(conn, stmts, slot)
+        if health.state == "missing":
+            # created meanwhile, perhaps by another database: checked below
+            with contextlib.suppress(psycopg.errors.DuplicateObject):
+                conn.execute(
+                    "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,)
+                )
+            health = _slot(conn, stmts, slot)
+        _refuse_unusable(health)
+        # The slot is checked again in the UPDATE itself: one dropped since is not recorded.
+        # Writers check it on every emit anyway (outbox/_statements.py).
+        cur = conn.execute(
+            sql.SQL(
+                "UPDATE {} SET mode = 'wal', slot = %(slot)s, publication = %(publication)s, "
+                "changed_at = clock_timestamp() WHERE EXISTS (SELECT 1 FROM "
+                "pg_catalog.pg_replication_slots AS s WHERE s.slot_name = %(slot)s "
+                "AND s.database = current_database())"
+            ).format(_capture_table(schema)),
+            {"slot": slot, "publication": publication},
+        )
+        if cur.rowcount != 1:
             raise ConfigurationError(
-                f"replication slot {slot!r} exists with plugin {has_slot[0]!r}, not pgoutput: "
-                "choose another --slot, or drop that slot if nothing else uses it",
+                f"replication slot {slot!r} was dropped while capture was being enabled; "
+                "the mode is unchanged: run `outbox capture enable` again",
                 slot=slot,
             )
-        conn.execute(
-            sql.SQL(
-                "UPDATE {} SET mode = 'wal', slot = %s, publication = %s, "
-                "changed_at = clock_timestamp()"
-            ).format(_capture_table(schema)),
-            (slot, publication),
-        )
         return _capture_state(conn, stmts)
+
+
+def _refuse_second_schema(conn: psycopg.Connection[Any], schema: str | None) -> None:
+    """Refuse 'wal' mode while another schema of this database is in it, or still has a slot
+    here: a slot decodes every logical message of its database, so that schema's relays
+    would record this schema's messages as their own."""
+    ours = conn.execute(
+        "SELECT to_regclass(%s)::oid", (_capture_table(schema).as_string(conn),)
+    ).fetchone()
+    others = conn.execute(
+        "SELECT c.oid, n.nspname FROM pg_catalog.pg_class AS c "
+        "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+        "WHERE c.relname = %s AND c.relkind = 'r' ORDER BY n.nspname",
+        (OUTBOX_CAPTURE,),
+    ).fetchall()
+    for oid, namespace in others:
+        if ours is not None and oid == ours[0]:
+            continue
+        try:
+            row = conn.execute(
+                sql.SQL(
+                    "SELECT c.mode, c.slot FROM {} AS c WHERE c.mode = 'wal' OR EXISTS ("
+                    "SELECT 1 FROM pg_catalog.pg_replication_slots AS s "
+                    "WHERE s.slot_name = c.slot AND s.database = current_database())"
+                ).format(sql.Identifier(namespace, OUTBOX_CAPTURE))
+            ).fetchone()
+        except psycopg.errors.InsufficientPrivilege:
+            continue  # not readable by this role: not an outbox this operator runs
+        if row is None:
+            continue
+        what = (
+            "is in 'wal' mode"
+            if row[0] == "wal"
+            else f"still has its replication slot {row[1]!r} (drop it once `outbox capture "
+            f"status --schema {namespace}` shows no lag)"
+        )
+        raise ConfigurationError(
+            f"the outbox in schema {namespace!r} of this database {what}: a slot decodes "
+            "every logical message of its database, so that schema's relays would record "
+            "this schema's messages as their own. Use 'wal' mode for one schema per database",
+            schema=namespace,
+        )
+
+
+def _choose_slot(
+    conn: psycopg.Connection[Any], stmts: RelayStatements, slot: str | None
+) -> str:
+    """The slot to enable with: the one asked for, else the database's own, else the default;
+    refused: a switch away from a slot of this database that still exists (what it has not
+    captured would never be)."""
+    row = conn.execute(stmts.capture_mode).fetchone()
+    recorded = row[1] if row is not None else None
+    own = recorded is not None and _slot(conn, stmts, recorded).own
+    if slot is None:
+        if own:
+            return str(recorded)
+        database = conn.execute("SELECT current_database()").fetchone()
+        return default_slot(str(database[0] if database else ""))
+    if own and recorded != slot:
+        raise ConfigurationError(
+            f"this database captures through replication slot {recorded!r}; switching to "
+            f"{slot!r} would leave what {recorded!r} has not captured yet unpublished. Run "
+            "`outbox capture disable`, wait until `outbox capture status` shows no lag, drop "
+            f"it (SELECT pg_drop_replication_slot('{recorded}')), then enable with "
+            f"--slot {slot}; or keep it: --slot {recorded}",
+            slot=slot,
+        )
+    return slot
+
+
+def _refuse_unusable(health: SlotHealth) -> None:
+    """A ConfigurationError naming what is wrong with the slot and what to pass instead."""
+    slot, state = health.slot, health.state
+    if state == "ok":
+        return
+    if state == "foreign":
+        owner = (
+            f"belongs to database {health.database!r}"
+            if health.database is not None
+            else "is a physical replication slot"
+        )
+        raise ConfigurationError(
+            f"replication slot {slot!r} {owner}, not to {health.this_database!r}: a slot "
+            "decodes only the database it was created in, and slot names are global to the "
+            f"server. Pass --slot NAME with a name no other database uses (the default for "
+            f"this database is {default_slot(health.this_database)!r})",
+            slot=slot,
+        )
+    if state == "plugin":
+        raise ConfigurationError(
+            f"replication slot {slot!r} exists with plugin {health.plugin!r}, not pgoutput: "
+            "choose another --slot, or drop that slot if nothing else uses it",
+            slot=slot,
+        )
+    if state == "invalidated":
+        raise ConfigurationError(
+            f"replication slot {slot!r} is invalidated (wal_status {health.wal_status}): it "
+            "can decode nothing any more, and what it had not captured is lost (docs/"
+            "capture.md says how to find it). Drop it (SELECT pg_drop_replication_slot("
+            f"'{slot}')) and run `outbox capture enable` again",
+            slot=slot,
+        )
+    raise ConfigurationError(f"replication slot {slot!r} could not be created", slot=slot)
 
 
 def disable_capture(url: str, *, schema: str | None = None) -> dict[str, Any]:

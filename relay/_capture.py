@@ -47,6 +47,7 @@ from relay._dispatch import Dispatcher
 from relay._queries import RelayStatements
 from relay._replication import CommittedTransaction, ReplicationStream
 from relay._retry import Backoff, retry
+from relay._slot import SlotHealth
 from relay._state import RunState
 from relay.exceptions import CaptureLeaseLostError
 
@@ -58,6 +59,8 @@ log = logging.getLogger("relay")
 RECHECK_SECONDS = 1.0
 #: the longest a capturing relay waits for a transaction before confirming the idle stream
 IDLE_WAIT_SECONDS = 0.5
+#: how often a slot that cannot capture this database is logged again while it lasts
+REPORT_EVERY_SECONDS = 300.0
 
 
 @dataclass
@@ -88,6 +91,9 @@ class WalCapture:
         self._state = state
         #: True while this relay holds the capture lock and streams the slot
         self.capturing = False
+        #: (slot, state, mode) of the slot problem last logged, and when to log it again
+        self._reported: tuple[str, str, str] | None = None
+        self._report_again = 0.0
 
     async def run(self) -> None:
         async def capture_once() -> None:
@@ -107,17 +113,37 @@ class WalCapture:
     async def _setting(self) -> tuple[str, str, bool] | None:
         """(slot, publication, draining): streaming in 'wal' mode; draining after a switch
         back to polling while the slot exists (what writers emitted before the switch, or in
-        transactions that commit after it, is still published); None: nothing to stream."""
+        transactions that commit after it, is still published); None: nothing to stream, or
+        the slot cannot capture this database (missing, another database's, invalidated:
+        logged as an error, see :meth:`_report`; writers write rows meanwhile)."""
         async with self._pool.connection() as conn:
             row = await (await conn.execute(self._stmts.capture_mode)).fetchone()
             if row is None or row[1] is None:
                 return None
-            if row[0] == MODE_WAL:
-                return str(row[1]), str(row[2]), False
             cur = await conn.execute(self._stmts.capture_slot, {"slot": row[1]})
-            if await cur.fetchone() is None:  # dropped after the switch: nothing left
-                return None
-        return str(row[1]), str(row[2]), True
+            health = SlotHealth.of_row(await cur.fetchone())
+        self._report(health, str(row[0]))
+        if health.state != "ok":
+            return None  # not a slot of ours to stream (after a drain and a drop: all done)
+        return str(row[1]), str(row[2]), row[0] != MODE_WAL
+
+    def _report(self, health: SlotHealth, mode: str) -> None:
+        """Log a slot that cannot capture this database, at once and then every
+        :data:`REPORT_EVERY_SECONDS` while it lasts, with its recovery (the metrics and `outbox
+        status` show it too)."""
+        problem = health.problem(mode)
+        seen = (health.slot, health.state, mode) if problem else None
+        now = time.monotonic()
+        if problem and (seen != self._reported or now >= self._report_again):
+            log.error("relay %s: %s", self._config.relay_id, problem)
+            self._report_again = now + REPORT_EVERY_SECONDS
+        elif seen is None and self._reported is not None and health.state == "ok":
+            log.warning(
+                "relay %s: replication slot %s captures this database again",
+                self._config.relay_id,
+                health.slot,
+            )
+        self._reported = seen
 
     async def _lead(self, slot: str, publication: str, draining: bool) -> None:
         """Take the capture lock and stream, until stopped, drained, the stream fails or the

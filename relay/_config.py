@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
 from outbox.schema import check_identifier
 
@@ -73,6 +74,15 @@ def _default_relay_id() -> str:
 @dataclass(frozen=True)
 class RelayConfig:
     """Settings of one relay process. See docs/relay.md for each one."""
+
+    def __repr__(self) -> str:  # the URLs' secrets masked: a config may reach a log or an error
+        shown = (
+            f"{f.name}={redact(value)!r}"
+            if f.name.endswith("_url") and isinstance(value := getattr(self, f.name), str)
+            else f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+        )
+        return f"RelayConfig({', '.join(shown)})"
 
     #: the outbox's PostgreSQL (libpq URL)
     database_url: str

@@ -7,6 +7,8 @@ import logging
 import time
 from typing import Any
 
+from outbox._redact import install_log_redaction
+
 __all__ = ["JsonFormatter", "configure_logging"]
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -26,6 +28,8 @@ class JsonFormatter(logging.Formatter):
         out.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # formatted (and masked) by the RedactingFilter
+            out["exc"] = record.exc_text
         return json.dumps(out, default=str)
 
 
@@ -35,6 +39,7 @@ def configure_logging(level: str = "info", fmt: str = "text") -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    install_log_redaction(handler)  # every record, a library's too, with secrets masked
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -17,6 +17,7 @@ import psycopg
 from outbox._noop_metric import NoopMetric
 from outbox.exceptions import ConfigurationError
 from relay._queries import RelayStatements
+from relay._slot import SLOT_STATES, SlotHealth
 
 __all__ = ["MetricsServer", "RelayMetrics"]
 
@@ -33,6 +34,7 @@ class RelayMetrics:
             self.backlog = self.oldest_pending = self.dead_rows = noop
             self.destination_paused = self.destination_errors = noop
             self.slot_lag = self.slot_retained = self.slot_active = noop
+            self.slot_ok = self.slot_state = noop
             return
         from prometheus_client import Counter, Gauge, Histogram
 
@@ -90,6 +92,22 @@ class RelayMetrics:
             ["slot"],
             **kw,
         )
+        self.slot_ok = Gauge(
+            "outbox_capture_slot_ok",
+            "0 while the slot cannot capture this database (missing, another database's, "
+            "another plugin's, or invalidated) in 'wal' mode, or is invalidated: alert on it",
+            ["slot"],
+            **kw,
+        )
+        self.slot_state = Gauge(
+            "outbox_capture_slot_state",
+            "1 for the slot's state (ok, missing, foreign, plugin, invalidated) and the "
+            "database it decodes, 0 for the other states",
+            ["slot", "database", "state"],
+            **kw,
+        )
+        #: the (slot, database) the slot_state series were last set for
+        self._slot_labels: tuple[str, str] | None = None
 
     @classmethod
     def disabled(cls) -> RelayMetrics:
@@ -126,14 +144,26 @@ class RelayMetrics:
             return  # never switched to 'wal': no slot to watch
         slot_name = str(mode[1])
         cur = await conn.execute(stmts.capture_slot, {"slot": slot_name})
-        slot = await cur.fetchone()
-        if slot is None:  # dropped, or lost: docs/capture.md says how to recover
+        slot = SlotHealth.of_row(await cur.fetchone())
+        labels = (slot_name, slot.database or "")
+        if labels != self._slot_labels:
+            # Series only for the slot (and database) the mode row names now: a slot left
+            # behind must not keep an alert firing.
+            for gauge in (
+                self.slot_ok, self.slot_state, self.slot_active, self.slot_lag,
+                self.slot_retained,
+            ):  # fmt: skip
+                gauge.clear()
+            self._slot_labels = labels
+        self.slot_ok.labels(slot_name).set(0 if slot.problem(str(mode[0])) else 1)
+        for state in SLOT_STATES:
+            self.slot_state.labels(*labels, state).set(1 if state == slot.state else 0)
+        if not slot.own:  # missing, or another database's: its lag says nothing of ours
             self.slot_active.labels(slot_name).set(-1)
             return
-        _name, active, lag, retained, _status = slot
-        self.slot_active.labels(slot_name).set(1 if active else 0)
-        self.slot_lag.labels(slot_name).set(lag or 0)
-        self.slot_retained.labels(slot_name).set(retained or 0)
+        self.slot_active.labels(slot_name).set(1 if slot.active else 0)
+        self.slot_lag.labels(slot_name).set(slot.lag_bytes or 0)
+        self.slot_retained.labels(slot_name).set(slot.retained_bytes or 0)
 
 
 class MetricsServer:

@@ -567,14 +567,30 @@ UPDATE {messages} AS m
  WHERE m.id = u.id
 """
 
-# outbox_capture_slot: the slot as `outbox status` shows it: whether a relay streams it, how far
-# its confirmed position is behind the server's WAL, and how much WAL it keeps.
+# outbox_capture_slot: the slot as `outbox status` shows it, and whether it can capture this
+# database's messages. One row, also when there is no such slot. A slot name is global to the
+# server and a logical slot decodes the database it was created in only, so `state` is:
+# 'ok'; 'missing' (no slot of that name); 'foreign' (another database's slot, or a physical
+# one: it decodes nothing of this database); 'plugin' (a slot of this database with another
+# output plugin than pgoutput); 'invalidated' (its WAL is gone: wal_status 'lost', or on
+# PostgreSQL 16+ invalidated for another reason; read through to_jsonb so that the query runs
+# on servers without those columns). The writers' emit makes the same check
+# (outbox/_statements.py): in 'wal' mode they write rows unless the state is 'ok'.
 _CAPTURE_SLOT = """
-SELECT s.slot_name, s.active,
+SELECT w.name AS slot_name, s.active,
        pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
        pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint AS retained_bytes,
-       s.wal_status
-FROM pg_replication_slots AS s WHERE s.slot_name = %(slot)s
+       s.wal_status, s.database, s.plugin, s.confirmed_flush_lsn::text AS confirmed_lsn,
+       CASE WHEN s.slot_name IS NULL THEN 'missing'
+            WHEN s.database IS DISTINCT FROM current_database() THEN 'foreign'
+            WHEN s.plugin IS DISTINCT FROM 'pgoutput' THEN 'plugin'
+            WHEN s.wal_status = 'lost'
+                 OR coalesce((to_jsonb(s) ->> 'conflicting')::boolean, false)
+                 OR to_jsonb(s) ->> 'invalidation_reason' IS NOT NULL THEN 'invalidated'
+            ELSE 'ok' END AS state,
+       current_database() AS this_database
+FROM (SELECT %(slot)s::text AS name) AS w
+LEFT JOIN pg_catalog.pg_replication_slots AS s ON s.slot_name = w.name
 """
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from outbox._redact import redact
 from relay._config import RelayConfig
 from relay._metrics import RelayMetrics
 from relay._queries import RelayStatements
@@ -27,7 +28,7 @@ from relay._retry import Backoff, retry
 from relay._state import RunState
 from relay.exceptions import RelayIdInUseError
 
-__all__ = ["Registration", "redact"]
+__all__ = ["Registration"]
 
 log = logging.getLogger("relay")
 
@@ -55,7 +56,7 @@ class Registration:
         """The registration's parameters (``outbox status`` shows the config part)."""
         cfg = self.config
         config = {
-            "broker": redact(cfg.broker_url),
+            "broker": redact(cfg.broker_url) if cfg.broker_url else None,
             "batch_size": cfg.batch_size,
             "lease_seconds": cfg.lease_seconds,
             "instance": self.instance,
@@ -129,7 +130,7 @@ class Registration:
                         next_retention = time.monotonic() + self.config.retention_interval
                 self._state.db_ok()
             except Exception as exc:
-                log.warning("relay: heartbeat failed (%s)", exc)
+                log.warning("relay: heartbeat failed (%s)", redact(exc))
             await self._state.sleep(self.config.heartbeat_interval)
 
     async def _retention(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -148,10 +149,3 @@ class Registration:
         if total:
             log.info("relay: retention deleted %d published rows", total)
 
-
-def redact(url: str | None) -> str | None:
-    """``url`` without its credentials (what the registration may show)."""
-    if not url or "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"

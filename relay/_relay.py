@@ -18,9 +18,11 @@ import time
 import uuid
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from outbox._errors import schema_not_installed
+from outbox._errors import connect_failure, describe_database_error, schema_not_installed
+from outbox._redact import redact, redact_library_logs, remember_secrets
 from outbox.exceptions import ConfigurationError
 from relay._capture import WalCapture
 from relay._claim import Claim, claim_batch, relay_session, resume_point
@@ -39,6 +41,9 @@ __all__ = ["Relay"]
 
 log = logging.getLogger("relay")
 
+#: seconds a connection attempt may take at start-up (a host that drops packets never answers)
+_CONNECT_BOUND = 10.0
+
 
 class Relay:
     """Publishes committed outbox messages through ``publisher``, in per-key order.
@@ -52,6 +57,8 @@ class Relay:
         self, config: RelayConfig, publisher: Publisher, *, metrics: RelayMetrics | None = None
     ) -> None:
         _check_ack_timeout(config, publisher)
+        remember_secrets(config.database_url, config.broker_url)  # masked in every output
+        redact_library_logs()
         self.config = config
         self.publisher = publisher
         self.metrics = metrics or RelayMetrics.disabled()
@@ -110,9 +117,15 @@ class Relay:
         """Relay until stopped. Never raises for broker or database outages: it retries.
 
         Raises SchemaNotInstalledError at once when the database answers but the outbox tables
-        are missing (or too old), and RelayIdInUseError when another live relay process has
-        registered this relay id: retrying would not help.
+        are missing (or too old), RelayIdInUseError when another live relay process has
+        registered this relay id, and ConfigurationError when the database can never answer
+        (it does not exist, the login is refused, the URL is malformed): retrying would not
+        help.
         """
+        await self._wait_for_database()
+        if self.state.stopping:  # stopped while the database was still unreachable
+            log.info("relay %s stopped", self.config.relay_id)
+            return
         pool = AsyncConnectionPool(
             self.config.database_url,
             min_size=1,
@@ -150,6 +163,42 @@ class Relay:
             await self._loop(pool)
         finally:
             await self._shutdown(pool, background)
+
+    async def _wait_for_database(self) -> None:
+        """Connect once before the pool opens (the pool would retry anything, twice a second).
+
+        A failure that no retry can heal (the database does not exist, the login is refused,
+        the URL is malformed) raises ConfigurationError at once, in one line with the hint the
+        other commands give. One that can heal (refused, no answer, starting up or shutting
+        down, out of connection slots) is retried with the database backoff, logged once per
+        change of reason rather than per attempt.
+        """
+        last: str | None = None
+        while not self.state.stopping:
+            try:
+                async with asyncio.timeout(_CONNECT_BOUND):
+                    conn = await psycopg.AsyncConnection.connect(self.config.database_url)
+            except (psycopg.Error, TimeoutError) as exc:
+                if isinstance(exc, psycopg.Error) and connect_failure(exc) is not None:
+                    raise ConfigurationError(
+                        f"the relay cannot use its database: {describe_database_error(exc)}"
+                    ) from None  # the driver's text is in the line, masked
+                reason = " ".join(redact(exc).split()) or f"no answer within {_CONNECT_BOUND:g}s"
+                delay = self.db_backoff.failed()
+                if reason != last:
+                    log.warning(
+                        "relay: database unreachable (%s); retrying with backoff until it "
+                        "answers",
+                        reason,
+                    )
+                last = reason
+                await self.state.sleep(delay)
+                continue
+            await conn.close()
+            if last is not None:
+                log.info("relay: database reachable again")
+            self.db_backoff.succeeded()
+            return
 
     async def _check_schema(self, pool: AsyncConnectionPool[Any]) -> None:
         """Wait for the database, then fail fast if the relay's tables are not installed."""

@@ -67,20 +67,29 @@ async def retry(
     None when the relay stops first (``state``; None: never stops) or when ``give_up(delay)``
     says the next attempt, ``delay`` seconds away, is too late.
     """
+    last_reason: str | None = None
     while state is None or not state.stopping:
         try:
             result = await attempt()
         except retry_on as exc:
             delay = backoff.failed()
+            reason = str(exc) or type(exc).__name__
             if give_up is not None and give_up(delay):
-                log.error("relay: %s failed (%s); giving up", what, exc)
+                log.error("relay: %s failed (%s); giving up", what, reason)
                 return None
-            log.warning("relay: %s failed (%s); retrying in %.1fs", what, exc, delay)
+            # one line per change of state, not per attempt: an outage of an hour at the
+            # longest backoff would otherwise repeat the same line every few seconds
+            level = logging.WARNING if reason != last_reason else logging.DEBUG
+            log.log(level, "relay: %s failed (%s); retrying with backoff (next in %.1fs)",
+                    what, reason, delay)  # fmt: skip
+            last_reason = reason
             if state is None:
                 await asyncio.sleep(delay)
             else:
                 await state.sleep(delay)
             continue
+        if last_reason is not None:
+            log.info("relay: %s succeeded after %d failed attempt(s)", what, backoff.failures)
         backoff.succeeded()
         return result
     return None

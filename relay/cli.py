@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from outbox._errors import one_line
+from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
 from relay._admin import (
     DeadFilter,
@@ -159,20 +160,20 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
             "paused_destinations": status.paused_destinations,
             "capture": status.capture,
         }
-        click.echo(json.dumps(document, default=str))
+        click.echo(redact(json.dumps(document, default=str)))
         return
     click.echo(f"{'topic':<24} {'pending':>8} {'leased':>7} {'dead':>6} {'oldest pending':>15}")
     for t in status.topics:
         oldest = f"{t['oldest_pending_s']:.1f}s" if t["oldest_pending_s"] is not None else "-"
-        click.echo(
-            f"{t['topic']:<24} {t['pending']:>8} {t['leased']:>7} {t['dead']:>6} {oldest:>15}"
-        )
+        topic = one_line(t["topic"])
+        click.echo(f"{topic:<24} {t['pending']:>8} {t['leased']:>7} {t['dead']:>6} {oldest:>15}")
     click.echo("")
     click.echo(f"{'relay':<36} {'pid':>7} {'last seen':>10} {'leased':>7}  topics")
     for r in status.relays:
-        topics = ",".join(r["topics"] or [])
+        topics = ",".join(one_line(t) for t in r["topics"] or [])
+        relay_id = one_line(r["relay_id"])
         click.echo(
-            f"{r['relay_id']:<36} {r['pid']:>7} {r['silent_s']:>9.1f}s {r['leased']:>7}  {topics}"
+            f"{relay_id:<36} {r['pid']:>7} {r['silent_s']:>9.1f}s {r['leased']:>7}  {topics}"
         )
     click.echo("")
     click.echo(_capture_line(status.capture))
@@ -181,26 +182,26 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
         click.echo("")
         click.echo("paused topics (their destination refuses messages; the others flow):")
         for p in paused:
-            reason = " ".join(str(p["reason"]).split())
             click.echo(
-                f"{p['topic']:<24} since {p['since']} ({p['refusals']} refusals, relay "
-                f"{p['relay_id']}): {reason}"
+                f"{one_line(p['topic']):<24} since {p['since']} ({p['refusals']} refusals, relay "
+                f"{one_line(p['relay_id'])}): {one_line(redact(p['reason']))}"
             )
 
 
 def _capture_line(state: dict[str, Any]) -> str:
-    """The capture mode in one line; in 'wal' mode the slot's lag and retained WAL."""
-    if state.get("mode") != "wal":
+    """The capture mode in one line: in 'wal' mode the slot, its database, lag and retained
+    WAL; a slot that cannot capture this database, in capitals with what to do."""
+    mode = state.get("mode") or "polling"
+    slot = state.get("slot")
+    problem = state.get("problem")
+    if problem:
+        return f"capture: {mode}, slot {slot} {str(state.get('slot_state')).upper()}: {problem}"
+    if mode != "wal":
         return "capture: polling"
-    if not state.get("slot_exists"):
-        return (
-            f"capture: wal, slot {state['slot']} MISSING: nothing is being captured; see "
-            "docs/capture.md (a lost slot)"
-        )
     return (
-        f"capture: wal, slot {state['slot']} {'streaming' if state['active'] else 'idle'}, "
-        f"lag {state['lag_bytes']} bytes, WAL retained {state['retained_bytes']} bytes "
-        f"({state['wal_status']})"
+        f"capture: wal, slot {slot} of database {state['slot_database']} "
+        f"{'streaming' if state['active'] else 'idle'}, lag {state['lag_bytes']} bytes, "
+        f"WAL retained {state['retained_bytes']} bytes ({state['wal_status']})"
     )
 
 
@@ -212,9 +213,16 @@ def capture_group() -> None:
 @capture_group.command("enable")
 @_url
 @_schema
-@click.option("--slot", default="outbox_relay", show_default=True, help="Logical slot name.")
+@click.option(
+    "--slot",
+    default=None,
+    help="Logical slot name (default: the database's slot, else outbox_<database>; slot "
+    "names are global to the server, so each database needs its own).",
+)
 @click.option("--publication", default="outbox_capture", show_default=True)
-def capture_enable_cmd(url: str | None, schema: str | None, slot: str, publication: str) -> None:
+def capture_enable_cmd(
+    url: str | None, schema: str | None, slot: str | None, publication: str
+) -> None:
     """Switch to WAL capture: create the slot and publication, then flip the mode."""
     state = enable_capture(database_url(url), slot=slot, publication=publication, schema=schema)
     click.echo(_capture_line(state))
@@ -233,7 +241,8 @@ def capture_disable_cmd(url: str | None, schema: str | None) -> None:
 @_schema
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def capture_status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
-    """The capture mode; in 'wal' mode the slot's lag and retained WAL."""
+    """The capture mode; the slot, the database it decodes, its lag and retained WAL, or what
+    keeps it from capturing this database."""
     state = relay_status(database_url(url), schema=schema).capture
     click.echo(json.dumps(state, default=str) if as_json else _capture_line(state))
 
@@ -294,13 +303,15 @@ def dead_list_cmd(
     if as_json:
         fields = ("id", "topic", "key", "seq", "attempts", "created_at", "last_error")
         rows = [{name: getattr(m, name) for name in fields} for m in found]
+        for row in rows:  # an error stored by an older relay may quote a broker URL
+            row["last_error"] = redact(row["last_error"]) if row["last_error"] else None
         click.echo(json.dumps(rows, default=str))
         return
     for m in found:
         click.echo(
             f"{m.id}  {one_line(m.topic)}  {one_line(m.key)}  seq={m.seq}  "
             f"attempts={m.attempts}  {m.created_at:%Y-%m-%d %H:%M:%S}  "
-            f"{one_line(m.last_error or '')}"
+            f"{one_line(redact(m.last_error or ''))}"
         )
 
 
@@ -324,7 +335,7 @@ def dead_show_cmd(message_id: str, url: str | None, schema: str | None) -> None:
                 "seq": m.seq,
                 "attempts": m.attempts,
                 "created_at": m.created_at.isoformat(),
-                "last_error": m.last_error,
+                "last_error": redact(m.last_error) if m.last_error else None,
                 "content_type": m.content_type,
                 "headers": m.headers,
                 "payload": m.payload.decode("utf-8", errors="replace"),

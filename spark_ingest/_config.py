@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from outbox._redact import redact, remember_secrets
 from outbox.exceptions import ConfigurationError
 from outbox.schema import check_identifier
 
@@ -137,13 +138,13 @@ class Source:
                 raise ValueError("port 0")
         except ValueError as exc:  # urlsplit: bad IPv6 brackets; .port: "99999", "abc"
             raise ConfigurationError(
-                f"source {self.name!r}: invalid URL {_redact(self.url)!r}: {exc}; expected "
+                f"source {self.name!r}: invalid URL {redact(self.url)!r}: {exc}; expected "
                 f"{expected} with a port from 1 to 65535",
                 source=self.name,
             ) from exc
         if parts.scheme not in ("postgresql", "postgres") or not parts.hostname:
             raise ConfigurationError(
-                f"source {self.name!r}: invalid URL {_redact(self.url)!r}: expected {expected}",
+                f"source {self.name!r}: invalid URL {redact(self.url)!r}: expected {expected}",
                 source=self.name,
             )
         if parts.password:
@@ -223,16 +224,19 @@ class Source:
                     f"source {self.name!r}: environment variable {self.password_env} is not set",
                     source=self.name,
                 )
+            remember_secrets({"password": value})  # masked if a driver's error quotes it
             return value
         if self.password_file:
             try:
-                return Path(self.password_file).read_text().strip()
+                secret = Path(self.password_file).read_text().strip()
             except OSError as exc:
                 raise ConfigurationError(
                     f"source {self.name!r}: cannot read password file {self.password_file}: "
                     f"{exc.strerror}",
                     source=self.name,
                 ) from exc
+            remember_secrets({"password": secret})
+            return secret
         return None
 
     def libpq_kwargs(self) -> dict[str, Any]:
@@ -265,16 +269,6 @@ class Source:
         return props
 
 
-def _redact(url: str) -> str:
-    try:
-        password = urlsplit(url.removeprefix("jdbc:")).password
-    except ValueError:  # unparsable: hide anything between ':' and '@' after the scheme
-        head, sep, rest = url.partition("://")
-        userinfo, at, host = rest.rpartition("@")
-        return f"{head}{sep}{userinfo.partition(':')[0]}:***@{host}" if at else url
-    if password:
-        return url.replace(f":{password}@", ":***@")
-    return url
 
 
 def database_of(source: Source) -> tuple[str, int, str]:

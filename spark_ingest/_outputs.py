@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from outbox._errors import one_line
 from spark_ingest._config import DISCREPANCY_CLASSES, Source
 from spark_ingest._errors import SourceError
 from spark_ingest._report import format_duration
@@ -214,7 +215,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     for item in summary["latency"]:
         e2e = item["end_to_end"]
         lines.append(
-            f"  latency {item['topic']} -> {item['consumer']}: n={item['n']} "
+            f"  latency {one_line(item['topic'])} -> {one_line(item['consumer'])}: n={item['n']} "
             f"p50 {format_duration(e2e['p50_ms'])}  p90 {format_duration(e2e['p90_ms'])}  "
             f"p99 {format_duration(e2e['p99_ms'])}  max {format_duration(e2e['max_ms'])}"
         )

@@ -25,6 +25,13 @@ JSON lines    ``{"destination", "headers", "payload" | "payload_base64"}`` (stdo
 
 Where a message goes (subject, exchange and routing key, stream, topic) is the relay's
 configuration (:class:`relay.brokers.Destinations`), not part of the wire format.
+
+Every ``decode`` is total: whatever a broker hands over (anyone who can write to it may have
+written it), it returns a valid envelope or raises
+:class:`~outbox.exceptions.InvalidMessageError` with a ``reason`` from
+:data:`outbox.envelope.REFUSAL_REASONS`, checking the bounds of ``outbox._limits`` (the ones
+``publish()`` applies, plus the consumer's ``max_payload_bytes``) before the work that grows
+with the input.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
 from outbox.envelope import Envelope
-from outbox.wire._text import text
+from outbox.wire._text import bounded, text, total
 
 __all__ = ["KafkaRecord", "decode", "encode", "fields"]
 
@@ -34,10 +35,17 @@ def encode(envelope: Envelope) -> KafkaRecord:
     return KafkaRecord(key=key, value=value, headers=headers)
 
 
-def decode(headers: Iterable[tuple[str, bytes | None]] | None, value: bytes | None) -> Envelope:
-    """The envelope of a consumed record (``msg.headers()``, ``msg.value()``).
+@total
+def decode(
+    headers: Iterable[tuple[str, bytes | None]] | None,
+    value: bytes | None,
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+) -> Envelope:
+    """The envelope of a consumed record (``msg.headers()``, ``msg.value()``); raises
+    :class:`~outbox.exceptions.InvalidMessageError` for anything else.
 
     A header with a null value is not one of ours and is ignored; a null value is an empty body.
     """
-    decoded = {name: text(v) for name, v in (headers or []) if v is not None}
-    return Envelope.from_headers(decoded, value or b"")
+    decoded = {text(name): text(v) for name, v in bounded(headers or []) if v is not None}
+    return Envelope.from_headers(decoded, value or b"", max_payload_bytes=max_payload_bytes)

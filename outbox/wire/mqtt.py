@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
 from outbox.envelope import Envelope
+from outbox.wire._text import bounded, text, total
 
 __all__ = ["MqttMessage", "decode", "encode"]
 
@@ -31,6 +33,14 @@ def encode(envelope: Envelope) -> MqttMessage:
     )
 
 
-def decode(user_properties: Iterable[tuple[str, str]] | None, payload: bytes) -> Envelope:
-    """The envelope of a received PUBLISH (its ``UserProperty`` list and payload)."""
-    return Envelope.from_headers(dict(user_properties or []), payload)
+@total
+def decode(
+    user_properties: Iterable[tuple[str, str]] | None,
+    payload: bytes,
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+) -> Envelope:
+    """The envelope of a received PUBLISH (its ``UserProperty`` list and payload); raises
+    :class:`~outbox.exceptions.InvalidMessageError` for anything else."""
+    decoded = {text(name): text(v) for name, v in bounded(user_properties or [])}
+    return Envelope.from_headers(decoded, payload, max_payload_bytes=max_payload_bytes)

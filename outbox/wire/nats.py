@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
 from outbox.envelope import Envelope
+from outbox.wire._text import total
 
 __all__ = ["MSG_ID_HEADER", "NatsMessage", "decode", "encode"]
 
@@ -31,9 +33,16 @@ def encode(envelope: Envelope) -> NatsMessage:
     return NatsMessage(headers=headers, data=envelope.payload)
 
 
-def decode(headers: Mapping[str, str] | None, data: bytes) -> Envelope:
-    """The envelope of a received message (``msg.headers``, ``msg.data``).
+@total
+def decode(
+    headers: Mapping[str, str] | None,
+    data: bytes,
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+) -> Envelope:
+    """The envelope of a received message (``msg.headers``, ``msg.data``); raises
+    :class:`~outbox.exceptions.InvalidMessageError` for anything else.
 
     ``Nats-Msg-Id`` is JetStream's and is not returned as a user header.
     """
-    return Envelope.from_headers(dict(headers or {}), data)
+    return Envelope.from_headers(headers or {}, data, max_payload_bytes=max_payload_bytes)

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES, MAX_RECEIVED_HEADERS
 from outbox.envelope import Envelope
-from outbox.wire._text import text
+from outbox.exceptions import InvalidMessageError
+from outbox.wire._text import text, total
 
 __all__ = ["RabbitMessage", "decode", "encode"]
 
@@ -35,9 +37,24 @@ def encode(envelope: Envelope) -> RabbitMessage:
     )
 
 
-def decode(headers: Mapping[str, object] | None, body: bytes) -> Envelope:
-    """The envelope of a received message (``message.headers``, ``message.body``).
+@total
+def decode(
+    headers: Mapping[str, object] | None,
+    body: bytes,
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+) -> Envelope:
+    """The envelope of a received message (``message.headers``, ``message.body``); raises
+    :class:`~outbox.exceptions.InvalidMessageError` for anything else.
 
     Header values may come back as bytes (AMQP long strings); they are read as UTF-8.
     """
-    return Envelope.from_headers({k: text(v) for k, v in (headers or {}).items()}, body)
+    table = headers or {}
+    if len(table) > MAX_RECEIVED_HEADERS:  # before any value is converted
+        raise InvalidMessageError(
+            f"broker message has {len(table)} headers, above the maximum of "
+            f"{MAX_RECEIVED_HEADERS}: it was not published by the outbox relay",
+            reason="too_many_headers",
+        )
+    decoded = {text(k): text(v) for k, v in table.items()}
+    return Envelope.from_headers(decoded, body, max_payload_bytes=max_payload_bytes)

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES, MAX_RECEIVED_HEADERS
 from outbox.envelope import Envelope
 from outbox.exceptions import InvalidMessageError
-from outbox.wire._text import text
+from outbox.wire._text import text, total
 
 __all__ = ["PAYLOAD_FIELD", "decode", "encode"]
 
 #: The field holding the body; every other field is a header.
 PAYLOAD_FIELD = "payload"
+_PAYLOAD_BYTES = PAYLOAD_FIELD.encode()
 
 
 def encode(envelope: Envelope) -> dict[str, str | bytes]:
@@ -32,14 +34,24 @@ def encode(envelope: Envelope) -> dict[str, str | bytes]:
     return {**envelope.to_headers(), PAYLOAD_FIELD: envelope.payload}
 
 
-def decode(fields: Mapping[object, object]) -> Envelope:
-    """The envelope of a stream entry (its fields as ``XREADGROUP`` returns them, bytes or str)."""
+@total
+def decode(
+    fields: Mapping[object, object], *, max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES
+) -> Envelope:
+    """The envelope of a stream entry (its fields as ``XREADGROUP`` returns them, bytes or
+    str); raises :class:`~outbox.exceptions.InvalidMessageError` for anything else."""
+    if len(fields) > MAX_RECEIVED_HEADERS + 1:  # the headers and the body's field
+        raise InvalidMessageError(
+            f"stream entry has {len(fields)} fields, above the maximum of "
+            f"{MAX_RECEIVED_HEADERS + 1}: it was not published by the outbox relay",
+            reason="too_many_headers",
+        )
     headers: dict[str, str] = {}
     payload = b""
     for name, value in fields.items():
-        field = text(name)
-        if field == PAYLOAD_FIELD:
-            payload = value if isinstance(value, bytes) else text(value).encode()
+        if name in (PAYLOAD_FIELD, _PAYLOAD_BYTES):
+            # the body as it is (its size is checked with the envelope, not decoded)
+            payload = value if isinstance(value, bytes) else str(value).encode()
         else:
-            headers[field] = text(value)
-    return Envelope.from_headers(headers, payload)
+            headers[text(name)] = text(value)
+    return Envelope.from_headers(headers, payload, max_payload_bytes=max_payload_bytes)

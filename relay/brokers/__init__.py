@@ -9,8 +9,9 @@ import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
+from outbox._redact import redact, remember_secrets
 from outbox.exceptions import ConfigurationError, MissingDependencyError
 from relay.brokers.base import BrokerFeatures, Destinations, Publisher
 
@@ -23,7 +24,7 @@ __all__ = [
 ]
 
 SCHEMES: tuple[str, ...]
-SCHEMES = ("nats", "amqp", "amqps", "kafka", "redis", "rediss", "mqtt", "mqtts", "stdout",
+SCHEMES = ("nats", "amqp", "amqps", "kafka", "kafkas", "redis", "rediss", "mqtt", "mqtts", "stdout",
            "file", "memory")  # fmt: skip
 SCHEMES += ("amqp1", "amqp1s")  # AMQP 1.0 (amqp:// is RabbitMQ's 0-9-1)
 
@@ -41,7 +42,8 @@ def publisher_for_url(
     (unless ``timeout`` is given); the others ignore it. ``outbox relay`` passes 80 % of its
     publish budget, so the adapter always gives up before the relay does.
 
-    ``nats://h:p[,nats://h2:p2]``, ``amqp[s]://user:pass@h:p/vhost``, ``kafka://h:p[,h2:p2]``,
+    ``nats://h:p[,nats://h2:p2]``, ``amqp[s]://user:pass@h:p/vhost``,
+    ``kafka[s]://[user:pass@]h:p[,h2:p2][?mechanism=SCRAM-SHA-512]`` (SASL, see ``_kafka``),
     ``redis[s]://h:p/db``, ``mqtt[s]://[user:pass@]h[:p]``, ``stdout:``, ``file:/path``,
     ``memory:``. Raises ConfigurationError for an unknown scheme or option, and
     MissingDependencyError (a ConfigurationError) naming the pip extra when the SDK is missing.
@@ -50,15 +52,18 @@ def publisher_for_url(
     builder = _BUILDERS.get(scheme)
     if builder is None or ":" not in url:
         raise ConfigurationError(
-            f"unknown broker URL {url!r}: use one of "
+            f"unknown broker URL {redact(url)!r}: use one of "
             + ", ".join(
                 f"{s}:" if s in ("stdout", "file", "memory") else f"{s}://" for s in SCHEMES
             ),
-            url=url,
+            url=redact(url),
         )
     module, cls_name, make_args = builder
     cls = getattr(importlib.import_module(f"relay.brokers.{module}"), cls_name)
+    remember_secrets(url, options.get("config"))  # masked wherever a client's error quotes them
     args, implied = make_args(url)
+    if "config" in implied and options.get("config") is not None:  # the caller's settings win
+        options = {**options, "config": {**implied["config"], **options["config"]}}
     kwargs = {**implied, **options, "destinations": destinations}
     if ack_timeout is not None and "timeout" not in kwargs and _accepts(cls, "timeout"):
         kwargs["timeout"] = ack_timeout
@@ -92,11 +97,62 @@ def _nats(url: str) -> tuple[list[Any], dict[str, Any]]:
     return [[u.strip() for u in url.split(",") if u.strip()]], {}
 
 
+#: SASL mechanisms librdkafka accepts with a user name and a password
+KAFKA_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
 def _kafka(url: str) -> tuple[list[Any], dict[str, Any]]:
-    hosts = [h.strip().removeprefix("kafka://").rstrip("/") for h in url.split(",")]
-    if not all(hosts):
-        raise ConfigurationError(f"Kafka URL {url!r} needs kafka://host:port[,host:port]", url=url)
-    return [",".join(hosts)], {}
+    """``kafka[s]://[user:password@]host:port[,host:port][?mechanism=SCRAM-SHA-512]``.
+
+    The user-info becomes librdkafka's SASL settings (never part of a server name, which
+    librdkafka logs): ``sasl.username``, ``sasl.password``, ``sasl.mechanism`` (``mechanism``,
+    default PLAIN) and ``security.protocol`` SASL_PLAINTEXT, or SASL_SSL for ``kafkas://``
+    (plain ``kafkas://`` without user-info is SSL).
+    """
+    expected = "kafka[s]://[user:password@]host:port[,host:port][?mechanism=PLAIN]"
+    scheme, _, rest = url.partition("://")
+    tls = scheme.lower() == "kafkas"
+    rest, _, query = rest.partition("?")
+    userinfo, at, servers = rest.rpartition("@")
+    hosts = [
+        h.strip().removeprefix("kafkas://").removeprefix("kafka://").rstrip("/")
+        for h in servers.split(",")
+    ]
+    if not all(hosts) or any("@" in h or "/" in h for h in hosts):
+        raise ConfigurationError(f"Kafka URL {redact(url)!r} needs {expected}", url=redact(url))
+    params = dict(parse_qsl(query, keep_blank_values=True))
+    mechanism = params.pop("mechanism", None) or params.pop("sasl_mechanism", None) or "PLAIN"
+    if params:
+        raise ConfigurationError(
+            f"Kafka URL {redact(url)!r}: unknown parameter(s) {', '.join(sorted(params))}; "
+            "the only one is mechanism (pass other librdkafka settings as config={...})",
+            url=redact(url),
+        )
+    config: dict[str, Any] = {}
+    if at:
+        user, colon, password = userinfo.partition(":")
+        if not user or not colon:
+            raise ConfigurationError(
+                f"Kafka URL {redact(url)!r}: the user-info must be user:password (SASL); "
+                f"expected {expected}",
+                url=redact(url),
+            )
+        if mechanism.upper() not in KAFKA_MECHANISMS:
+            raise ConfigurationError(
+                f"Kafka URL {redact(url)!r}: mechanism must be one of "
+                f"{', '.join(KAFKA_MECHANISMS)}, got {mechanism!r}",
+                url=redact(url),
+            )
+        config = {
+            "security.protocol": "SASL_SSL" if tls else "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism.upper(),
+            "sasl.username": unquote(user),
+            "sasl.password": unquote(password),
+        }
+        remember_secrets(config)
+    elif tls:
+        config = {"security.protocol": "SSL"}
+    return [",".join(hosts)], {"config": config} if config else {}
 
 
 def _mqtt(url: str) -> tuple[list[Any], dict[str, Any]]:
@@ -114,7 +170,9 @@ def _file(url: str) -> tuple[list[Any], dict[str, Any]]:
     if path.startswith("//"):
         path = urlsplit(url).path
     if not path:
-        raise ConfigurationError(f"file URL {url!r} needs a path: file:/var/log/outbox.jsonl")
+        raise ConfigurationError(
+            f"file URL {redact(url)!r} needs a path: file:/var/log/outbox.jsonl"
+        )
     return [unquote(path)], {}
 
 
@@ -127,6 +185,7 @@ _BUILDERS: dict[str, tuple[str, str, Callable[[str], tuple[list[Any], dict[str, 
     "amqp": ("rabbitmq", "RabbitMQPublisher", _whole),
     "amqps": ("rabbitmq", "RabbitMQPublisher", _whole),
     "kafka": ("kafka", "KafkaPublisher", _kafka),
+    "kafkas": ("kafka", "KafkaPublisher", _kafka),
     "redis": ("redis", "RedisPublisher", _whole),
     "rediss": ("redis", "RedisPublisher", _whole),
     "mqtt": ("mqtt", "MqttPublisher", _mqtt),

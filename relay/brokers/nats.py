@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from outbox._optional import require
+from outbox._redact import redact
 from outbox.envelope import Envelope
 from outbox.wire import nats as wire
 from relay.brokers._batch import (
@@ -259,9 +260,9 @@ def _unreachable(servers: Sequence[str], exc: BaseException) -> BaseException:
     from relay.exceptions import BrokerUnreachableError
 
     return BrokerUnreachableError(
-        f"cannot connect to NATS at {', '.join(servers)}: {type(exc).__name__}: {exc}"
-        " (is the server running and the URL right?)",
-        servers=list(servers),
+        f"cannot connect to NATS at {redact(', '.join(servers))}: {type(exc).__name__}: "
+        f"{redact(exc)} (is the server running and the URL right?)",
+        servers=[redact(s) for s in servers],
     )
 
 

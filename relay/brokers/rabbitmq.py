@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from outbox._optional import require
+from outbox._redact import redact
 from outbox.envelope import Envelope
 from outbox.wire import rabbitmq as wire
 from relay.brokers._batch import (
@@ -84,9 +85,10 @@ class RabbitMQPublisher:
             except Exception as exc:
                 self._conn = None
                 raise RetryablePublishError(
-                    f"cannot connect to RabbitMQ at {_safe_url(self._url)}: "
-                    f"{type(exc).__name__}: {exc} (is the server running and the URL right?)",
-                    url=_safe_url(self._url),
+                    f"cannot connect to RabbitMQ at {redact(self._url)}: "
+                    f"{type(exc).__name__}: {redact(exc)} (is the server running and the URL "
+                    "right?)",
+                    url=redact(self._url),
                 ) from exc
         if self._channel is None or self._channel.is_closed:
             self._exchanges = {}
@@ -185,13 +187,3 @@ class RabbitMQPublisher:
         if isinstance(exc, TimeoutError):
             return retryable(f"no publisher confirm within {self._timeout} s", env, dest, exc)
         return retryable(f"{type(exc).__name__}: {exc}", env, dest, exc)
-
-
-def _safe_url(url: str) -> str:
-    """The URL without its password, for error messages and logs."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not at:
-        return url
-    user = creds.split(":", 1)[0]
-    return f"{scheme}{sep}{user}:***@{host}"

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from outbox._optional import require
+from outbox._redact import redact
 from outbox.envelope import Envelope
 from outbox.exceptions import InvalidMessageError
 from outbox.wire import redis as wire
@@ -79,9 +80,9 @@ class RedisPublisher:
         except Exception as exc:
             await client.aclose()
             raise RetryablePublishError(
-                f"cannot connect to Redis at {self._url}: {type(exc).__name__}: {exc} "
-                "(is the server running and the URL right?)",
-                url=self._url,
+                f"cannot connect to Redis at {redact(self._url)}: {type(exc).__name__}: "
+                f"{redact(exc)} (is the server running and the URL right?)",
+                url=redact(self._url),
             ) from exc
         self._client = client
 

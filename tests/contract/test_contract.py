@@ -104,7 +104,7 @@ def test_contract_permanent_error_fails_only_that_message(adapter: Harness) -> N
         bad = make_envelope(key="bad-key", payload=b"x" * adapter.bad_payload)
     else:
         pytest.skip(f"{adapter.name}: refuses no message for good that a test can send")
-    good = [make_envelope(key=f"g{i}", seq=i) for i in range(4)]
+    good = [make_envelope(key=f"g{i}", seq=i + 1) for i in range(4)]
     batch = [good[0], good[1], bad, good[2], good[3]]
 
     async def body() -> None:
@@ -124,7 +124,7 @@ def test_contract_unavailable_destination_fails_only_its_messages(adapter: Harne
     if adapter.unavailable_destination() is None:
         pytest.skip(f"{adapter.name}: no destination a test can make unavailable")
     gone = [make_envelope(topic="gone", key=f"x{i}") for i in range(2)]
-    good = [make_envelope(key=f"g{i}", seq=i) for i in range(3)]
+    good = [make_envelope(key=f"g{i}", seq=i + 1) for i in range(3)]
     batch = [good[0], gone[0], good[1], gone[1], good[2]]
 
     async def body() -> None:

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import subprocess
 import tarfile
 import textwrap
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from services import missing
 
 from outbox._migrate import sqlalchemy_url
 
@@ -358,3 +363,65 @@ def test_the_pages_name_their_install_lines() -> None:
     # the pages these tests are about still say how to install what they use
     assert {"docs/tutorial.md", "docs/fastapi.md", "docs/reconciliation.md"} <= set(INSTALLS)
     assert {"nats", "fastapi", "spark", "console"} <= set(ALL_EXTRAS)
+
+
+# ---- the operator pages' commands, from their own install lines ----------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_the_console_serves_with_only_its_extra(
+    installed: Callable[[str], Env], project: Path, database_url: str
+) -> None:
+    # docs/how-to/console.md: pip install 'outbox-inbox[console]', then `outbox console`
+    env = installed(_page_extras("docs/how-to/console.md"))
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(env.bin / "outbox"), "console", "--url", database_url, "--port", str(port)],
+        cwd=project,
+        env=env.environ(OUTBOX_CONSOLE_TOKEN="a-token-of-24-characters"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        login = None
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                login = httpx.get(f"http://127.0.0.1:{port}/login", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)  # the server is still starting: nothing to wait on but its port
+        assert login is not None, "the console did not answer within 60 s"
+        assert login.status_code == 200
+        overview = httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
+        assert overview.status_code in (302, 303, 307)  # a token is set: log in first
+        assert overview.headers["location"].endswith("/login")
+    finally:
+        server.terminate()
+        output = server.communicate(timeout=30)[0]
+    assert "Traceback" not in output, output
+
+
+def test_reconcile_runs_with_only_its_extra(
+    installed: Callable[[str], Env], project: Path, database_url: str
+) -> None:
+    # docs/reconciliation.md: pip install 'outbox-inbox[spark]', the JDBC driver, then
+    # `outbox reconcile` (here one database is both the outbox and the inbox)
+    jar = Path("/usr/share/java/postgresql.jar")
+    if not jar.is_file():
+        missing("the PostgreSQL JDBC driver", "apt-get install libpostgresql-jdbc-java")
+    env = installed(_page_extras("docs/reconciliation.md"))
+    command = [
+        str(env.bin / "outbox"), "reconcile", "--outbox", database_url,
+        "--inbox", database_url, "--subscribe", "orders=billing",
+        "--output", str(project / "recon"), "--no-record",
+    ]  # fmt: skip
+    done = env.run(command, cwd=project, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "outcome: OK" in done.stdout

@@ -116,3 +116,37 @@ def test_broker_fields_are_reserved_and_not_user_headers() -> None:
     env = Envelope(id=uuid.uuid4(), topic="t", key="k", seq=1, payload=b"")
     headers = env.to_headers() | {"Nats-Msg-Id": str(env.id), "type": "A"}
     assert Envelope.from_headers(headers, b"").headers == {"type": "A"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "problem"),
+    [
+        ({f"h{i}": "v" for i in range(65)}, "65 headers, above the maximum of 64"),
+        ({"n" * 256: "v"}, "a name of 256 bytes"),
+        ({"big": "v" * 16_385}, "a value of 16385 bytes"),
+        ({"big": "é" * 8_193}, "a value of 16386 bytes"),  # counted in UTF-8 bytes
+    ],
+)
+def test_headers_beyond_what_consumers_accept_are_refused(
+    headers: dict[str, str], problem: str
+) -> None:
+    with pytest.raises(SerializationError, match=problem):
+        prepare(Message("t", "k", {}, headers=headers))
+
+
+def test_headers_at_the_limits_round_trip_through_every_decoder() -> None:
+    """What publish() accepts, no decoder refuses: the limits have one home."""
+    from outbox.wire import kafka, mqtt, nats, rabbitmq, redis
+
+    headers = {f"h{i:02}": "v" for i in range(63)} | {"n" * 255: "é" * 8_192}
+    prepared = prepare(Message("t" * 255, "k" * 1024, {}, headers=headers))
+    env = Envelope(id=prepared.id, topic=prepared.topic, key=prepared.key, seq=2**63 - 1,
+                   payload=prepared.payload, headers=headers)  # fmt: skip
+    decoded = [
+        nats.decode(nats.encode(env).headers, env.payload),
+        rabbitmq.decode(rabbitmq.encode(env).headers, env.payload),
+        kafka.decode(kafka.encode(env).headers, env.payload),
+        redis.decode(redis.encode(env)),
+        mqtt.decode(mqtt.encode(env).user_properties, env.payload),
+    ]
+    assert all(d == env for d in decoded)

@@ -74,3 +74,21 @@ def test_retry_stops_waiting_when_the_relay_stops() -> None:
             return await retry("down", down, Backoff(60.0, 60.0), state=state)
 
     assert asyncio.run(go()) is None
+
+
+def test_retry_logs_once_per_change_of_reason_not_per_attempt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reasons = ["refused", "refused", "refused", "timed out", "timed out"]
+
+    async def flaky() -> str:
+        if reasons:
+            raise ConnectionError(reasons.pop(0))
+        return "ok"
+
+    with caplog.at_level("INFO", logger="relay"):
+        assert asyncio.run(retry("db", flaky, Backoff(0.001, 0.002), state=RunState())) == "ok"
+    lines = [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "INFO")]
+    assert [line.split(" (")[1].split(")")[0] for line in lines[:2]] == ["refused", "timed out"]
+    assert len(lines) == 3
+    assert "succeeded after 5 failed attempt(s)" in lines[2]
