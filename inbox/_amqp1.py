@@ -19,6 +19,12 @@ from typing import Any
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox import _proton
+from outbox._limits import (
+    DEFAULT_MAX_RECEIVE_BYTES,
+    MAX_HEADER_NAME_BYTES,
+    MAX_HEADER_VALUE_BYTES,
+    MAX_RECEIVED_HEADERS,
+)
 from outbox._optional import require
 from outbox.envelope import Envelope
 from outbox.exceptions import InvalidMessageError
@@ -28,6 +34,8 @@ __all__ = ["Amqp1Consumer"]
 
 log = logging.getLogger("inbox.consumer")
 
+#: room for a message's sections beside its body: the headers' bound (80 of 16 KiB at most)
+MAX_MESSAGE_OVERHEAD = MAX_RECEIVED_HEADERS * (MAX_HEADER_VALUE_BYTES + MAX_HEADER_NAME_BYTES + 16)
 #: AMQP delivery states (proton.Delivery's constants)
 ACCEPTED, REJECTED, RELEASED = 36, 37, 38
 
@@ -129,10 +137,12 @@ def _describe(condition: Any) -> str:
 
 
 def _decode(data: bytes, max_bytes: int) -> Envelope:
-    """The envelope of a transfer's bytes; InvalidMessageError for anything else."""
-    if len(data) > max_bytes:
+    """The envelope of a transfer's bytes; InvalidMessageError for anything else. The whole
+    message (properties and body) is held to the body's bound before proton decodes it."""
+    if len(data) > max_bytes + MAX_MESSAGE_OVERHEAD:
         raise InvalidMessageError(
-            f"AMQP message of {len(data)} bytes, above the consumer's limit of {max_bytes}",
+            f"AMQP message of {len(data)} bytes, above the consumer's max_payload_bytes "
+            f"({max_bytes}) and room for its properties",
             reason="payload_too_large",
         )
     proton = require("proton", "amqp1")
@@ -144,7 +154,7 @@ def _decode(data: bytes, max_bytes: int) -> Envelope:
         raise InvalidMessageError(
             f"AMQP message cannot be decoded ({type(exc).__name__})", reason="bad_format"
         ) from exc
-    return wire.decode(properties, body)
+    return wire.decode(properties, body, max_payload_bytes=max_bytes)
 
 
 class Amqp1Consumer(BrokerConsumer):
@@ -170,7 +180,7 @@ class Amqp1Consumer(BrokerConsumer):
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
         durable: bool = True,
-        max_message_bytes: int = 16 * 1024 * 1024,
+        max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
         connect_timeout: float = 10.0,
         sasl_mechanisms: str | None = None,
         tls_ca: str | None = None,
@@ -180,7 +190,11 @@ class Amqp1Consumer(BrokerConsumer):
     ) -> None:
         require("proton", "amqp1")  # fail at construction, naming the extra
         super().__init__(
-            runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
+            runner,
+            redeliver_delay=redeliver_delay,
+            on_result=on_result,
+            batching=batching,
+            max_payload_bytes=max_payload_bytes,
         )
         self.address = address
         self._endpoint = _proton.endpoint(url)
@@ -190,7 +204,6 @@ class Amqp1Consumer(BrokerConsumer):
             tls_verify=tls_verify, virtual_host=virtual_host, heartbeat=30.0,
         )  # fmt: skip
         self.durable = durable
-        self.max_message_bytes = max_message_bytes
         self.connect_timeout = connect_timeout
         #: unsettled messages in flight: at least a whole transaction batch per worker
         self.credit = max(credit, self.batching.size * self.batching.workers)
@@ -269,8 +282,12 @@ class Amqp1Consumer(BrokerConsumer):
     def _delivery(
         self, handler: _Receiver, reactor: _proton.Reactor, number: int, data: bytes
     ) -> Delivery:
-        decode: Callable[[], Envelope] = functools.partial(_decode, data, self.max_message_bytes)
-        return Delivery(decode, functools.partial(self._settle, handler, reactor, number))
+        decode: Callable[[], Envelope] = functools.partial(_decode, data, self.max_payload_bytes)
+        settle = functools.partial(self._settle, handler, reactor, number)
+        return Delivery(decode, settle, functools.partial(self._where, number))
+
+    def _where(self, number: int) -> str:
+        return f"address {self.address!r} delivery {number} of its connection"
 
     async def _settle(
         self, handler: _Receiver, reactor: _proton.Reactor, number: int, result: Result | None

@@ -21,18 +21,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES, MAX_HEADER_VALUE_BYTES, MAX_RECEIVED_HEADERS
 from outbox.envelope import Envelope
 from outbox.exceptions import InvalidMessageError
+from outbox.wire._text import total
 
 __all__ = ["MAX_GROUP_SEQUENCE", "Amqp1Message", "decode", "encode"]
 
 #: AMQP's sequence-no is a 32-bit unsigned integer
 MAX_GROUP_SEQUENCE = 2**32 - 1
-#: application-properties a decoder reads: the envelope's own, 64 user headers, a few a broker
-#: adds; more is not an outbox message and is refused before any value is converted
-MAX_PROPERTIES = 80
-#: longest property name or value, in characters or bytes
-MAX_PROPERTY_LENGTH = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +60,13 @@ def encode(envelope: Envelope) -> Amqp1Message:
     )
 
 
-def decode(properties: object, body: object) -> Envelope:
+@total
+def decode(
+    properties: object,
+    body: object,
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+) -> Envelope:
     """The envelope of a received message (its ``properties`` — proton's name for the
     application-properties map — and its ``body``); raises
     :class:`~outbox.exceptions.InvalidMessageError` for anything else.
@@ -86,37 +89,28 @@ def decode(properties: object, body: object) -> Envelope:
         properties = {}
     if not isinstance(properties, Mapping):
         raise InvalidMessageError("AMQP application-properties is not a map", reason="bad_format")
-    if len(properties) > MAX_PROPERTIES:  # before any value is converted
+    if len(properties) > MAX_RECEIVED_HEADERS:  # before any value is converted
         raise InvalidMessageError(
             f"AMQP message has {len(properties)} application-properties, above the maximum of "
-            f"{MAX_PROPERTIES}: it was not published by the outbox relay",
+            f"{MAX_RECEIVED_HEADERS}: it was not published by the outbox relay",
             reason="too_many_headers",
         )
-    headers: dict[str, str] = {}
-    for name, value in properties.items():
-        headers[_text(name)] = _text(value)
-    return Envelope.from_headers(headers, payload)
+    headers = {_text(name): _text(value) for name, value in properties.items()}
+    return Envelope.from_headers(headers, payload, max_payload_bytes=max_payload_bytes)
 
 
 def _text(value: object) -> str:
-    """A property name or value as text; bounded before it is converted."""
+    """A property name or value as text; its size is checked before it is converted."""
     if isinstance(value, str):  # proton's symbol and string are both str
-        if len(value) > MAX_PROPERTY_LENGTH:
+        if len(value) > MAX_HEADER_VALUE_BYTES:
             raise _too_long(len(value))
         return str(value)
     if isinstance(value, bytes | bytearray | memoryview):
-        if len(value) > MAX_PROPERTY_LENGTH:
+        if len(value) > MAX_HEADER_VALUE_BYTES:
             raise _too_long(len(value))
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidMessageError(
-                "AMQP application-property is binary that is not UTF-8 text", reason="not_utf8"
-            ) from exc
+        return bytes(value).decode("utf-8")  # total() turns an error into not_utf8
     if isinstance(value, bool | int | float):
-        if isinstance(value, int) and not -(2**63) <= value < 2**64:
-            raise InvalidMessageError("AMQP application-property out of range", reason="bad_format")
-        return str(value)
+        return str(value)  # proton's integers are at most 64 bits
     raise InvalidMessageError(
         f"AMQP application-property of type {type(value).__name__}: the outbox sends text only",
         reason="bad_format",
@@ -126,6 +120,6 @@ def _text(value: object) -> str:
 def _too_long(length: int) -> InvalidMessageError:
     return InvalidMessageError(
         f"AMQP application-property of {length} characters or bytes, above the maximum of "
-        f"{MAX_PROPERTY_LENGTH}",
+        f"{MAX_HEADER_VALUE_BYTES}",
         reason="bad_header",
     )

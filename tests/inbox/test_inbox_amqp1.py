@@ -1,7 +1,7 @@
 """The AMQP 1.0 consumer fed what the relay never sends, live on the private AMQP 1.0 node:
 a message with a malformed outbox header (recorded dead, its key moves on), one that is not an
 outbox message at all (an ``amqp-value`` string body, no properties) and one larger than the
-consumer's ``max_message_bytes``: each is rejected at the broker (never redelivered), the
+consumer's ``max_payload_bytes``: each is rejected at the broker (never redelivered), the
 consumer keeps running, the good messages around them are applied in order."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_malformed_and_foreign_messages_are_rejected_and_the_consumer_keeps_runn
 
                 runner = AsyncHandlerRunner(pool, handler, consumer="svc", ordered=True)
                 consumer = broker.consumer(runner, ResultLog(), 0)
-                consumer.max_message_bytes = 65_536  # type: ignore[attr-defined]
+                consumer.max_payload_bytes = 65_536
                 task = asyncio.create_task(consumer.run())
                 await asyncio.to_thread(
                     wait_until_processed, effects_url, consumer="svc",
