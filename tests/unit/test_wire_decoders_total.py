@@ -271,7 +271,25 @@ def _jsonl(headers: dict[str, str], body: bytes, data: st.DataObject) -> None:
     _total("jsonl", lambda: jsonl.decode(line, max_payload_bytes=LIMIT))
 
 
+def _amqp1(headers: dict[str, str], body: bytes, data: st.DataObject) -> None:
+    from outbox.wire import amqp1
+
+    props: dict[Any, Any] = dict(_as_bytes(headers, data)) if data.draw(st.booleans()) else (
+        dict(headers))  # fmt: skip
+    if headers and data.draw(st.booleans()):  # what proton may hand over from a foreign sender
+        props[data.draw(st.sampled_from(sorted(headers)))] = data.draw(
+            st.one_of(_amqp_values, st.uuids(), st.floats(), st.booleans())
+        )
+    form = data.draw(st.sampled_from(["bytes", "memoryview", "none", "str", "list"]))
+    value: Any = {"bytes": body, "memoryview": memoryview(body), "none": None, "str": "text",
+                  "list": [body]}[form]  # fmt: skip
+    env = _total("amqp1", lambda: amqp1.decode(props, value, max_payload_bytes=LIMIT))
+    if form in ("bytes", "memoryview"):
+        _valid(env, body)
+
+
 DECODERS = [_from_headers, _nats, _rabbitmq, _kafka, _redis, _mqtt, _jsonl]
+DECODERS += [_amqp1]
 
 
 @PROFILE
