@@ -97,7 +97,7 @@ def bad_messages(broker: str) -> list[Bad]:
         _bad("created-at-garbage", "bad_created_at", _set(HEADER_CREATED_AT, "yesterday")),
         _bad("no-outbox-headers", "missing_header", lambda h: h.clear(), id_readable=False),
     ]
-    if broker in ("rabbitmq", "kafka", "redis"):  # header values travel as bytes there
+    if broker in ("rabbitmq", "kafka", "redis", "amqp1"):  # header values travel as bytes there
         value = bytearray(b"\xff\xfe") if broker == "rabbitmq" else b"\xff\xfe"  # AMQP bytes
         bad.append(_bad("not-utf8", "not_utf8", _set("x-tenant", value),
                         id_readable=False))  # fmt: skip
@@ -121,6 +121,12 @@ async def publish_raw(broker: Broker, headers: Headers, body: bytes, key: str) -
         assert await asyncio.to_thread(b.producer.flush, 10) == 0
     elif broker.name == "redis":
         await b.client.xadd(b.stream, {**headers, wire.redis.PAYLOAD_FIELD: body})
+    elif broker.name == "amqp1":
+        from proton import Message
+
+        props = {k: bytes(v) if isinstance(v, bytearray) else v for k, v in headers.items()}
+        message = Message(body=body, inferred=True, properties=props, durable=True)
+        await asyncio.to_thread(b.sender.send, message)
     else:
         await asyncio.to_thread(_mqtt_publish, b.topic, headers, body)
 
@@ -175,6 +181,12 @@ async def settled_at_broker(broker: Broker) -> bool:
         return bool(pending["pending"] == 0)
     if broker.name == "kafka":
         return await asyncio.to_thread(_kafka_committed_to_end, b)
+    if broker.name == "amqp1":
+        from amqp1_broker import node
+
+        listing = await asyncio.to_thread(node().ctl, "list_queues", "name", "messages",
+                                          "--no-table-headers", "-q")  # fmt: skip
+        return dict(ln.split("\t") for ln in listing.strip().splitlines())[b.queue] == "0"
     return True  # MQTT: no broker-side view; the exact count in inbox_refused is the check
 
 
@@ -193,7 +205,7 @@ def _kafka_committed_to_end(b: Any) -> bool:
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["single", "batched"])
-@pytest.mark.parametrize("name", ["nats", "rabbitmq", "kafka", "redis", "mqtt"])
+@pytest.mark.parametrize("name", ["nats", "rabbitmq", "kafka", "redis", "mqtt", "amqp1"])
 def test_no_malformed_message_stops_a_consumer(effects_url: str, name: str, batched: bool) -> None:
     broker = _broker(name)
     if batched:  # batches of several messages; Kafka's parallelism is the partition
