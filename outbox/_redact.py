@@ -241,11 +241,13 @@ def install_log_redaction(handler: logging.Handler | None = None) -> None:
 
 
 #: the project's own loggers (a filter on a logger sees only the records logged to it by name)
+LIBRARY_LOGGERS: tuple[str, ...]
 LIBRARY_LOGGERS = (
     "outbox.cli", "outbox.console", "outbox.fastapi", "outbox.wakeup", "inbox.consumer",
     "inbox.runner", "relay", "relay.brokers.kafka", "relay.brokers.mqtt", "relay.brokers.nats",
     "relay.brokers.rabbitmq",
 )  # fmt: skip
+LIBRARY_LOGGERS += ("relay.brokers.amqp1", "outbox.amqp1", "proton")  # AMQP 1.0, and its client
 
 
 def redact_library_logs() -> None:
