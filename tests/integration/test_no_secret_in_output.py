@@ -9,6 +9,7 @@ the real PostgreSQL and brokers: what an operator sees is what is checked.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -273,6 +274,7 @@ BROKER_URLS = {
     "rediss": f"rediss://default:{SENTINEL}@127.0.0.1:{{port}}/0",
     "mqtt": f"mqtt://relay:{SENTINEL}@127.0.0.1:{{port}}",
 }
+BROKER_URLS["amqp1"] = f"amqp1://relay:{SENTINEL}@127.0.0.1:{{port}}"
 
 
 def test_every_broker_unreachable_logs_no_secret(database_url: str) -> None:
@@ -308,6 +310,13 @@ def test_a_broker_that_refuses_the_login_logs_no_secret(database_url: str) -> No
         jobs["redis"] = lambda: _relay_output(
             ["--url", database_url, "--broker", f"redis://someone:{SENTINEL}@127.0.0.1:6379/0"],
             "connecting to the broker failed",
+        )
+    if importlib.util.find_spec("proton") is not None:  # AMQP 1.0: the private node refuses
+        from amqp1_broker import node
+
+        amqp1 = f"amqp1://relay:{SENTINEL}@127.0.0.1:{node().port}"
+        jobs["amqp1"] = lambda: _relay_output(
+            ["--url", database_url, "--broker", amqp1], "connecting to the broker failed"
         )
     if not jobs:
         pytest.skip("neither RabbitMQ nor Redis runs here")
