@@ -51,6 +51,8 @@ class Node:
     def __init__(self) -> None:
         if not SERVER.exists() or not CTL.exists() or shutil.which("erl") is None:
             missing("RabbitMQ (for its AMQP 1.0 plugin)", HOW)
+        if shutil.which("openssl") is None:  # the TLS listener's certificates
+            missing("openssl", "install openssl (Debian: apt-get install openssl)")
         self.name = f"outbox_amqp1_{os.getpid()}_{uuid.uuid4().hex[:6]}@localhost"
         self.port = _free_port()
         self.tls_port = _free_port()
