@@ -62,8 +62,8 @@ def make_publisher(config: RelayConfig) -> Publisher:
     """The broker adapter for ``config.broker_url`` (relay.brokers.publisher_for_url)."""
     if not config.broker_url:
         raise ConfigurationError(
-            "no broker: pass --broker nats://host:4222 (or amqp://, kafka://, redis://, mqtt://, "
-            "stdout:, file:), set OUTBOX_BROKER_URL, or broker_url in the config file"
+            "no broker: pass --broker nats://host:4222 (or amqp://, amqp1://, kafka://, redis://, "
+            "mqtt://, stdout:, file:), set OUTBOX_BROKER_URL, or broker_url in the config file"
         )
     try:
         from relay import brokers
@@ -88,7 +88,10 @@ async def _serve(relay: Relay) -> None:
 @click.command("relay")
 @_relay_url
 @click.option(
-    "--broker", default=None, help="Broker URL: nats://, amqp://, kafka://, redis://, mqtt://."
+    "--broker",
+    default=None,
+    help="Broker URL: nats://, amqp:// (RabbitMQ), amqp1:// (AMQP 1.0), kafka://, redis://, "
+    "mqtt://.",
 )
 @click.option(
     "--config",

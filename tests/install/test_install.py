@@ -174,8 +174,8 @@ _OBJECTS_NAME_THEIR_EXTRA = textwrap.dedent(
 
     from psycopg_pool import AsyncConnectionPool
 
-    from inbox import AsyncHandlerRunner, KafkaConsumer, MqttConsumer, NatsConsumer
-    from inbox import RabbitMQConsumer, RedisStreamConsumer
+    from inbox import AsyncHandlerRunner, Amqp1Consumer, KafkaConsumer, MqttConsumer
+    from inbox import NatsConsumer, RabbitMQConsumer, RedisStreamConsumer
     from outbox.exceptions import MissingDependencyError
     from relay.brokers import publisher_for_url
 
@@ -191,6 +191,7 @@ _OBJECTS_NAME_THEIR_EXTRA = textwrap.dedent(
             "redis": lambda: RedisStreamConsumer(runner, stream="s", group="g", name="n"),
             "mqtt": lambda: MqttConsumer(runner, topic="t", client_id="c"),
             "kafka": lambda: KafkaConsumer(runner, config={{}}, topics=["t"]),
+            "amqp1": lambda: Amqp1Consumer(runner, address="/queue/q"),
             "nats relay": lambda: publisher_for_url("nats://127.0.0.1:4222"),
         }}
         for name, make in made.items():
@@ -221,6 +222,7 @@ def test_no_extras_objects_that_need_one_name_it(
         "redis redis",
         "mqtt mqtt",
         "kafka kafka",
+        "amqp1 amqp1",
         "nats relay nats",
         "spark spark",
     ]
