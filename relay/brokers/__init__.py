@@ -132,10 +132,11 @@ def _kafka(url: str) -> tuple[list[Any], dict[str, Any]]:
     if at:
         user, colon, password = userinfo.partition(":")
         if not user or not colon:
+            shown = redact(url, secrets=(userinfo,))  # a lone user-info may be a password
             raise ConfigurationError(
-                f"Kafka URL {redact(url)!r}: the user-info must be user:password (SASL); "
+                f"Kafka URL {shown!r}: the user-info must be user:password (SASL); "
                 f"expected {expected}",
-                url=redact(url),
+                url=shown,
             )
         if mechanism.upper() not in KAFKA_MECHANISMS:
             raise ConfigurationError(

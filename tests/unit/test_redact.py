@@ -8,9 +8,18 @@ import uuid
 
 import pytest
 
+from outbox import _redact
 from outbox._errors import connect_failure, describe_cli_error, one_line
 from outbox._redact import MASK, RedactingFilter, redact, remember_secrets, secrets_in
 from outbox.exceptions import ConfigurationError
+
+
+@pytest.fixture(autouse=True)
+def nothing_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no remembered secrets: other tests of the process (a relay, a
+    broker URL with guest:guest) record theirs, and "guest" would then be masked here."""
+    monkeypatch.setattr(_redact, "_known", set())
+    monkeypatch.setattr(_redact, "_known_pattern", None)
 
 S = "Sentinel-" + uuid.uuid4().hex[:8]
 
