@@ -25,6 +25,7 @@ from outbox import Message, publish, publish_batch
 from outbox.cli import main as outbox_cli
 from outbox.envelope import Envelope
 from relay import Relay
+from relay._queries import relay_statements
 from relay.brokers.memory import MemoryPublisher
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "relay"))
@@ -112,6 +113,8 @@ def test_each_role_does_its_job_and_nothing_else(role_urls: dict[str, str]) -> N
     for args in (["status"], ["dead", "list"], ["retention", "--older-than", "3600"]):
         out = CliRunner().invoke(outbox_cli, [*args, "--url", relay_url])
         assert out.exit_code == 0, (args, out.output)
+    with psycopg.connect(relay_url) as conn:  # the latest run, for its gauges
+        conn.execute(relay_statements(None).last_reconciliation).fetchall()
     for statement in ("SELECT * FROM inbox_messages", "UPDATE outbox_capture SET mode = 'wal'"):
         _refused(relay_url, statement)
 
