@@ -192,7 +192,8 @@ class RelayMetrics:
             log.warning(
                 "relay: the database refused the relay's role SELECT on "
                 "outbox_reconciliation_runs, so the outbox_reconciliation_last_run_* gauges "
-                "stay 0 (the missing-run alert fires): run `outbox migrate grants --relay ROLE --apply` again and restart the relay"
+                "stay 0 (the missing-run alert fires): run `outbox migrate grants --relay ROLE "
+                "--apply` again and restart the relay"
             )
             return
         if row is None:
