@@ -148,6 +148,8 @@ class RelayMetrics:
             ["slot", "database", "state"],
             **kw,
         )
+        #: the topics the last heartbeat found a pending or dead row of
+        self._topics: set[str] = set()
         #: the (slot, database) the slot_state series were last set for
         self._slot_labels: tuple[str, str] | None = None
 
@@ -172,10 +174,18 @@ class RelayMetrics:
         if self.registry is None:
             return
         cur = await conn.execute(stmts.status_topics)
+        topics: set[str] = set()
         for topic, pending, _leased, dead, oldest in await cur.fetchall():
+            topics.add(topic)
             self.backlog.labels(topic).set(pending)
             self.dead_rows.labels(topic).set(dead)
             self.oldest_pending.labels(topic).set(oldest or 0.0)
+        # A topic whose every row is published has no row in status_topics: its gauges go to
+        # 0 (not left at their last value, which would keep a backlog alert firing).
+        for topic in self._topics - topics:
+            for gauge in (self.backlog, self.dead_rows, self.oldest_pending):
+                gauge.labels(topic).set(0)
+        self._topics = topics
         await self._refresh_slot(conn, stmts)
         await self._refresh_reconciliation(conn, stmts)
 

@@ -303,3 +303,33 @@ def test_heartbeat_and_latest_reconciliation_gauges(url: str) -> None:
     assert 500 < time.time() - finished < 700  # the latest run: 10 minutes ago
     assert sample("outbox_reconciliation_last_run_failed") == 1
     assert sample("outbox_reconciliation_last_run_discrepancies") == 4
+
+
+def test_a_drained_topics_backlog_gauges_go_to_zero(url: str) -> None:
+    """A topic with every row published has no row in the status query; its gauges must not
+    keep their last value (a backlog alert would never resolve)."""
+    from relay._queries import relay_statements
+
+    metrics = RelayMetrics.prometheus()
+    stmts = relay_statements(None)
+    write(url, [("t", "a"), ("t", "b")])
+
+    def gauge(name: str) -> float | None:
+        value: float | None = metrics.registry.get_sample_value(name, {"topic": "t"})
+        return value
+
+    async def go() -> tuple[tuple[float | None, ...], tuple[float | None, ...]]:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await metrics.refresh_backlog(conn, stmts)
+            before = (gauge("outbox_backlog"), gauge("outbox_oldest_pending_seconds"))
+            await conn.execute(
+                "UPDATE outbox_messages SET status = 'published', published_at = now()"
+            )
+            await metrics.refresh_backlog(conn, stmts)
+            after = (gauge("outbox_backlog"), gauge("outbox_oldest_pending_seconds"))
+            return before, after
+
+    before, after = asyncio.run(go())
+    assert before[0] == 2
+    assert (before[1] or 0) > 0
+    assert after == (0, 0)
