@@ -11,6 +11,7 @@ threshold to 2 s, evaluated every second: the expressions are the shipped ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -201,11 +202,17 @@ class Consumer:
                 except Exception:  # the broker went away under it: start again
                     await asyncio.sleep(0.5)
 
-    def stop(self) -> None:
+    def _stop_now(self) -> None:
+        # on the loop's thread: no consumer can be created between the flag and its stop
         self.stopped.set()
         if self.current is not None:
-            self.loop.call_soon_threadsafe(self.current.stop)
+            self.current.stop()
+
+    def stop(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: its thread ended
+            self.loop.call_soon_threadsafe(self._stop_now)
         self.thread.join(30)
+        assert not self.thread.is_alive(), "the consumer did not stop"
         self.server.shutdown()
         self.server.server_close()
         self.server_thread.join(5)
