@@ -11,9 +11,11 @@ message (``outbox inbox held``). Without it the runners use no-op metrics that c
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from typing import Any
 
 from outbox._noop_metric import NoopMetric
+from outbox.envelope import REFUSAL_REASONS
 from outbox.exceptions import ConfigurationError
 
 __all__ = ["InboxMetrics"]
@@ -81,6 +83,16 @@ class InboxMetrics:
                 "inbox metrics need prometheus-client: pip install 'outbox-inbox[metrics]'"
             ) from exc
         return cls(registry if registry is not None else prometheus_client.REGISTRY)
+
+    def declare(self, consumer: str, outcomes: Iterable[str]) -> None:
+        """Create ``consumer``'s counter series at 0, so the first dead or refused message is
+        an increase that an alert rule's ``increase()`` sees (a series born at 1 is not)."""
+        if self.registry is None:
+            return
+        for outcome in outcomes:
+            self.deliveries.labels(consumer, outcome)
+        for reason in sorted(REFUSAL_REASONS):
+            self.refused.labels(consumer, reason)
 
     @property
     def enabled(self) -> bool:

@@ -280,6 +280,7 @@ class _RunnerBase:
         self._handler = handler or (lambda target, message: batch_handler(target, [message]))
         #: counts outcomes, times handlers, and the gauges of blocked and held keys
         self.metrics = metrics or InboxMetrics.disabled()
+        self.metrics.declare(consumer, (o.value for o in Outcome))
 
     @property
     def consumer(self) -> str:

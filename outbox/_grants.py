@@ -8,7 +8,8 @@ Three roles, each with only what its statements touch:
   the leases' columns, ``outbox_relays`` or the dead-letter audit. Its INSERT is limited to the
   message columns, so it cannot write a row already marked published or leased.
 * **relay** (the daemon, and operators running ``outbox status``, ``outbox dead ...`` and
-  ``outbox retention``): reads, leases, marks and deletes messages; registers itself; audits.
+  ``outbox retention``): reads, leases, marks and deletes messages; registers itself; audits;
+  reads the reconciliation runs' times and verdicts (the latest is a metric).
 * **consumer** (the inbox, and operators running ``outbox inbox ...``): its own tables only.
 * **console** (``outbox console``): reads every table it shows, and makes the audited changes
   its operators make: requeue (the columns a retry sets) or purge outbox dead letters, decide
@@ -79,6 +80,9 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT, INSERT, UPDATE", OUTBOX_CAPTURE_LEASE, None),
         ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_RELAYS, None),
         ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),
+        # the latest run's verdict and time (not its summary), exported as gauges for the
+        # alert rules (relay/_queries.py outbox_last_reconciliation)
+        ("SELECT", RECONCILIATION_RUNS, ("started_at", "finished_at", "outcome", "discrepancies")),
     ],
     "consumer": [
         ("SELECT, INSERT, UPDATE, DELETE", INBOX_MESSAGES, None),

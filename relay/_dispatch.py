@@ -118,6 +118,7 @@ class Dispatcher:
     def pause(self, reason: BaseException | None) -> None:
         """Stop claiming for a while (exponential backoff): the broker is unreachable."""
         delay = self.broker_backoff.failed()
+        self.metrics.broker_unreachable.set(1)
         log.warning("relay: broker unavailable (%s); pausing %.1fs", reason, delay)
         self.paused_until = time.monotonic() + delay
 
@@ -149,6 +150,8 @@ class Dispatcher:
         if len(results) != len(envelopes):
             err = RetryablePublishError("publisher returned the wrong number of results")
             return [err] * len(envelopes), True
+        if any(r is None for r in results):
+            self.metrics.broker_unreachable.set(0)  # the broker acknowledged a message: it is up
         return list(results), False
 
     async def mark(

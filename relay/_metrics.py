@@ -6,6 +6,7 @@ that cost nothing.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from relay._slot import SLOT_STATES, SlotHealth
 
 __all__ = ["MetricsServer", "RelayMetrics"]
 
+log = logging.getLogger("relay")
+
 
 class RelayMetrics:
     """The relay's counters, gauges and histograms."""
@@ -35,6 +38,9 @@ class RelayMetrics:
             self.destination_paused = self.destination_errors = noop
             self.slot_lag = self.slot_retained = self.slot_active = noop
             self.slot_ok = self.slot_state = noop
+            self.heartbeat = self.broker_unreachable = noop
+            self.reconciliation_finished = self.reconciliation_failed = noop
+            self.reconciliation_discrepancies = noop
             return
         from prometheus_client import Counter, Gauge, Histogram
 
@@ -72,6 +78,42 @@ class RelayMetrics:
             ["topic"],
             **kw,
         )
+        self.heartbeat = Gauge(
+            "outbox_relay_heartbeat_timestamp_seconds",
+            "Unix time of the relay's last heartbeat that the database answered: a value that "
+            "stops moving is a relay that is stuck or cut off from its database",
+            **kw,
+        )
+        self.broker_unreachable = Gauge(
+            "outbox_relay_broker_unreachable",
+            "1 while claims pause because the broker is unreachable (nothing is tried or "
+            "counted), 0 once it acknowledges a message again",
+            **kw,
+        )
+
+        # The nightly reconciliation's latest recorded run (outbox_reconciliation_runs), read
+        # on every heartbeat. Until one is read all three are 0: a timestamp of 0 is "no run",
+        # which the missing-run alert sees like a run too old.
+        self.reconciliation_finished = Gauge(
+            "outbox_reconciliation_last_run_timestamp_seconds",
+            "Unix time the latest recorded reconciliation run finished (0: none recorded, or "
+            "the relay may not read the runs)",
+            **kw,
+        )
+        self.reconciliation_failed = Gauge(
+            "outbox_reconciliation_last_run_failed",
+            "1 when the latest reconciliation run's outcome is failed (a class of "
+            "discrepancies over its threshold), else 0",
+            **kw,
+        )
+        self.reconciliation_discrepancies = Gauge(
+            "outbox_reconciliation_last_run_discrepancies",
+            "Discrepancies the latest reconciliation run found",
+            **kw,
+        )
+        #: False once the database refused the runs table (a role granted before the relay
+        #: read it): asked no more, said once
+        self._read_runs = True
 
         # WAL capture mode (docs/capture.md): the replication slot, read on every heartbeat
         self.slot_lag = Gauge(
@@ -106,6 +148,8 @@ class RelayMetrics:
             ["slot", "database", "state"],
             **kw,
         )
+        #: the topics the last heartbeat found a pending or dead row of
+        self._topics: set[str] = set()
         #: the (slot, database) the slot_state series were last set for
         self._slot_labels: tuple[str, str] | None = None
 
@@ -130,11 +174,44 @@ class RelayMetrics:
         if self.registry is None:
             return
         cur = await conn.execute(stmts.status_topics)
+        topics: set[str] = set()
         for topic, pending, _leased, dead, oldest in await cur.fetchall():
+            topics.add(topic)
             self.backlog.labels(topic).set(pending)
             self.dead_rows.labels(topic).set(dead)
             self.oldest_pending.labels(topic).set(oldest or 0.0)
+        # A topic whose every row is published has no row in status_topics: its gauges go to
+        # 0 (not left at their last value, which would keep a backlog alert firing).
+        for topic in self._topics - topics:
+            for gauge in (self.backlog, self.dead_rows, self.oldest_pending):
+                gauge.labels(topic).set(0)
+        self._topics = topics
         await self._refresh_slot(conn, stmts)
+        await self._refresh_reconciliation(conn, stmts)
+
+    async def _refresh_reconciliation(
+        self, conn: psycopg.AsyncConnection[Any], stmts: RelayStatements
+    ) -> None:
+        if not self._read_runs:
+            return
+        try:
+            async with conn.transaction():  # a refusal must not fail the heartbeat
+                row = await (await conn.execute(stmts.last_reconciliation)).fetchone()
+        except psycopg.errors.InsufficientPrivilege:
+            self._read_runs = False
+            log.warning(
+                "relay: the database refused the relay's role SELECT on "
+                "outbox_reconciliation_runs, so the outbox_reconciliation_last_run_* gauges "
+                "stay 0 (the missing-run alert fires): run `outbox migrate grants --relay ROLE "
+                "--apply` again and restart the relay"
+            )
+            return
+        if row is None:
+            return
+        finished, ok, discrepancies = row
+        self.reconciliation_finished.set(finished)
+        self.reconciliation_failed.set(0 if ok else 1)
+        self.reconciliation_discrepancies.set(discrepancies)
 
     async def _refresh_slot(
         self, conn: psycopg.AsyncConnection[Any], stmts: RelayStatements

@@ -37,6 +37,7 @@ from outbox.schema import (
     OUTBOX_RELAYS,
     OUTBOX_SEQUENCES,
     OUTBOX_WRITE_COUNTER,
+    RECONCILIATION_RUNS,
 )
 
 __all__ = ["RelayStatements", "relay_statements"]
@@ -299,6 +300,13 @@ SELECT topic,
 FROM {messages}
 WHERE status <> 'published'
 GROUP BY topic ORDER BY topic
+"""
+
+# outbox_last_reconciliation: the latest recorded run of the nightly reconciliation, for the
+# relay's gauges on every heartbeat (one row through outbox_reconciliation_runs_started_at_idx).
+_LAST_RECONCILIATION = """
+SELECT extract(epoch FROM finished_at)::float8, outcome = 'ok', discrepancies
+FROM {runs} ORDER BY started_at DESC LIMIT 1
 """
 
 # outbox_status_relays: the registered relays with what each holds right now (read-only; an
@@ -607,6 +615,7 @@ class RelayStatements:
     retention: bytes
     status_topics: bytes
     status_relays: bytes
+    last_reconciliation: bytes
     dead_list: bytes
     dead_retry: bytes
     dead_purge: bytes
@@ -633,6 +642,7 @@ def _names(schema: str | None) -> Names:
     return {
         "messages": qualified(schema, OUTBOX_MESSAGES),
         "relays": qualified(schema, OUTBOX_RELAYS),
+        "runs": qualified(schema, RECONCILIATION_RUNS),
         "audit": qualified(schema, OUTBOX_DEAD_AUDIT),
         "sequences": qualified(schema, OUTBOX_SEQUENCES),
         "capture": qualified(schema, OUTBOX_CAPTURE),
@@ -663,6 +673,7 @@ relay_statements = registry(
         "retention": _RETENTION,
         "status_topics": _STATUS_TOPICS,
         "status_relays": _STATUS_RELAYS,
+        "last_reconciliation": _LAST_RECONCILIATION,
         "dead_list": _DEAD_LIST,
         "dead_retry": _DEAD_RETRY,
         "dead_purge": _DEAD_PURGE,

@@ -129,6 +129,7 @@ class Registration:
                         await self._retention(conn)
                         next_retention = time.monotonic() + self.config.retention_interval
                 self._state.db_ok()
+                self._metrics.heartbeat.set(time.time())
             except Exception as exc:
                 log.warning("relay: heartbeat failed (%s)", redact(exc))
             await self._state.sleep(self.config.heartbeat_interval)

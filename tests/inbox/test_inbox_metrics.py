@@ -101,3 +101,20 @@ def test_disabled_metrics_record_nothing(pool: ConnectionPool) -> None:
     runner = HandlerRunner(pool, Flaky(failures=0), consumer="c")
     assert not runner.metrics.enabled
     assert runner.handle(make_envelope()).outcome is Outcome.PROCESSED
+
+
+def test_a_runner_declares_its_counters_at_zero(pool: ConnectionPool) -> None:
+    """An alert's increase() misses a counter series born at 1: the runner creates every
+    outcome's and every refusal reason's series at 0 before the first delivery."""
+    from outbox.envelope import REFUSAL_REASONS
+
+    registry = CollectorRegistry()
+    HandlerRunner(pool, Flaky(failures=0), consumer="c", metrics=InboxMetrics.prometheus(registry))
+    for outcome in Outcome:
+        assert registry.get_sample_value(
+            "inbox_deliveries_total", {"consumer": "c", "outcome": outcome.value}
+        ) == 0
+    for reason in REFUSAL_REASONS:
+        assert registry.get_sample_value(
+            "inbox_refused_total", {"consumer": "c", "reason": reason}
+        ) == 0

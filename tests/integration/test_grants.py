@@ -25,6 +25,7 @@ from outbox import Message, publish, publish_batch
 from outbox.cli import main as outbox_cli
 from outbox.envelope import Envelope
 from relay import Relay
+from relay._queries import relay_statements
 from relay.brokers.memory import MemoryPublisher
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "relay"))
@@ -112,7 +113,13 @@ def test_each_role_does_its_job_and_nothing_else(role_urls: dict[str, str]) -> N
     for args in (["status"], ["dead", "list"], ["retention", "--older-than", "3600"]):
         out = CliRunner().invoke(outbox_cli, [*args, "--url", relay_url])
         assert out.exit_code == 0, (args, out.output)
-    for statement in ("SELECT * FROM inbox_messages", "UPDATE outbox_capture SET mode = 'wal'"):
+    with psycopg.connect(relay_url) as conn:  # the latest run, for its gauges
+        conn.execute(relay_statements(None).last_reconciliation).fetchall()
+    for statement in (
+        "SELECT * FROM inbox_messages",
+        "UPDATE outbox_capture SET mode = 'wal'",
+        "SELECT summary FROM outbox_reconciliation_runs",
+    ):
         _refused(relay_url, statement)
 
     # The consumer applies them with the inbox, ordered, holding a key behind a dead message.
@@ -298,3 +305,38 @@ def test_the_reconcile_role_sees_other_roles_open_transactions(
         blind = read_horizon(source, "inbox_messages")
         assert blind.safe_time == blind.now  # the open transaction is invisible: unsafe
         writer.rollback()
+
+
+def test_a_relay_role_granted_before_it_read_the_runs_keeps_heartbeating(
+    database_url: str, role_urls: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A role granted by an older version cannot read outbox_reconciliation_runs: the relay
+    says so once, leaves the reconciliation gauges at 0 (the missing-run alert fires) and
+    goes on heartbeating and publishing."""
+    from relay import RelayMetrics
+
+    relay_url = role_urls["relay"]
+    role = conninfo_to_dict(relay_url)["user"]
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(f'REVOKE SELECT ON outbox_reconciliation_runs FROM "{role}"')
+    publisher = MemoryPublisher()
+    metrics = RelayMetrics.prometheus()
+    relay = Relay(config(relay_url), publisher, metrics=metrics)
+
+    def sample(name: str) -> float:
+        return metrics.registry.get_sample_value(name) or 0.0
+
+    async def go() -> None:
+        async with running(relay):
+            beat = "outbox_relay_heartbeat_timestamp_seconds"
+            await await_for(lambda: sample(beat) > 0, what="a heartbeat (the refusal in it)")
+            first = sample(beat)
+            await await_for(lambda: sample(beat) > first, what="a heartbeat after the refusal")
+
+    with caplog.at_level("WARNING", logger="relay"):
+        asyncio.run(go())
+    refusals = [r for r in caplog.records if "outbox_reconciliation_runs" in r.getMessage()]
+    assert len(refusals) == 1
+    assert "outbox migrate grants --relay" in refusals[0].getMessage()
+    assert sample("outbox_reconciliation_last_run_timestamp_seconds") == 0
+    assert not [r for r in caplog.records if "heartbeat failed" in r.getMessage()]

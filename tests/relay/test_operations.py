@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -261,3 +262,74 @@ def test_publish_span_links_to_stored_traceparent(
     [span] = exporter.get_finished_spans()
     assert span.name == "outbox publish"
     assert [format(link.context.trace_id, "032x") for link in span.links] == [producer_trace]
+
+
+def test_heartbeat_and_latest_reconciliation_gauges(url: str) -> None:
+    """Every heartbeat stamps its time and exports the latest recorded reconciliation run (the
+    alert rules' inputs, docs/how-to/alerts.md); before any run its time is 0."""
+    metrics = RelayMetrics.prometheus()
+    relay = Relay(config(url), FakePublisher(), metrics=metrics)
+
+    def sample(name: str) -> float | None:
+        value: float | None = metrics.registry.get_sample_value(name)
+        return value
+
+    async def beats_after(started: float) -> None:
+        await await_for(
+            lambda: (sample("outbox_relay_heartbeat_timestamp_seconds") or 0) > started,
+            what="a heartbeat",
+        )
+
+    async def go() -> None:
+        async with running(relay):
+            await beats_after(time.time())
+            assert sample("outbox_reconciliation_last_run_timestamp_seconds") == 0
+            with psycopg.connect(url, autocommit=True) as conn:
+                for finished, outcome, found in (("1 hour", "ok", 0), ("10 minutes", "failed", 4)):
+                    conn.execute(
+                        "INSERT INTO outbox_reconciliation_runs (run_id, started_at, finished_at, "
+                        "window_start, window_end, horizon_xmin, messages, discrepancies, "
+                        "outcome, summary) VALUES (gen_random_uuid(), now() - %s::interval, "
+                        "now() - %s::interval, now() - interval '1 day', now(), 1, 10, %s, %s, "
+                        "'{}')",
+                        (finished, finished, found, outcome),
+                    )
+            await beats_after(time.time())
+            await beats_after(time.time())  # a whole heartbeat after the rows were committed
+
+    asyncio.run(go())
+    finished = sample("outbox_reconciliation_last_run_timestamp_seconds")
+    assert finished is not None
+    assert 500 < time.time() - finished < 700  # the latest run: 10 minutes ago
+    assert sample("outbox_reconciliation_last_run_failed") == 1
+    assert sample("outbox_reconciliation_last_run_discrepancies") == 4
+
+
+def test_a_drained_topics_backlog_gauges_go_to_zero(url: str) -> None:
+    """A topic with every row published has no row in the status query; its gauges must not
+    keep their last value (a backlog alert would never resolve)."""
+    from relay._queries import relay_statements
+
+    metrics = RelayMetrics.prometheus()
+    stmts = relay_statements(None)
+    write(url, [("t", "a"), ("t", "b")])
+
+    def gauge(name: str) -> float | None:
+        value: float | None = metrics.registry.get_sample_value(name, {"topic": "t"})
+        return value
+
+    async def go() -> tuple[tuple[float | None, ...], tuple[float | None, ...]]:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await metrics.refresh_backlog(conn, stmts)
+            before = (gauge("outbox_backlog"), gauge("outbox_oldest_pending_seconds"))
+            await conn.execute(
+                "UPDATE outbox_messages SET status = 'published', published_at = now()"
+            )
+            await metrics.refresh_backlog(conn, stmts)
+            after = (gauge("outbox_backlog"), gauge("outbox_oldest_pending_seconds"))
+            return before, after
+
+    before, after = asyncio.run(go())
+    assert before[0] == 2
+    assert (before[1] or 0) > 0
+    assert after == (0, 0)
