@@ -17,6 +17,8 @@ Kafka         record headers as UTF-8 bytes; record key = the outbox key (one ke
               partition, in order); value = payload
 Redis         ``XADD`` fields: the headers plus ``payload`` (the body)
 MQTT 5        user properties; ``content_type`` property; payload = body
+SQS, SNS      the body (base64 when not text) and message attributes (:mod:`outbox.wire.sqs`);
+              ``MessageGroupId`` from the key, ``MessageDeduplicationId`` = the id (FIFO)
 JSON lines    ``{"destination", "headers", "payload" | "payload_base64"}`` (stdout and file
               sinks)
 ============  ==============================================================================

@@ -9,7 +9,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from outbox.exceptions import ConfigurationError, MissingDependencyError
 from relay.brokers.base import BrokerFeatures, Destinations, Publisher
@@ -22,8 +22,9 @@ __all__ = [
     "publisher_for_url",
 ]
 
-SCHEMES = ("nats", "amqp", "amqps", "kafka", "redis", "rediss", "mqtt", "mqtts", "stdout",
-           "file", "memory")  # fmt: skip
+SCHEMES: tuple[str, ...] = ("nats", "amqp", "amqps", "kafka", "redis", "rediss", "mqtt",
+                            "mqtts", "stdout", "file", "memory")  # fmt: skip
+SCHEMES += ("sqs", "sns")  # Amazon SQS and SNS: relay/brokers/sqs.py
 
 
 def publisher_for_url(
@@ -41,7 +42,8 @@ def publisher_for_url(
 
     ``nats://h:p[,nats://h2:p2]``, ``amqp[s]://user:pass@h:p/vhost``, ``kafka://h:p[,h2:p2]``,
     ``redis[s]://h:p/db``, ``mqtt[s]://[user:pass@]h[:p]``, ``stdout:``, ``file:/path``,
-    ``memory:``. Raises ConfigurationError for an unknown scheme or option, and
+    ``memory:``, ``sqs://[REGION][?endpoint=URL]``, ``sns://[REGION][?endpoint=URL]``. Raises
+    ConfigurationError for an unknown scheme or option, and
     MissingDependencyError (a ConfigurationError) naming the pip extra when the SDK is missing.
     """
     scheme = url.partition(":")[0].lower()
@@ -116,6 +118,28 @@ def _file(url: str) -> tuple[list[Any], dict[str, Any]]:
     return [unquote(path)], {}
 
 
+def _aws(url: str) -> tuple[list[Any], dict[str, Any]]:
+    """``sqs://[REGION][?endpoint=URL]`` (and ``sns://``): the region, else AWS's default
+    (``AWS_DEFAULT_REGION``, the profile); ``endpoint`` for a local or private endpoint."""
+    parts = urlsplit(url)
+    if parts.username or parts.password or parts.path.strip("/"):
+        raise ConfigurationError(
+            f"{parts.scheme} URL needs the form {parts.scheme}://[REGION][?endpoint=URL]: "
+            "credentials come from AWS's default chain, queues and topics from destinations",
+            scheme=parts.scheme,
+        )
+    implied: dict[str, Any] = {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name not in ("endpoint", "region") or not value:
+            raise ConfigurationError(
+                f"{parts.scheme} URL option {name!r} is not known (endpoint=URL, region=NAME)",
+                option=name,
+            )
+        implied["endpoint_url" if name == "endpoint" else "region"] = value
+    region = parts.hostname or implied.pop("region", None)
+    return [region], implied
+
+
 def _none(_url: str) -> tuple[list[Any], dict[str, Any]]:
     return [], {}
 
@@ -133,3 +157,5 @@ _BUILDERS: dict[str, tuple[str, str, Callable[[str], tuple[list[Any], dict[str, 
     "file": ("file", "FilePublisher", _file),
     "memory": ("memory", "MemoryPublisher", _none),
 }
+_BUILDERS["sqs"] = ("sqs", "SqsPublisher", _aws)
+_BUILDERS["sns"] = ("sqs", "SnsPublisher", _aws)

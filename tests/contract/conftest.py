@@ -18,12 +18,18 @@ from contract_harness import (
     NatsHarness,
     RabbitHarness,
     RedisHarness,
+    SnsHarness,
+    SqsHarness,
+    SqsStandardHarness,
     StdoutHarness,
 )
 from kafka_broker import bootstrap
 from services import import_or_missing, require_port
 
 ADAPTERS = ["memory", "stdout", "file", "nats", "rabbitmq", "kafka", "redis", "mqtt"]
+#: Amazon SQS (a FIFO and a standard queue) and SNS (a FIFO topic) on moto's server
+AWS = {"sqs-fifo": SqsHarness, "sqs-standard": SqsStandardHarness, "sns-fifo": SnsHarness}
+ADAPTERS += list(AWS)
 
 
 def _make(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
@@ -38,6 +44,10 @@ def _make(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
         harness = KafkaHarness()
         harness.bootstrap = bootstrap()
         return harness
+    if name in AWS:
+        import_or_missing("boto3", "aws")
+        aws: Harness = AWS[name]()
+        return aws
     cls = classes[name]
     if cls.port is not None:
         require_port(cls.port, name)
