@@ -119,8 +119,10 @@ def _file(url: str) -> tuple[list[Any], dict[str, Any]]:
 
 
 def _aws(url: str) -> tuple[list[Any], dict[str, Any]]:
-    """``sqs://[REGION][?endpoint=URL]`` (and ``sns://``): the region, else AWS's default
-    (``AWS_DEFAULT_REGION``, the profile); ``endpoint`` for a local or private endpoint."""
+    """``sqs://[REGION][?endpoint=URL][&destination=TEMPLATE]`` (and ``sns://``): the region,
+    else AWS's default (``AWS_DEFAULT_REGION``, the profile); ``endpoint`` for a local or
+    private endpoint; ``destination`` for the topics ``destinations`` does not map
+    (``{topic}.fifo``)."""
     parts = urlsplit(url)
     if parts.username or parts.password or parts.path.strip("/"):
         raise ConfigurationError(
@@ -130,12 +132,15 @@ def _aws(url: str) -> tuple[list[Any], dict[str, Any]]:
         )
     implied: dict[str, Any] = {}
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name not in ("endpoint", "region") or not value:
+        option = {"endpoint": "endpoint_url", "region": "region",
+                  "destination": "default_destination"}.get(name)  # fmt: skip
+        if option is None or not value:
             raise ConfigurationError(
-                f"{parts.scheme} URL option {name!r} is not known (endpoint=URL, region=NAME)",
+                f"{parts.scheme} URL option {name!r} is not known or empty (endpoint=URL, "
+                "region=NAME, destination=TEMPLATE)",
                 option=name,
             )
-        implied["endpoint_url" if name == "endpoint" else "region"] = value
+        implied[option] = value
     region = parts.hostname or implied.pop("region", None)
     return [region], implied
 

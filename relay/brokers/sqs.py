@@ -1,11 +1,13 @@
 """Amazon SQS and SNS adapters (boto3): ``SendMessageBatch`` / ``PublishBatch``, ten messages a
 call, several calls in flight; a message is confirmed only when the call lists it ``Successful``.
 
-Destinations: an SQS queue's name (looked up once with ``GetQueueUrl``) or its URL; an SNS
-topic's ARN or name (its ARN is built from the caller's account, ``GetCallerIdentity``). A name
-ending in ``.fifo`` is a FIFO queue or topic: each message carries ``MessageGroupId`` (from the
-key) and ``MessageDeduplicationId`` (the outbox id), and SQS drops a repeat of an id within five
-minutes. See :mod:`outbox.wire.sqs` for the mapping.
+Destinations: ``destinations`` (topic -> destination), else ``default_destination`` (a
+template: ``{topic}.fifo``), else the topic itself; each an SQS queue's name (looked up once
+with ``GetQueueUrl``) or its URL, or an SNS topic's ARN or name (its ARN is built from the
+caller's account, ``GetCallerIdentity``). A name ending in ``.fifo`` is a FIFO queue or
+topic: each message carries ``MessageGroupId`` (from the key) and ``MessageDeduplicationId``
+(the outbox id), and SQS drops a repeat of an id within five minutes. The mapping is
+:mod:`outbox.wire.sqs`.
 
 Order: the messages of one destination are spread over ``concurrency`` lanes by their group
 (the key), and each lane sends its calls one after the other, each only once the previous one
@@ -100,6 +102,7 @@ class _AwsPublisher:
         region: str | None = None,
         *,
         destinations: Mapping[str, str] | None = None,
+        default_destination: str | None = None,
         endpoint_url: str | None = None,
         timeout: float = DEFAULT_ACK_TIMEOUT,
         call_timeout: float | None = None,
@@ -113,6 +116,8 @@ class _AwsPublisher:
             raise ConfigurationError(f"timeout must be > 0 seconds, not {timeout!r}")
         self._region = region
         self._endpoint_url = endpoint_url
+        if default_destination is not None:
+            destinations = {"*": default_destination, **(destinations or {})}
         self._destination = Destinations(destinations)
         self._timeout = timeout
         self._call_timeout = min(call_timeout or timeout / 2, timeout)

@@ -119,3 +119,12 @@ def test_sqs_a_call_holds_at_most_ten_messages_and_the_queues_size() -> None:
         assert len(calls) >= 6  # two 1.5 kB messages (with attributes) per 4 kB call
     finally:
         sqs.delete_queue(QueueUrl=url)
+
+
+def test_sqs_url_destination_template_for_the_command_line() -> None:
+    """``outbox relay`` has no destinations flag: the URL's ``destination`` maps the topics."""
+    pub: Any = publisher_for_url("sqs://?destination={topic}-events.fifo",
+                                 destinations={"audit": "audit-log"})  # fmt: skip
+    assert pub._destination("orders") == "orders-events.fifo"
+    assert pub._destination("audit") == "audit-log"  # an exact entry wins
+    assert not pub.features.keeps_key_order  # audit-log is a standard queue

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -174,3 +179,50 @@ def test_outbox_relay_sqs_inbox_each_message_once_in_key_order(url: str, kind: s
     expected = {f"k{k}": list(range(1, PER_KEY + 1)) for k in range(KEYS)}
     expected["k0"] += [PER_KEY + 2]  # past its dead message, seq PER_KEY + 1
     assert by_key == expected
+
+
+@pytest.mark.parametrize("fifo", [True, False], ids=["fifo", "standard"])
+def test_outbox_relay_cli_publishes_a_backlog_to_sqs(url: str, fifo: bool) -> None:
+    """``outbox relay --broker sqs://...`` as an operator runs it: a backlog committed first
+    arrives once per message, each key in order (a FIFO queue; moto keeps a standard queue's
+    order too, which AWS would not promise)."""
+    import_or_missing("boto3", "aws")
+    import aws_server
+
+    suffix = ".fifo" if fifo else ""
+    tag = uuid.uuid4().hex[:8]
+    sqs = aws_server.client("sqs")
+    queue_url, _ = _queue(sqs, f"cli-{tag}-orders{suffix}", fifo)
+    ids = write(url, [("orders", f"k{i % KEYS}") for i in range(KEYS * PER_KEY)])
+    broker = f"sqs://{aws_server.REGION}?endpoint={aws_server.endpoint()}"
+    broker += f"&destination=cli-{tag}-{{topic}}{suffix}"
+    outbox = str(Path(sys.executable).with_name("outbox"))
+    proc = subprocess.Popen(  # credentials: the dummy ones in the environment (default chain)
+        [outbox, "relay", "--url", url, "--broker", broker, "--poll-interval", "0.1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    got: list[Envelope] = []
+    try:
+        from outbox.wire import sqs as wire
+
+        deadline = time.monotonic() + 60
+        while len(got) < len(ids) and time.monotonic() < deadline and proc.poll() is None:
+            messages = sqs.receive_message(
+                QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1,
+                MessageAttributeNames=["All"],
+            ).get("Messages", [])  # fmt: skip
+            got += [wire.decode(m["Body"], m["MessageAttributes"]) for m in messages]
+            if messages:
+                sqs.delete_message_batch(QueueUrl=queue_url, Entries=[
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                    for i, m in enumerate(messages)])  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=30)[0].decode()
+        sqs.delete_queue(QueueUrl=queue_url)
+    assert sorted(e.id for e in got) == sorted(ids), output[-2000:]
+    by_key: dict[str, list[int]] = defaultdict(list)
+    for env in got:
+        by_key[env.key].append(env.seq)
+    assert by_key == {f"k{k}": list(range(1, PER_KEY + 1)) for k in range(KEYS)}
+    assert proc.returncode == 0, output[-2000:]
