@@ -242,4 +242,7 @@ def _known(headers: Mapping[str, str]) -> dict[str, object]:
     known: dict[str, object] = {"topic": headers.get(HEADER_TOPIC), "key": headers.get(HEADER_KEY)}
     with contextlib.suppress(ValueError):
         known["message_id"] = uuid.UUID(headers.get(HEADER_ID, ""))
+    seq = headers.get(HEADER_SEQ, "")
+    if seq.isascii() and seq.isdigit() and len(seq) <= _MAX_SEQ_DIGITS:
+        known["seq"] = int(seq)  # so its key moves on past it once it is recorded dead
     return known
