@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,8 @@ __all__ = ["SqsConsumer"]
 
 log = logging.getLogger("inbox.consumer")
 
+#: ``//user:password@`` in a URL (error paths only)
+_USERINFO = re.compile(r"//[^/@\s]+@")
 _MAX_ENTRIES = 10  # per ReceiveMessage, DeleteMessageBatch, ChangeMessageVisibilityBatch
 
 
@@ -84,6 +87,14 @@ class SqsConsumer(BrokerConsumer):
         self._url = ""
         self._pool: ThreadPoolExecutor | None = None
 
+    def _why(self, exc: BaseException) -> str:
+        """``exc`` for a log line: botocore names the endpoint URL, shown without a user or a
+        query (it never names the AWS credentials)."""
+        text = f"{type(exc).__name__}: {exc}"
+        if self.endpoint_url:
+            text = text.replace(self.endpoint_url, self.endpoint_url.split("?")[0])
+        return _USERINFO.sub("//", text)
+
     async def _call(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, **kwargs))
@@ -137,7 +148,7 @@ class SqsConsumer(BrokerConsumer):
             except Exception as exc:
                 if getattr(exc, "response", None) is not None:
                     raise  # the service refused: the queue is gone, no permission...
-                log.warning("inbox: SQS receive failed, trying again: %s", exc)
+                log.warning("inbox: SQS receive failed, trying again: %s", self._why(exc))
                 await self._wait_stopping(1.0)
                 continue
             messages = response.get("Messages") or []
@@ -188,7 +199,7 @@ class SqsConsumer(BrokerConsumer):
                 self._client.delete_message_batch, QueueUrl=self._url, Entries=entries
             )
         except Exception as exc:  # committed, not deleted: redelivered, then a duplicate
-            log.warning("inbox: SQS delete of %d messages failed: %s", len(entries), exc)
+            log.warning("inbox: SQS delete of %d messages failed: %s", len(entries), self._why(exc))
             return
         for failed in response.get("Failed") or ():
             log.warning("inbox: SQS did not delete a message (%s: %s); it will come back as a "
@@ -222,7 +233,7 @@ class SqsConsumer(BrokerConsumer):
                 await self._call(self._client.change_message_visibility_batch,
                                  QueueUrl=self._url, Entries=entries)  # fmt: skip
             except Exception as exc:  # next round tries again; at worst a redelivery
-                log.warning("inbox: SQS visibility change failed: %s", exc)
+                log.warning("inbox: SQS visibility change failed: %s", self._why(exc))
                 return
             now = time.monotonic()
             for receipt in chunk:

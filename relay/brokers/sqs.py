@@ -26,11 +26,13 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from outbox._optional import require
 from outbox.envelope import Envelope
@@ -76,6 +78,8 @@ _DESTINATION = frozenset({
     "InvalidAddress", "EndpointDisabled",
 })  # fmt: skip
 #: error codes that say "later": throttling and the service's own failures
+#: ``//user:password@`` in a URL (error paths only)
+_USERINFO = re.compile(r"//[^/@\s]+@")
 _LATER = frozenset({
     "ServiceUnavailable", "InternalError", "InternalFailure", "RequestTimeout",
     "AWS.SimpleQueueService.InternalError", "SlowDown",
@@ -173,9 +177,10 @@ class _AwsPublisher:
         raise NotImplementedError
 
     def _unreachable_error(self, exc: BaseException) -> BrokerUnreachableError:
-        where = self._endpoint_url or f"the {self._region or 'default'} region"
+        where = _shown(self._endpoint_url) or f"the {self._region or 'default'} region"
+        why = _describe(exc, self._endpoint_url)
         return BrokerUnreachableError(
-            f"cannot reach Amazon {self.service.upper()} at {where}: {_describe(exc)} "
+            f"cannot reach Amazon {self.service.upper()} at {where}: {why} "
             "(is the endpoint right and reachable, and are AWS credentials available to the "
             "default chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, a role?)",
             service=self.service,
@@ -328,7 +333,7 @@ class _AwsPublisher:
                 cause=exc,
             )  # fmt: skip
         # no answer from the service (connection refused or lost, timeout, no credentials)
-        return unreachable(_describe(exc), env, dest, exc)
+        return unreachable(_describe(exc, self._endpoint_url), env, dest, exc)
 
     def _classify_code(
         self,
@@ -487,7 +492,20 @@ def _refused(exc: BaseException) -> bool:
     return error.get("Code") in ("AccessDenied", "AccessDeniedException", "AuthorizationError")
 
 
-def _describe(exc: BaseException) -> str:
-    """What went wrong, without the request: botocore's messages name the endpoint and the
-    operation, never the credentials."""
-    return f"{type(exc).__name__}: {exc}"
+def _shown(url: str | None) -> str | None:
+    """``url`` as an error may show it: scheme, host and path, never a user or a query."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}" + (
+        parts.path
+    )
+
+
+def _describe(exc: BaseException, endpoint: str | None) -> str:
+    """What went wrong. botocore's messages name the operation and the endpoint URL (never the
+    AWS credentials): an endpoint given with a user or a query is shown without them."""
+    text = f"{type(exc).__name__}: {exc}"
+    if endpoint:
+        text = text.replace(endpoint, _shown(endpoint) or "")
+    return _USERINFO.sub("//", text)

@@ -128,3 +128,18 @@ def test_sqs_url_destination_template_for_the_command_line() -> None:
     assert pub._destination("orders") == "orders-events.fifo"
     assert pub._destination("audit") == "audit-log"  # an exact entry wins
     assert not pub.features.keeps_key_order  # audit-log is a standard queue
+
+
+def test_sqs_unreachable_error_shows_no_secret_of_the_endpoint() -> None:
+    from relay.brokers.sqs import SqsPublisher
+
+    pub = SqsPublisher(endpoint_url="http://user:s3cr3t@127.0.0.1:1/?token=t0ken",
+                       connect_timeout=1)  # fmt: skip
+
+    async def main() -> None:
+        with pytest.raises(BrokerUnreachableError, match=r"127\.0\.0\.1:1") as info:
+            await pub.start()
+        assert "s3cr3t" not in str(info.value)
+        assert "t0ken" not in str(info.value)
+
+    asyncio.run(main())
