@@ -27,6 +27,7 @@ from inbox._receive import Verdict, receive, receive_async, record, record_async
 from inbox._redis import RedisStreamConsumer
 from inbox._retention import purge
 from inbox._runner import AsyncHandlerRunner, HandlerRunner, Outcome, Result
+from inbox._sqs import SqsConsumer
 from inbox.exceptions import ConcurrentDeliveryError, InboxError, OutOfOrderError
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "RabbitMQConsumer",
     "RedisStreamConsumer",
     "Result",
+    "SqsConsumer",
     "Verdict",
     "blocked_keys",
     "dead_audit",

@@ -19,6 +19,8 @@ Redis         ``XADD`` fields: the headers plus ``payload`` (the body)
 MQTT 5        user properties; ``content_type`` property; payload = body
 AMQP 1.0      application-properties; ``message-id`` = id, ``group-id`` = key,
               ``group-sequence`` = seq, ``subject`` = topic; body = one data section
+SQS, SNS      the body (base64 when not text) and message attributes (:mod:`outbox.wire.sqs`);
+              ``MessageGroupId`` from the key, ``MessageDeduplicationId`` = the id (FIFO)
 JSON lines    ``{"destination", "headers", "payload" | "payload_base64"}`` (stdout and file
               sinks)
 ============  ==============================================================================

@@ -27,6 +27,7 @@ SCHEMES: tuple[str, ...]
 SCHEMES = ("nats", "amqp", "amqps", "kafka", "kafkas", "redis", "rediss", "mqtt", "mqtts", "stdout",
            "file", "memory")  # fmt: skip
 SCHEMES += ("amqp1", "amqp1s")  # AMQP 1.0 (amqp:// is RabbitMQ's 0-9-1)
+SCHEMES += ("sqs", "sns")  # Amazon SQS and SNS: relay/brokers/sqs.py
 
 
 def publisher_for_url(
@@ -45,7 +46,8 @@ def publisher_for_url(
     ``nats://h:p[,nats://h2:p2]``, ``amqp[s]://user:pass@h:p/vhost``,
     ``kafka[s]://[user:pass@]h:p[,h2:p2][?mechanism=SCRAM-SHA-512]`` (SASL, see ``_kafka``),
     ``redis[s]://h:p/db``, ``mqtt[s]://[user:pass@]h[:p]``, ``stdout:``, ``file:/path``,
-    ``memory:``. Raises ConfigurationError for an unknown scheme or option, and
+    ``memory:``, ``sqs://[REGION][?endpoint=URL]``, ``sns://[REGION][?endpoint=URL]``. Raises
+    ConfigurationError for an unknown scheme or option, and
     MissingDependencyError (a ConfigurationError) naming the pip extra when the SDK is missing.
     """
     scheme = url.partition(":")[0].lower()
@@ -177,6 +179,33 @@ def _file(url: str) -> tuple[list[Any], dict[str, Any]]:
     return [unquote(path)], {}
 
 
+def _aws(url: str) -> tuple[list[Any], dict[str, Any]]:
+    """``sqs://[REGION][?endpoint=URL][&destination=TEMPLATE]`` (and ``sns://``): the region,
+    else AWS's default (``AWS_DEFAULT_REGION``, the profile); ``endpoint`` for a local or
+    private endpoint; ``destination`` for the topics ``destinations`` does not map
+    (``{topic}.fifo``)."""
+    parts = urlsplit(url)
+    if parts.username or parts.password or parts.path.strip("/"):
+        raise ConfigurationError(
+            f"{parts.scheme} URL needs the form {parts.scheme}://[REGION][?endpoint=URL]: "
+            "credentials come from AWS's default chain, queues and topics from destinations",
+            scheme=parts.scheme,
+        )
+    implied: dict[str, Any] = {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        option = {"endpoint": "endpoint_url", "region": "region",
+                  "destination": "default_destination"}.get(name)  # fmt: skip
+        if option is None or not value:
+            raise ConfigurationError(
+                f"{parts.scheme} URL option {name!r} is not known or empty (endpoint=URL, "
+                "region=NAME, destination=TEMPLATE)",
+                option=name,
+            )
+        implied[option] = value
+    region = parts.hostname or implied.pop("region", None)
+    return [region], implied
+
+
 def _none(_url: str) -> tuple[list[Any], dict[str, Any]]:
     return [], {}
 
@@ -197,3 +226,5 @@ _BUILDERS: dict[str, tuple[str, str, Callable[[str], tuple[list[Any], dict[str, 
     "amqp1": ("amqp1", "Amqp1Publisher", _whole),
     "amqp1s": ("amqp1", "Amqp1Publisher", _whole),
 }
+_BUILDERS["sqs"] = ("sqs", "SqsPublisher", _aws)
+_BUILDERS["sns"] = ("sqs", "SnsPublisher", _aws)

@@ -20,6 +20,9 @@ from contract_harness import (
     NatsHarness,
     RabbitHarness,
     RedisHarness,
+    SnsHarness,
+    SqsHarness,
+    SqsStandardHarness,
     StdoutHarness,
 )
 from kafka_broker import bootstrap
@@ -27,6 +30,9 @@ from services import import_or_missing, require_port
 
 ADAPTERS = ["memory", "stdout", "file", "nats", "rabbitmq", "kafka", "redis", "mqtt"]
 ADAPTERS += ["amqp1"]  # AMQP 1.0 on a private RabbitMQ node (tests/amqp1_broker.py)
+#: Amazon SQS (a FIFO and a standard queue) and SNS (a FIFO topic) on moto's server
+AWS = {"sqs-fifo": SqsHarness, "sqs-standard": SqsStandardHarness, "sns-fifo": SnsHarness}
+ADAPTERS += list(AWS)
 
 
 def _make(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
@@ -46,6 +52,10 @@ def _make(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
         amqp1 = Amqp1Harness()
         amqp1.url = amqp1_node().url
         return amqp1
+    if name in AWS:
+        import_or_missing("boto3", "aws")
+        aws: Harness = AWS[name]()
+        return aws
     cls = classes[name]
     if cls.port is not None:
         require_port(cls.port, name)

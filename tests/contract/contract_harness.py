@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import socket
 import threading
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox.envelope import Envelope
-from outbox.wire import amqp1, jsonl, kafka, mqtt, nats, rabbitmq, redis
+from outbox.wire import amqp1, jsonl, kafka, mqtt, nats, rabbitmq, redis, sqs
 from relay.brokers import Publisher
 
 DEADLINE = 15.0
@@ -508,3 +509,137 @@ class Amqp1Harness(Harness):
 
     def decode(self, raw: Any) -> Envelope:
         return amqp1.decode(raw.properties, raw.body)
+
+
+class SqsHarness(Harness):
+    """Amazon SQS on moto's server: a FIFO queue (``fifo``) or a standard one."""
+
+    name = "sqs"
+    fifo = True
+    bad_payload = 5000  # the queue's MaximumMessageSize is set to 4096 below
+    # moto scans the whole queue (with date arithmetic per message) several times per message
+    # sent: a deeper queue is quadratically slower, so the order test stays short
+    batch_size = 300
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dedup = self.fifo
+        self.suffix = ".fifo" if self.fifo else ""
+
+    @property
+    def dest(self) -> str:
+        return f"{self.ns}{self.suffix}"
+
+    def unavailable_destination(self) -> str:
+        return f"{self.ns}-missing{self.suffix}"  # no such queue
+
+    async def open(self) -> None:
+        import aws_server
+
+        self.endpoint = aws_server.endpoint()
+        self.sqs = aws_server.client("sqs")
+        attributes = {"MaximumMessageSize": "4096"}
+        if self.fifo:
+            attributes["FifoQueue"] = "true"
+        self.queue_url = self.sqs.create_queue(
+            QueueName=f"{self.ns}{self.suffix}", Attributes=attributes
+        )["QueueUrl"]
+
+    async def cleanup(self) -> None:
+        self.sqs.delete_queue(QueueUrl=self.queue_url)
+
+    def publisher(self, **options: Any) -> Publisher:
+        from relay.brokers.sqs import SqsPublisher
+
+        return SqsPublisher(endpoint_url=self.endpoint, destinations=self.destinations(),
+                            timeout=10, **options)  # fmt: skip
+
+    def unreachable(self) -> Publisher:
+        from relay.brokers.sqs import SqsPublisher
+
+        return SqsPublisher(endpoint_url="http://127.0.0.1:1", connect_timeout=1)
+
+    async def fetch(self, n: int) -> list[Any]:
+        return await asyncio.to_thread(self._fetch, n)
+
+    def _fetch(self, n: int) -> list[sqs.SqsMessage]:
+        out: list[sqs.SqsMessage] = []
+        end = time.monotonic() + DEADLINE
+        while len(out) < n and time.monotonic() < end:
+            got = self.sqs.receive_message(
+                QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1,
+                MessageAttributeNames=["All"], MessageSystemAttributeNames=["All"],
+            ).get("Messages", [])  # fmt: skip
+            for msg in got:
+                system = msg.get("Attributes", {})
+                out.append(sqs.SqsMessage(body=msg["Body"],
+                                          attributes=msg.get("MessageAttributes", {}),
+                                          group_id=system.get("MessageGroupId", ""),
+                                          deduplication_id=system.get("MessageDeduplicationId",
+                                                                      "")))  # fmt: skip
+            if got:  # deleted, or a FIFO queue would hold the group back
+                self.sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=[
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(got)
+                ])  # fmt: skip
+        return out
+
+    def encode(self, env: Envelope) -> Any:
+        message = sqs.encode(env)
+        if not self.fifo:  # a standard queue carries neither id
+            message = dataclasses.replace(message, group_id="", deduplication_id="")
+        return message
+
+    def decode(self, raw: Any) -> Envelope:
+        return sqs.decode(raw.body, raw.attributes)
+
+    async def stored(self) -> int:
+        attributes = self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=[
+            "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+        return sum(int(v) for v in attributes.values())
+
+
+class SqsStandardHarness(SqsHarness):
+    fifo = False
+
+
+class SnsHarness(SqsHarness):
+    """Amazon SNS on moto's server: a FIFO topic (by name: its ARN is looked up) with a FIFO
+    queue subscribed to it, raw message delivery."""
+
+    name = "sns"
+    bad_payload = 300 * 1024  # > SNS's 256 KiB
+
+    @property
+    def dest(self) -> str:
+        return f"{self.ns}-topic.fifo"
+
+    async def open(self) -> None:
+        await super().open()
+        self.sqs.set_queue_attributes(QueueUrl=self.queue_url,
+                                      Attributes={"MaximumMessageSize": "1048576"})  # fmt: skip
+        import aws_server
+
+        self.sns = aws_server.client("sns")
+        self.topic_arn = self.sns.create_topic(
+            Name=self.dest, Attributes={"FifoTopic": "true"}
+        )["TopicArn"]
+        queue_arn = self.sqs.get_queue_attributes(
+            QueueUrl=self.queue_url, AttributeNames=["QueueArn"]
+        )["Attributes"]["QueueArn"]
+        self.sns.subscribe(TopicArn=self.topic_arn, Protocol="sqs", Endpoint=queue_arn,
+                           Attributes={"RawMessageDelivery": "true"})  # fmt: skip
+
+    async def cleanup(self) -> None:
+        self.sns.delete_topic(TopicArn=self.topic_arn)
+        await super().cleanup()
+
+    def publisher(self, **options: Any) -> Publisher:
+        from relay.brokers.sqs import SnsPublisher
+
+        return SnsPublisher(endpoint_url=self.endpoint, destinations=self.destinations(),
+                            timeout=10, **options)  # fmt: skip
+
+    def unreachable(self) -> Publisher:
+        from relay.brokers.sqs import SnsPublisher
+
+        return SnsPublisher(endpoint_url="http://127.0.0.1:1", connect_timeout=1)

@@ -23,6 +23,7 @@ from inbox import (
     NatsConsumer,
     RabbitMQConsumer,
     RedisStreamConsumer,
+    SqsConsumer,
 )
 from inbox._consumer import ResultCallback
 from outbox import wire
@@ -394,3 +395,86 @@ class Amqp1(Broker):
 
 BROKERS: dict[str, type[Broker]] = {b.name: b for b in (Nats, RabbitMQ, Redis, Mqtt, Kafka)}
 BROKERS["amqp1"] = Amqp1
+
+
+class Sqs(Broker):
+    """Amazon SQS on moto's server (tests/aws_server.py): a FIFO queue, messages sent with
+    SendMessageBatch exactly as the relay sends them."""
+
+    name, port = "sqs-fifo", 0
+    fifo = True
+    endpoint = ""
+
+    def names(self) -> None:
+        self.queue = f"inbox-test-{self.tag}{'.fifo' if self.fifo else ''}"
+
+    def spec(self) -> dict[str, Any]:
+        return {**super().spec(), "endpoint": self.endpoint}
+
+    @classmethod
+    def attach(cls, spec: dict[str, Any]) -> Broker:
+        broker = cls(spec["tag"])
+        broker.endpoint = spec["endpoint"]  # the dummy credentials come in the environment
+        return broker
+
+    async def setup(self) -> None:
+        import aws_server
+
+        self.endpoint = aws_server.endpoint()
+        self.sqs = aws_server.client("sqs")
+        attributes = {"FifoQueue": "true"} if self.fifo else {}
+        self.url = self.sqs.create_queue(QueueName=self.queue, Attributes=attributes)["QueueUrl"]
+
+    async def publish(self, envelopes: Sequence[Envelope]) -> None:
+        await asyncio.to_thread(self._publish, list(envelopes))
+
+    def _publish(self, envelopes: list[Envelope]) -> None:
+        from outbox.wire import sqs as sqs_wire
+
+        seen: dict[uuid.UUID, int] = {}
+        entries = []
+        for env in envelopes:
+            msg = sqs_wire.encode(env)
+            # a copy re-sent after the FIFO dedup window (as after a long relay outage) is a
+            # new message; emulated by varying the MessageDeduplicationId of copies
+            n = seen[env.id] = seen.get(env.id, 0) + 1
+            entry: dict[str, Any] = {"Id": str(len(entries)), "MessageBody": msg.body,
+                                     "MessageAttributes": msg.attributes}  # fmt: skip
+            if self.fifo:
+                entry["MessageGroupId"] = msg.group_id
+                entry["MessageDeduplicationId"] = f"{env.id}/{n}" if n > 1 else str(env.id)
+            entries.append(entry)
+            if len(entries) == 10:
+                self._send(entries)
+                entries = []
+        if entries:
+            self._send(entries)
+
+    def _send(self, entries: list[dict[str, Any]]) -> None:
+        response = self.sqs.send_message_batch(QueueUrl=self.url, Entries=entries)
+        assert not response.get("Failed"), response["Failed"]
+
+    def consumer(self, runner: Any, on_result: ResultCallback, instance: int) -> BrokerConsumer:
+        return SqsConsumer(
+            runner,
+            queue=self.queue,
+            endpoint_url=self.endpoint,
+            wait_seconds=1,
+            visibility_timeout=5,
+            redeliver_delay=0.1,
+            on_result=on_result,
+            batching=self.batching,
+        )
+
+    async def teardown(self) -> None:
+        await asyncio.to_thread(self.sqs.delete_queue, QueueUrl=self.url)
+
+
+class SqsStandard(Sqs):
+    """A standard queue: no order, no dedup; the inbox's order guard and duplicate check."""
+
+    name = "sqs-standard"
+    fifo = False
+
+
+BROKERS.update({b.name: b for b in (Sqs, SqsStandard)})

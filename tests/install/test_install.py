@@ -49,6 +49,7 @@ OPTIONAL = (
     "prometheus_client", "opentelemetry", "sqlalchemy.ext.asyncio",
 )  # fmt: skip
 OPTIONAL += ("proton",)  # the amqp1 extra
+OPTIONAL += ("boto3", "botocore")  # the aws extra
 INSTALL_LINE = re.compile(r"pip install ['\"]?outbox-inbox(?:\[([a-z0-9,]+)\])?['\"]?")
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
 
@@ -175,7 +176,7 @@ _OBJECTS_NAME_THEIR_EXTRA = textwrap.dedent(
     from psycopg_pool import AsyncConnectionPool
 
     from inbox import AsyncHandlerRunner, Amqp1Consumer, KafkaConsumer, MqttConsumer
-    from inbox import NatsConsumer, RabbitMQConsumer, RedisStreamConsumer
+    from inbox import NatsConsumer, RabbitMQConsumer, RedisStreamConsumer, SqsConsumer
     from outbox.exceptions import MissingDependencyError
     from relay.brokers import publisher_for_url
 
@@ -192,6 +193,7 @@ _OBJECTS_NAME_THEIR_EXTRA = textwrap.dedent(
             "mqtt": lambda: MqttConsumer(runner, topic="t", client_id="c"),
             "kafka": lambda: KafkaConsumer(runner, config={{}}, topics=["t"]),
             "amqp1": lambda: Amqp1Consumer(runner, address="/queue/q"),
+            "aws": lambda: SqsConsumer(runner, queue="q"),
             "nats relay": lambda: publisher_for_url("nats://127.0.0.1:4222"),
         }}
         for name, make in made.items():
@@ -223,6 +225,7 @@ def test_no_extras_objects_that_need_one_name_it(
         "mqtt mqtt",
         "kafka kafka",
         "amqp1 amqp1",
+        "aws aws",
         "nats relay nats",
         "spark spark",
     ]
