@@ -551,8 +551,11 @@ class SqsHarness(Harness):
     def publisher(self, **options: Any) -> Publisher:
         from relay.brokers.sqs import SqsPublisher
 
+        # moto answers slowly on a busy machine (it scans the whole queue per message sent):
+        # generous call timeouts, so that order and dedup are what these tests measure
+        options.setdefault("timeout", 60)
         return SqsPublisher(endpoint_url=self.endpoint, destinations=self.destinations(),
-                            timeout=10, **options)  # fmt: skip
+                            **options)  # fmt: skip
 
     def unreachable(self) -> Publisher:
         from relay.brokers.sqs import SqsPublisher
@@ -636,8 +639,9 @@ class SnsHarness(SqsHarness):
     def publisher(self, **options: Any) -> Publisher:
         from relay.brokers.sqs import SnsPublisher
 
+        options.setdefault("timeout", 60)  # moto is slow on a busy machine (see SqsHarness)
         return SnsPublisher(endpoint_url=self.endpoint, destinations=self.destinations(),
-                            timeout=10, **options)  # fmt: skip
+                            **options)  # fmt: skip
 
     def unreachable(self) -> Publisher:
         from relay.brokers.sqs import SnsPublisher
