@@ -212,7 +212,8 @@ def test_a_change_without_a_filter_needs_all(database_url: str, console: Any, br
         _wait(browser, lambda d: d.find_elements(By.ID, "logout"), "the operator session")
         browser.get(f"{base}/dead")
         browser.find_element(By.ID, "bulk-reason").send_keys("clean slate")
-        browser.find_element(By.ID, "bulk-purge").click()
+        browser.find_element(By.ID, "bulk-purge").click()  # a form post: await its page
+        _wait(browser, lambda d: d.find_elements(By.ID, "problem"), "the refusal page")
         problem = browser.find_element(By.ID, "problem").text
         assert "no filter" in problem
         assert all(_status(database_url, i) == "dead" for i in everything)
@@ -253,7 +254,8 @@ def test_bad_numbers_in_the_browser(database_url: str, console: Any, browser: An
     with console(database_url) as base:
         browser.get(f"{base}/dead")
         browser.find_element(By.NAME, "older_than_minutes").send_keys("inf")
-        browser.find_element(By.ID, "apply-filters").click()
+        browser.find_element(By.ID, "apply-filters").click()  # a form submit: await its page
+        _wait(browser, lambda d: d.find_elements(By.ID, "problem"), "the 400 page")
         assert "not a number of minutes" in browser.find_element(By.ID, "problem").text
         browser.get(f"{base}/dead?key=a%00b")  # a NUL byte PostgreSQL cannot take
         assert "refused a value" in browser.find_element(By.ID, "problem").text
