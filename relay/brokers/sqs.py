@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import re
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from outbox._optional import require
+from outbox._redact import redact
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError, InvalidMessageError
 from outbox.wire import sqs as wire
@@ -78,8 +78,6 @@ _DESTINATION = frozenset({
     "InvalidAddress", "EndpointDisabled",
 })  # fmt: skip
 #: error codes that say "later": throttling and the service's own failures
-#: ``//user:password@`` in a URL (error paths only)
-_USERINFO = re.compile(r"//[^/@\s]+@")
 _LATER = frozenset({
     "ServiceUnavailable", "InternalError", "InternalFailure", "RequestTimeout",
     "AWS.SimpleQueueService.InternalError", "SlowDown",
@@ -508,4 +506,4 @@ def _describe(exc: BaseException, endpoint: str | None) -> str:
     text = f"{type(exc).__name__}: {exc}"
     if endpoint:
         text = text.replace(endpoint, _shown(endpoint) or "")
-    return _USERINFO.sub("//", text)
+    return redact(text)  # the project's one redactor: any other URL's user-info or secret
