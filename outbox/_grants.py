@@ -67,7 +67,7 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
             ),
         ),
         ("SELECT, INSERT, UPDATE", OUTBOX_SEQUENCES, None),
-        # the capture mode (docs/capture.md): which of the two write paths to take
+        # the capture mode (docs/explanation/capture.md): which of the two write paths to take
         ("SELECT", OUTBOX_CAPTURE, None),
     ],
     "relay": [
@@ -76,7 +76,7 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT, INSERT, UPDATE", OUTBOX_SEQUENCES, None),
         ("SELECT", OUTBOX_CAPTURE, None),
         # the streaming relay's lease on the slot; a standby terminates a lapsed holder's
-        # sessions, which PostgreSQL allows a session of the same role (docs/capture.md)
+        # sessions, which PostgreSQL allows a session of the same role (docs/explanation/capture.md)
         ("SELECT, INSERT, UPDATE", OUTBOX_CAPTURE_LEASE, None),
         ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_RELAYS, None),
         ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),

@@ -151,7 +151,10 @@ def migrate_grants(
     url: str | None,
     schema: str | None,
 ) -> None:
-    """Print (or --apply) the least-privilege GRANTs for each role (see docs/security.md)."""
+    """Print (or --apply) the least-privilege GRANTs for each role.
+
+    See docs/how-to/least-privilege.md.
+    """
     from outbox._grants import grant_statements
 
     wanted = {

@@ -161,7 +161,7 @@ def make_metadata(schema: str | None = None) -> MetaData:
         # below), and every lookup by key uses the relay's partial index (outbox_0005).
         PrimaryKeyConstraint("id"),
         # No CHECK constraints (outbox_0013): PostgreSQL plans a table's checks again for
-        # every statement that writes it, which cost a one-row insert more than the row. Only
+        # every statement that writes it, which costs a one-row insert more than the row. Only
         # the library's statements write this table: statuses are constants in them (held to
         # MESSAGE_STATUSES by a test), topic and key are refused blank before any I/O, seq
         # comes from the counter row, attempts count up from 0.
@@ -177,7 +177,8 @@ def make_metadata(schema: str | None = None) -> MetaData:
     Table(
         OUTBOX_CAPTURE,
         md,
-        # One row: how committed messages reach the relay (outbox_0010, docs/capture.md).
+        # One row: how committed messages reach the relay (outbox_0010,
+        # docs/explanation/capture.md).
         # 'polling': rows of outbox_messages; 'wal': transactional logical messages the relay
         # decodes from the replication slot named here (pgoutput, through the publication).
         Column("singleton", Boolean, nullable=False, server_default=text("true")),

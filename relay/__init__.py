@@ -10,7 +10,7 @@ Run it with ``outbox relay --url postgresql://... --broker nats://...`` or in yo
 
 Several relays may run on one database: each message is published once in normal operation,
 message n+1 of a key never before message n, and a dead relay's work is taken over after its
-lease (see docs/relay.md).
+lease (see docs/explanation/relay.md).
 """
 
 from relay._admin import (

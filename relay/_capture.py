@@ -1,8 +1,8 @@
 """WAL capture mode: the relay publishes what it decodes from the replication slot.
 
-In 'wal' mode (``outbox capture enable``; docs/capture.md) writers emit each message as a
-transactional logical message and touch no table. One relay of the group (the holder of the
-capture lock, see ``outbox_capture_lock``, under a lease a standby can end: see
+In 'wal' mode (``outbox capture enable``; docs/explanation/capture.md) writers emit each
+message as a transactional logical message and touch no table. One relay of the group (the
+holder of the capture lock, see ``outbox_capture_lock``, under a lease a standby can end: see
 relay/_capture_lease.py) streams the slot; per batch of committed transactions, in ONE
 database transaction on the lock's session, it:
 

@@ -73,7 +73,7 @@ def _default_relay_id() -> str:
 
 @dataclass(frozen=True)
 class RelayConfig:
-    """Settings of one relay process. See docs/relay.md for each one."""
+    """Settings of one relay process. See docs/reference/relay-settings.md for each one."""
 
     def __repr__(self) -> str:  # the URLs' secrets masked: a config may reach a log or an error
         shown = (

@@ -115,7 +115,8 @@ class RelayMetrics:
         #: read it): asked no more, said once
         self._read_runs = True
 
-        # WAL capture mode (docs/capture.md): the replication slot, read on every heartbeat
+        # WAL capture mode (docs/explanation/capture.md): the replication slot, read on every
+        # heartbeat
         self.slot_lag = Gauge(
             "outbox_capture_slot_lag_bytes",
             "WAL written since the slot's confirmed position: what the relay has not captured",

@@ -9,7 +9,7 @@ removed past ``max_slot_wal_keep_size``). Writers then write rows instead of emi
 check in outbox/_statements.py), which the polling loop publishes; what was emitted into a slot
 before it was dropped or invalidated, and not captured yet, is lost. Every surface reads the
 state from here: ``outbox status`` and ``outbox capture``, the console, the relay's log and
-metrics (docs/capture.md, "A slot that is missing, foreign or invalidated").
+metrics (docs/how-to/wal-capture.md, "A slot that is missing, foreign or invalidated").
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class SlotHealth:
         'ok' (writers fall back to rows; messages may have been lost); in 'polling' mode an
         invalidated slot (what it had not captured before the switch is lost). In 'polling'
         mode a slot that is gone or another database's is normal: nothing to drain."""
-        fix = "see docs/capture.md, \"A slot that is missing, foreign or invalidated\""
+        fix = "see docs/how-to/wal-capture.md, \"A slot that is missing, foreign or invalidated\""
         meanwhile = (
             "writers write rows meanwhile (the polling loop publishes them)"
             if mode == "wal"

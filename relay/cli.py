@@ -210,7 +210,7 @@ def _capture_line(state: dict[str, Any]) -> str:
 
 @click.group("capture")
 def capture_group() -> None:
-    """How committed messages reach the relay: table polling or the WAL (docs/capture.md)."""
+    """How committed messages reach the relay: polling or the WAL (docs/explanation/capture.md)."""
 
 
 @capture_group.command("enable")

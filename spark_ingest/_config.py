@@ -57,12 +57,10 @@ DISCREPANCY_CLASSES = (
 #: Partition queries the job runs at once against one database, at most (``max_connections``).
 DEFAULT_MAX_CONNECTIONS = 4
 
-#: Rows per JDBC partition when the job sizes its reads from the data. A read task costs a
-#: query start and a Spark task (~0.1 s); the measured read floor (docs/reconciliation.md, "Where
-#: the time goes": 6 partitions, ~3M rows, 11.7 CPU s) is ~250k rows per task-second. 200,000
-#: rows is ~1 s of fetching (20 round trips of the 10,000-row fetch size), so the overhead stays
-#: near 10%, a failed task redoes about a second, and the rows (~30-50 MB as Spark rows) fit a
-#: 512 MiB executor with room to spare.
+#: Rows per JDBC partition when the job sizes its reads from the data. Each read task pays a
+#: query start and a Spark task: a partition must take long enough to fetch that this fixed
+#: cost stays small beside it, short enough that a failed task redoes little, and hold few
+#: enough rows to fit a small (512 MiB) executor.
 DEFAULT_ROWS_PER_PARTITION = 200_000
 
 

@@ -204,7 +204,8 @@ def _reconcile(
     One Spark job does the work: it reads every source once, joins, classifies and counts the
     rows in one aggregation whose small result (the figures, and the few rows that are
     details) is cached; the summary and the details come from that result, and the rest reads
-    the small details dataset (see docs/reconciliation.md, "Where the time goes").
+    the small details dataset (docs/explanation/performance.md,
+    "Where the time goes", measures it).
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F

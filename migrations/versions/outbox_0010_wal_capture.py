@@ -8,7 +8,7 @@ Create Date: 2026-11-25
 'polling', a message is a row of ``outbox_messages``. In 'wal' mode (``outbox capture enable``)
 a message is a transactional logical message (``pg_logical_emit_message``) that the relay
 decodes from a logical replication slot, in commit order, and records in ``outbox_messages``
-itself, in batches (see docs/capture.md).
+itself, in batches (see docs/explanation/capture.md).
 
 ``outbox_publish`` is replaced by the same function plus one branch: in 'wal' mode it emits the
 message in the record format of ``outbox/_capture.py`` instead of inserting a row. Validation,

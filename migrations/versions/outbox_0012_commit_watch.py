@@ -5,7 +5,7 @@ Revises: outbox_0011
 Create Date: 2026-11-26
 
 A polling relay learns that new messages were committed by watching the server, not by a
-NOTIFY from the writer (docs/write-path.md, "Waking the relay"). What it watches is this
+NOTIFY from the writer (docs/explanation/write-path.md, "Waking the relay"). What it watches is this
 sequence and the server's snapshot: every statement that writes messages as rows takes one
 number from ``outbox_write_counter`` after its rows are written (so after its transaction has
 an id), and the relay claims once a transaction that was open when the counter moved has

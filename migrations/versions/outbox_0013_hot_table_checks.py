@@ -9,9 +9,7 @@ in every polling-mode ``publish()``, which also upserts the key's ``outbox_key_s
 row. PostgreSQL rebuilds a table's CHECK constraints for every statement that writes it: each
 constraint's stored expression is read back from its text form and planned again before the
 first row is checked. For a statement that writes one row, that is most of what the statement
-costs beyond the row itself: with the two checks of ``inbox_messages``, ``receive()`` ran
-clearly below the rate of a naive ``ON CONFLICT DO NOTHING`` inbox with one consumer, and
-without them beside it (docs/inbox.md, "Benchmark").
+costs beyond the row itself, so the tables written once per message carry none.
 
 What the checks guarded is written only by the library's own statements: statuses are
 constants in them, topic, key and consumer are refused before any I/O when blank, sequence

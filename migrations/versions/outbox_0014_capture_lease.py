@@ -4,12 +4,12 @@ Revision ID: outbox_0014
 Revises: outbox_0013
 Create Date: 2026-11-27
 
-One relay of a group streams a database's replication slot (docs/capture.md). It used to hold
-it by a session-level advisory lock alone, so a relay that was frozen (SIGSTOP, a VM pause, a
-stuck event loop) kept the slot, and capture stopped, until it woke up. Now the holder also
-keeps a row here: its sessions' pids (the one holding the lock, which also records the
-batches, and the walsender), a heartbeat on the server's clock, and an epoch bumped by every
-takeover. A standby that finds the heartbeat older than the holder's lease terminates those
+One relay of a group streams a database's replication slot (docs/explanation/capture.md),
+holding it by a session-level advisory lock. The lock alone would let a relay that is frozen
+(SIGSTOP, a VM pause, a stuck event loop) keep the slot, and stop capture, until it woke up,
+so the holder also keeps a row here: its sessions' pids (the one holding the lock, which also
+records the batches, and the walsender), a heartbeat on the server's clock, and an epoch bumped
+by every takeover. A standby that finds the heartbeat older than the holder's lease terminates those
 sessions, which releases the lock and the slot and rolls back the holder's open batch, and
 takes the slot over (relay/_capture.py).
 

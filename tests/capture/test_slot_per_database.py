@@ -378,7 +378,7 @@ async def test_a_slot_dropped_in_wal_mode_makes_writers_write_rows(
         assert sorted(e.id for _, e in publisher.log) == sorted(kept)
         assert _in_order(publisher.log)
         # What the slot had not captured when it was dropped is gone: the documented loss,
-        # which only the producers' own records can find (docs/capture.md).
+        # which only the producers' own records can find (docs/explanation/capture.md).
         assert lost not in {e.id for _, e in publisher.log}
         assert any("does not exist" in r.getMessage() for r in caplog.records)
 
@@ -487,7 +487,7 @@ async def test_an_invalidated_slot_is_flagged_at_once_and_writers_write_rows(
         assert sorted(e.id for _, e in publisher.log) == sorted(kept)
         assert any("is invalidated" in r.getMessage() for r in caplog.records)
 
-        # the recovery of docs/capture.md
+        # the recovery of docs/explanation/capture.md
         assert disable_capture(url)["problem"]  # still flagged in 'polling' mode: a loss
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(sql.SQL("SELECT pg_drop_replication_slot({})").format(sql.Literal(slot)))

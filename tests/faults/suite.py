@@ -10,9 +10,9 @@ Workload (each scenario on fresh infrastructure of its own, see infra.py):
 * two ordered consumer processes (inbox, ``on_dead="skip"``) apply one ``effects`` row per
   message in the inbox's transaction.
 
-Scenarios named ``wal-...`` run the same in WAL capture mode (docs/capture.md): the producers'
-``publish()`` emits logical messages, and the relays stream them from a replication slot (one
-captures, the other stands by).
+Scenarios named ``wal-...`` run the same in WAL capture mode (docs/explanation/capture.md): the
+producers' ``publish()`` emits logical messages, and the relays stream them from a replication
+slot (one captures, the other stands by).
 
 A nemesis injects one kind of fault while the producers run; then the fault is healed, the
 producers stop, and the suite waits for the consumers to apply everything committed.

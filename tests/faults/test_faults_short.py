@@ -3,7 +3,7 @@ kill -9 between commit and ack, broker kill -9 and restart, each under a live wo
 private PostgreSQL and NATS server. Nothing lost, duplicated, reordered or invented; only
 poison messages dead. And the streaming relay frozen for 90 s in WAL capture mode: sending
 stalls at most the lease plus a second. The full set (tests/faults/run.py) writes
-docs/reliability.md."""
+docs/explanation/reliability.md."""
 
 from __future__ import annotations
 

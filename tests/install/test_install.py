@@ -275,7 +275,7 @@ def test_every_command_answers_help(
 
 
 #: pages run as written, shell blocks included, and how many times
-RUN_AS_WRITTEN = {"docs/tutorial.md": 2, "docs/fastapi.md": 1}
+RUN_AS_WRITTEN = {"docs/tutorial/first-message.md": 2, "docs/how-to/fastapi.md": 1}
 #: pages whose Python blocks run on their own (the README's blocks are independent examples)
 EACH_BLOCK_ALONE = {"README.md"}
 
@@ -366,7 +366,8 @@ def test_a_page_runs_as_written_in_a_clean_virtualenv(
 
 def test_the_pages_name_their_install_lines() -> None:
     # the pages these tests are about still say how to install what they use
-    assert {"docs/tutorial.md", "docs/fastapi.md", "docs/reconciliation.md"} <= set(INSTALLS)
+    pages = {"docs/tutorial/first-message.md", "docs/how-to/fastapi.md", "docs/how-to/reconcile.md"}
+    assert pages <= set(INSTALLS)
     assert {"nats", "fastapi", "spark", "console"} <= set(ALL_EXTRAS)
 
 
@@ -416,12 +417,12 @@ def test_the_console_serves_with_only_its_extra(
 def test_reconcile_runs_with_only_its_extra(
     installed: Callable[[str], Env], project: Path, database_url: str
 ) -> None:
-    # docs/reconciliation.md: pip install 'outbox-inbox[spark]', the JDBC driver, then
+    # docs/how-to/reconcile.md: pip install 'outbox-inbox[spark]', the JDBC driver, then
     # `outbox reconcile` (here one database is both the outbox and the inbox)
     jar = Path("/usr/share/java/postgresql.jar")
     if not jar.is_file():
         missing("the PostgreSQL JDBC driver", "apt-get install libpostgresql-jdbc-java")
-    env = installed(_page_extras("docs/reconciliation.md"))
+    env = installed(_page_extras("docs/how-to/reconcile.md"))
     command = [
         str(env.bin / "outbox"), "reconcile", "--outbox", database_url,
         "--inbox", database_url, "--subscribe", "orders=billing",

@@ -160,8 +160,8 @@ def test_publish_batch_empty_writes_nothing(pg_conn: psycopg.Connection[Any]) ->
 
 
 def test_publish_batch_is_one_round_trip(pg_conn: psycopg.Connection[Any]) -> None:
-    # A connection's first publish also learns the capture mode (docs/capture.md): one more
-    # round trip, once per connection. Every publish after it is one statement.
+    # A connection's first publish also learns the capture mode (docs/explanation/capture.md):
+    # one more round trip, once per connection. Every publish after it is one statement.
     publish_batch(pg_conn, [Message("t", "first", 0)], wakeup=False)
     statements: list[bytes] = []
     real_execute = psycopg.Cursor.execute

@@ -1,4 +1,4 @@
-"""The alembic.ini snippet of docs/migrations.md works as written."""
+"""The alembic.ini snippet of docs/how-to/migrations.md works as written."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from alembic.config import Config
 
 from outbox._migrate import configured_schema
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "migrations.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "migrations.md"
 
 
 def _ini_snippet() -> str:

@@ -6,7 +6,7 @@ driver process started the way a user would: ``outbox reconcile --master local[2
 spark_ingest/__main__.py reconcile ...``. The counts, the daily figures, the lost ids and the
 recorded runs must be equal, and each cluster run must have had executors on both workers.
 
-The database password travels as docs/reconciliation.md says: an environment variable set for
+The database password travels as docs/how-to/reconcile.md says: an environment variable set for
 the driver alone (the workers never see it), read by the driver and handed to the JDBC reads.
 """
 

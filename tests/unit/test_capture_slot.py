@@ -85,7 +85,7 @@ def test_every_unusable_state_in_wal_mode_is_a_problem_with_its_recovery(state: 
         return
     assert problem is not None
     assert "'outbox_app'" in problem
-    assert "docs/capture.md" in problem
+    assert "docs/how-to/wal-capture.md" in problem
     assert "outbox capture" in problem  # says what to run
     if state == "foreign":
         assert "belongs to database 'other', not to 'app'" in problem
