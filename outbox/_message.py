@@ -68,7 +68,7 @@ class Message:
 class PreparedMessage:
     """A validated message, serialized, ready to be bound to the insert statement or encoded
     as a WAL record. Made once per message on the producer's hot path, and never changed after:
-    not frozen because a frozen class's constructor costs several times a plain one's."""
+    not frozen because a frozen class's constructor is slower than a plain one's."""
 
     id: uuid.UUID
     topic: str

@@ -99,9 +99,8 @@ def resume_point(claim: Claim | None, config: RelayConfig) -> tuple[str, str]:
 
     After the last key of a full batch: the keys behind it may not have had their turn. After
     a batch that was not full, from the first key: that claim walked every key from its start
-    to the last one, and the keys before its start come next. Starting after the last key
-    there found nothing most of the time at a steady trickle, so every claim cost two
-    statements (the second one wrapping around, see :func:`claim_batch`).
+    to the last one, and the keys before its start come next; starting after its last key
+    would find nothing at a steady trickle and need a second statement that wraps around.
     """
     if claim is None or len(claim.envelopes) < config.batch_size:
         return ("", "")

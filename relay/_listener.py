@@ -1,8 +1,8 @@
 """Wake-ups: a dedicated connection LISTENs on the outbox's channel and wakes the claim loop.
 
 Every call on it is bounded: on a half-open TCP connection (a peer or middlebox gone without a
-FIN) a plain ``SELECT 1`` waited forever, and the relay was left on its fallback poll without
-a word in the log. Notifications sent while it was away are lost, so every (re)connect wakes
+FIN) an unbounded ``SELECT 1`` would wait forever, leaving the relay on its fallback poll
+without a word in the log. Notifications sent while it was away are lost, so every (re)connect wakes
 the loop once: the claim that follows finds what they announced.
 """
 

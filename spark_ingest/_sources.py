@@ -169,13 +169,10 @@ def _outbox_predicate(a: dt.datetime, b: dt.datetime) -> str:
 def count_rows(source: Source, table: str, predicate: str, limit: int) -> int:
     """``min(rows of table matching predicate, limit)``: one driver query, stopped at ``limit``.
 
-    Sizes the reads (``_job.read_sources``). Measured on this repository's 2-core box with 1M
-    outbox and 1M inbox rows (bench/reconcile.py's seed): a whole 10-day window, stopped at
-    800,001 rows, 145 ms (outbox) and 103 ms (inbox); one day (100k rows) 65 ms and 9 ms. The
-    planner's estimate (``EXPLAIN``) costs 0.3 ms but said 1 row for a day inserted since the
-    last ANALYZE (created_at has no index, so the planner cannot look past its histogram): the
-    nightly window is exactly that day. ``limit`` (the most rows the partitions can use) bounds
-    the count on a big table.
+    Sizes the reads (``_job.read_sources``). A count, not the planner's estimate: for rows
+    inserted since the last ANALYZE (created_at has no index, so the planner cannot look past
+    its histogram) the estimate can be 1 row, and the nightly window is exactly those rows.
+    ``limit`` (the most rows the partitions can use) bounds the count on a big table.
     """
     name = qualified(source.schema, table).as_string(None)
     query = f"SELECT count(*) FROM (SELECT 1 FROM {name} WHERE {predicate} LIMIT {int(limit)}) AS s"

@@ -173,9 +173,9 @@ class KafkaPublisher:
                 sent.append(i)
         if sent:
             # Send now (the batch is complete: linger.ms has no use) and serve the delivery
-            # reports on a worker thread until they are all in, or the deadline. Serving them
-            # from a thread of its own, polling all along, made the event loop and that thread
-            # fight over the GIL while the next batch was produced: half the raw client's rate.
+            # reports on a worker thread until they are all in, or the deadline. A thread that
+            # polled all along would fight the event loop over the GIL while the next batch is
+            # produced.
             await asyncio.to_thread(self._producer.flush, max(0.0, deadline - loop.time()))
         complete = await reports.wait(len(sent), max(0.0, deadline - loop.time()) + 1)
         if not complete or reports.failed:
