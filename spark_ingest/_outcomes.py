@@ -126,8 +126,8 @@ def outcome_groups(rows: DataFrame, report_edges: Sequence[float]) -> DataFrame:
         )
     facets = F.when(delivered, F.array(count_row, *legs)).otherwise(F.array(count_row))
     # Few, flat grouping keys: the flags as one struct, the detail columns as another (null on
-    # clean rows). Twenty separate keys made the generated code too large to compile, and Spark
-    # fell back to interpreting the whole stage (three times slower).
+    # clean rows). Twenty separate keys generate code above Spark's hugeMethodLimit, and Spark
+    # then interprets the whole stage instead of compiling it.
     flags = F.struct(*_FLAGS)
     detail = F.when(keep, F.struct(*_DETAIL_ONLY))
     exploded = rows.select(
