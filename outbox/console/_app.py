@@ -3,7 +3,7 @@
 Every page reads; every change goes through the functions behind the CLI (``outbox dead retry``
 and ``purge``, ``outbox inbox dead retry`` and ``purge``), which write the audit row in the
 same transaction as the change and wake the relays. Who may see and change what:
-``console/_security.py``.
+``outbox/console/_security.py``.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import inbox._dead as inbox_dead
-from console._history import History
-from console._security import (
+from outbox._redact import redact
+from outbox.console._history import History
+from outbox.console._security import (
     Forbidden,
     LoginThrottle,
     allowed_hosts,
@@ -54,8 +55,7 @@ from console._security import (
     log_in,
     logged_in,
 )
-from console._statements import console_statements
-from outbox._redact import redact
+from outbox.console._statements import console_statements
 from outbox.exceptions import ConfigurationError, OutboxError
 from relay._admin import DeadFilter, audit_log, dead_list, dead_purge, dead_retry, relay_status
 

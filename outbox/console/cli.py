@@ -90,8 +90,8 @@ def console_cmd(
     """Serve the operator console (the `console` extra)."""
     import uvicorn
 
-    from console._app import create_app
     from outbox.cli import database_url
+    from outbox.console._app import create_app
     from outbox.exceptions import ConfigurationError
 
     if _wildcard(host) and not allowed_host:
