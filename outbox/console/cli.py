@@ -1,4 +1,4 @@
-"""``outbox console``: serve the console (see docs/console.md)."""
+"""``outbox console``: serve the console (see docs/how-to/console.md)."""
 
 from __future__ import annotations
 
