@@ -39,7 +39,6 @@ PACKAGES = {  # directory in the checkout -> importable name in the wheel
     "inbox": "inbox",
     "relay": "relay",
     "spark_ingest": "spark_ingest",
-    "console": "console",
     "migrations": "outbox_migrations",
 }
 #: distributions of the extras: none may be imported without its extra
@@ -104,6 +103,13 @@ def test_the_wheel_carries_every_module_and_data_file(wheel: Path) -> None:
     assert missing == [], f"the wheel lacks {missing}: list them in pyproject.toml"
 
 
+def test_the_wheel_installs_the_packages_top_level_names_only(wheel: Path) -> None:
+    """No generic name (such as ``console``) beside the project's own packages."""
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {n.split("/")[0] for n in archive.namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == set(PACKAGES.values())
+
+
 def test_the_sdist_carries_every_module(sdist: Path) -> None:
     with tarfile.open(sdist) as archive:
         names = {"/".join(n.split("/")[1:]) for n in archive.getnames()}
@@ -131,7 +137,7 @@ _IMPORT_EVERYTHING = textwrap.dedent(
             m.name for m in pkgutil.walk_packages(
                 importlib.import_module(top).__path__, top + ".", onerror=lambda name: None
             )
-        ] if top != "console" else ["console"]
+        ]
         for name in names:
             if any(part.startswith("_") for part in name.split(".")):
                 continue  # private: imported by its package when its objects are used
@@ -163,7 +169,7 @@ def test_no_extras_every_public_module_imports_without_an_optional_dependency(
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["leaks"] == {}, "these modules import an optional dependency at import time"
-    assert report["needs"] == {"console": "console"}
+    assert report["needs"] == {"outbox.console": "console"}
     assert {"outbox", "outbox.wire.nats", "inbox", "relay.brokers.kafka"} <= set(
         report["imported"]
     )

@@ -197,8 +197,8 @@ def _dead_and_held(url: str) -> tuple[list[uuid.UUID], uuid.UUID]:
 def test_the_console_role_reads_and_makes_the_audited_changes_only(
     database_url: str, operator_urls: dict[str, str]
 ) -> None:
-    from console._statements import console_statements
     from inbox import dead_audit, dead_purge
+    from outbox.console._statements import console_statements
     from relay._admin import DeadFilter, audit_log, dead_list, relay_status
     from relay._admin import dead_purge as outbox_purge
     from relay._admin import dead_retry as outbox_retry

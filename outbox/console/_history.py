@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from console._statements import console_statements
+from outbox.console._statements import console_statements
 from relay._admin import relay_status
 
 __all__ = ["History"]

@@ -1,4 +1,4 @@
-"""``outbox console``: serve the console (see docs/console.md)."""
+"""``outbox console``: serve the console (see docs/how-to/console.md)."""
 
 from __future__ import annotations
 
@@ -90,8 +90,8 @@ def console_cmd(
     """Serve the operator console (the `console` extra)."""
     import uvicorn
 
-    from console._app import create_app
     from outbox.cli import database_url
+    from outbox.console._app import create_app
     from outbox.exceptions import ConfigurationError
 
     if _wildcard(host) and not allowed_host:

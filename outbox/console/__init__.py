@@ -15,6 +15,6 @@ from outbox._optional import require
 for _module in ("starlette", "jinja2", "itsdangerous"):
     require(_module, "console")
 
-from console._app import create_app  # noqa: E402
+from outbox.console._app import create_app  # noqa: E402
 
 __all__ = ["create_app"]

@@ -34,6 +34,7 @@ __all__ = [
     "is_remote",
     "log_in",
     "logged_in",
+    "may_read",
 ]
 
 MIN_TOKEN_LENGTH = 16
@@ -113,6 +114,11 @@ def csrf_token(request: Request) -> str:
 
 def logged_in(request: Request) -> bool:
     return bool(request.session.get("operator"))
+
+
+def may_read(request: Request, token: str | None) -> bool:
+    """Without a token anyone (on loopback) may read; with one, a logged-in operator only."""
+    return token is None or logged_in(request)
 
 
 def log_in(request: Request, token: str | None, given: str, operator: str) -> bool:

@@ -1,0 +1,77 @@
+"""What a console is started with, checked once: the token, the address, the reports."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from outbox.console._security import allowed_hosts, check_listen, check_token
+from outbox.exceptions import ConfigurationError
+
+__all__ = ["Settings", "settings"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A console's settings (``create_app``'s arguments, checked)."""
+
+    url: str
+    token: str | None
+    schema: str | None
+    sample_seconds: float
+    #: the Host header values the console answers
+    hosts: list[str]
+    #: the directory reconciliation reports are served from (None: none is served)
+    reports: Path | None
+    secure_cookie: bool
+    #: addresses or networks of proxies whose forwarded headers are believed
+    proxies: list[str]
+    pool_size: int
+
+    @property
+    def writable(self) -> bool:
+        """With a token, a logged-in operator may requeue and purge."""
+        return self.token is not None
+
+
+def settings(
+    url: str,
+    *,
+    token: str | None,
+    schema: str | None,
+    sample_seconds: float,
+    host: str,
+    allowed_host: Iterable[str],
+    reports_dir: str | Path | None,
+    secure_cookie: bool,
+    trusted_proxy: Iterable[str],
+    pool_size: int,
+) -> Settings:
+    """The settings, or ConfigurationError for a token, host or directory that will not do."""
+    check_token(token)
+    check_listen(host, token)
+    return Settings(
+        url=url,
+        token=token,
+        schema=schema,
+        sample_seconds=sample_seconds,
+        hosts=allowed_hosts(host, allowed_host),
+        reports=_reports_root(reports_dir),
+        secure_cookie=secure_cookie,
+        proxies=[p.strip() for p in trusted_proxy if p.strip()],
+        pool_size=max(1, pool_size),
+    )
+
+
+def _reports_root(reports_dir: str | Path | None) -> Path | None:
+    if reports_dir is None:
+        return None
+    root = Path(reports_dir).resolve()
+    if not root.is_dir():
+        raise ConfigurationError(
+            f"the reports directory {str(reports_dir)!r} is not a directory: pass the directory "
+            "the reconciliation writes its runs into (--output-dir of `outbox reconcile`)",
+            setting="reports_dir",
+        )
+    return root
