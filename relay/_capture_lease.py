@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from relay._queries import RelayStatements
+from relay._statements import RelayStatements
 from relay.exceptions import CaptureLeaseLostError
 
 __all__ = ["CaptureLease", "fence_lapsed_holder", "standby_interval"]

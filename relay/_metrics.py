@@ -17,8 +17,8 @@ import psycopg
 
 from outbox._noop_metric import NoopMetric
 from outbox.exceptions import ConfigurationError
-from relay._queries import RelayStatements
 from relay._slot import SLOT_STATES, SlotHealth
+from relay._statements import RelayStatements
 
 __all__ = ["MetricsServer", "RelayMetrics"]
 

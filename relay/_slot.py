@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["SLOT_STATES", "SlotHealth", "default_slot"]
 
-#: what ``outbox_capture_slot`` (relay/_queries.py) says of a slot
+#: what ``outbox_capture_slot`` (relay/statements.sql) says of a slot
 SLOT_STATES = ("ok", "missing", "foreign", "plugin", "invalidated")
 
 _NOT_SLOT_CHARACTER = re.compile(r"[^a-z0-9_]")

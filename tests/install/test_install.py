@@ -104,13 +104,14 @@ def test_the_wheel_carries_every_module_and_data_file(wheel: Path) -> None:
     assert missing == [], f"the wheel lacks {missing}: list them in pyproject.toml"
 
 
-def test_the_sdist_carries_every_module(sdist: Path) -> None:
+def test_the_sdist_carries_every_module_and_its_sql(sdist: Path) -> None:
     with tarfile.open(sdist) as archive:
         names = {"/".join(n.split("/")[1:]) for n in archive.getnames()}
     wanted = {
         f"{folder}/{p.relative_to(ROOT / folder).as_posix()}"
         for folder in PACKAGES
-        for p in (ROOT / folder).rglob("*.py")
+        for pattern in ("*.py", "*.sql")  # the SQL: each package's statements.sql
+        for p in (ROOT / folder).rglob(pattern)
         if "__pycache__" not in p.parts
     }
     assert sorted(wanted - names) == []
