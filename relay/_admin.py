@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row, kwargs_row
+from psycopg.rows import class_row, dict_row, kwargs_row
 
 from outbox._actor import default_actor
 from outbox._database import Database, connected
@@ -120,7 +120,10 @@ def _capture_state(conn: psycopg.Connection[Any], stmts: RelayStatements) -> dic
 
 
 def _slot(conn: psycopg.Connection[Any], stmts: RelayStatements, slot: str) -> SlotHealth:
-    return SlotHealth.of_row(conn.execute(stmts.capture_slot, {"slot": slot}).fetchone())
+    with conn.cursor(row_factory=class_row(SlotHealth)) as cur:
+        health = cur.execute(stmts.capture_slot, {"slot": slot}).fetchone()
+    assert health is not None  # one row, also for a missing slot
+    return health
 
 
 def enable_capture(
@@ -218,7 +221,7 @@ def _choose_slot(
     refused: a switch away from a slot of this database that still exists (what it has not
     captured would never be)."""
     row = conn.execute(stmts.capture_mode).fetchone()
-    recorded = row[1] if row is not None else None
+    _mode, recorded, _publication = row if row is not None else (None, None, None)
     own = recorded is not None and _slot(conn, stmts, recorded).own
     if slot is None:
         if own:

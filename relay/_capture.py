@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import orjson
 import psycopg
+from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
 from outbox._capture import MODE_WAL, RecordError, WalRecord, decode_record
@@ -132,8 +133,10 @@ class WalCapture:
             mode, slot, publication = row
             if slot is None:
                 return None
-            cur = await conn.execute(self._stmts.capture_slot, {"slot": slot})
-            health = SlotHealth.of_row(await cur.fetchone())
+            async with conn.cursor(row_factory=class_row(SlotHealth)) as cur:
+                await cur.execute(self._stmts.capture_slot, {"slot": slot})
+                health = await cur.fetchone()
+            assert health is not None  # one row, also for a missing slot
         self._report(health, str(mode))
         if health.state != "ok":
             return None  # not a slot of ours to stream (after a drain and a drop: all done)

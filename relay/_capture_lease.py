@@ -160,10 +160,11 @@ async def fence_lapsed_holder(
         )
         return False
     ended = [int(pid) for _holder, pid, terminated in rows if terminated]
+    holder = rows[0][0] if rows else None
     if ended:
         log.warning(
             "relay: the capture lease of relay %s on slot %s lapsed: terminated its sessions "
             "(pids %s) to take the slot over",
-            rows[0][0], slot, ", ".join(map(str, ended)),
+            holder, slot, ", ".join(map(str, ended)),
         )
     return bool(ended)

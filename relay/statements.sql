@@ -173,7 +173,7 @@ SET lease_owner = %(owner)s,
     lease_until = clock_timestamp() + %(lease_seconds)s * interval '1 second',
     attempts = m.attempts + 1
 -- An array, not a join with `limited`: primary-key probes whatever the statistics say. As a
--- join, a table without statistics was read whole (a hash join) on every claim.
+-- join, a table without statistics may be read whole (a hash join) on every claim.
 WHERE m.id = ANY(ARRAY(SELECT id FROM limited))
   AND m.status || '' = 'pending'  -- = 'pending', kept a primary-key probe (see `heads`)
   AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
@@ -352,7 +352,7 @@ RETURNING message_id
 
 -- name: audit_list
 -- outbox_dead_audit_list: the newest audit rows first: retries, purges and re-drives (the
--- re-drive of lost messages, `outbox redrive`, is in outbox/_statements.py: the Spark job that
+-- re-drive of lost messages, `outbox redrive`, is in outbox/statements.sql: the Spark job that
 -- runs it may not import the relay).
 SELECT at, actor, action, message_id, topic, key, seq, reason FROM {audit}
 ORDER BY id DESC LIMIT %(limit)s
@@ -454,8 +454,8 @@ UPDATE {messages} AS m
 -- output plugin than pgoutput); 'invalidated' (its WAL is gone: wal_status 'lost', or on
 -- PostgreSQL 16+ invalidated for another reason; read through to_jsonb so that the query runs
 -- on servers without those columns). The writers' emit makes the same check
--- (outbox/_statements.py): in 'wal' mode they write rows unless the state is 'ok'.
-SELECT w.name AS slot_name, s.active,
+-- (outbox/statements.sql): in 'wal' mode they write rows unless the state is 'ok'.
+SELECT w.name AS slot, s.active,
        pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
        pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint AS retained_bytes,
        s.wal_status, s.database, s.plugin, s.confirmed_flush_lsn::text AS confirmed_lsn,
