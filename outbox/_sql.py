@@ -25,8 +25,9 @@ The file's format (the ``-- name:`` headers of procrastinate's ``queries.sql``):
     (CASE WHEN {t}.topic = ... END)
 
 * ``-- name: NAME`` starts a statement: the text up to the next header. The comment lines
-  right after the header are its documentation and are not sent; comments inside the text
-  are. Lines before the first header are the file's own comment.
+  right after the header are its documentation and are not sent, nor are comment lines at the
+  end of the text (a comment on the statements that follow); comments inside the text are.
+  Lines before the first header are the file's own comment.
 * **Variants.** Headers that follow one another (only comments between them) name variants of
   the one text that follows them. A header may bind a placeholder of that text to a fragment,
   ``(guard = idempotency_guard)``; a variant that does not bind it has it empty. Every
@@ -63,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import string
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -95,8 +96,8 @@ __all__ = [
 #: fragments of SQL.
 Names = Mapping[str, sql.Composable]
 
-#: A statement's text given in Python (the registries not moved to a ``.sql`` file yet); or its
-#: text and fragments of its own for some of its placeholders.
+#: A statement's text given in Python (a registry not moved to a ``.sql`` file: the console's);
+#: or its text and fragments of its own for some of its placeholders.
 StatementText = str | tuple[str, Mapping[str, str]]
 
 R = TypeVar("R", bound="DataclassInstance")
@@ -126,7 +127,7 @@ def render(text: StatementText, names: Names) -> bytes:
 
 
 _NAMED = re.compile(r"%\((\w+)\)([sbt])")
-# every % of a text: a named placeholder, an escaped %, or (group 3) anything else
+# every % of a text: a named placeholder, an escaped %, or (group 4) anything else
 _PERCENT = re.compile(r"%\((\w+)\)([sbt])|%(%)|(%\(?[^%]{0,12})")
 
 
@@ -431,8 +432,3 @@ def templates(cls: type[R], texts: SqlFile) -> R:
     fields = _statement_fields(cls)
     return cast(Callable[..., R], cls)(**{f: sql.SQL(texts.expand(f)) for f in fields})
 
-
-def statement_names(*classes: type[Any]) -> Iterable[str]:
-    """The statement fields of ``classes``, in declaration order (for tests)."""
-    for cls in classes:
-        yield from _statement_fields(cls)
