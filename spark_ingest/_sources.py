@@ -130,9 +130,9 @@ def _ranges(lo: dt.datetime, hi: dt.datetime, n: int) -> list[tuple[dt.datetime,
 
 def _range_sql(column: str, a: dt.datetime, b: dt.datetime) -> str:
     a, b = _utc(a, "range start"), _utc(b, "range end")
-    return (
-        f"{column} >= '{a.isoformat()}'::timestamptz AND {column} < '{b.isoformat()}'::timestamptz"
-    )
+    return TEMPLATES.time_range.format(
+        column=sql.SQL(column), lo=a.isoformat(), hi=b.isoformat()
+    ).as_string(None)
 
 
 def time_ranges(
@@ -161,10 +161,9 @@ def time_predicates(
 def _outbox_predicate(a: dt.datetime, b: dt.datetime) -> str:
     """Outbox rows created in ``[a, b)``, stated so the partial indexes answer (read_outbox)."""
     floor = _utc(a, "range start") - _CLOCK_MARGIN
-    return (
-        f"{_range_sql('created_at', a, b)} AND (status <> 'published' OR published_at IS NULL"
-        f" OR published_at >= '{floor.isoformat()}'::timestamptz)"
-    )
+    return TEMPLATES.outbox_range.format(
+        range=sql.SQL(_range_sql("created_at", a, b)), floor=floor.isoformat()
+    ).as_string(None)
 
 
 def count_rows(source: Source, table: str, predicate: str, limit: int) -> int:

@@ -36,6 +36,8 @@ class SparkTemplates:
     read_outbox: sql.SQL
     read_inbox: sql.SQL
     count_rows: sql.SQL
+    time_range: sql.SQL
+    outbox_range: sql.SQL
     ingest_outbox: sql.SQL
     ingest_inbox: sql.SQL
     row_version: sql.SQL

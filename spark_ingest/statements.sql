@@ -60,6 +60,19 @@ SELECT consumer, message_id::text AS message_id, topic, key, seq, received_at, p
        attempts, duplicates, status
 FROM {table}
 
+-- name: time_range
+-- One JDBC partition's rows: {column} in [{lo}, {hi}), the bounds the job's own UTC timestamps
+-- (UUIDs cannot be a Spark partition column, so reads split on time). One line: the
+-- incremental ingest cuts it at its AND for the open first and last partitions.
+{column} >= {lo}::timestamptz AND {column} < {hi}::timestamptz
+
+-- name: outbox_range
+-- A partition of the outbox read: {range} (a time_range of created_at), and what is implied
+-- anyway, in terms the partial indexes answer (there is no index on created_at): a published
+-- row was published after it was created ({floor}: the range's start less a margin for a
+-- clock stepped back), and the rest are the few rows not yet published (or dead).
+{range} AND (status <> 'published' OR published_at IS NULL OR published_at >= {floor}::timestamptz)
+
 -- name: count_rows
 -- min(rows matching the predicate, limit): one driver query, stopped at the limit, that sizes
 -- the reads. created_at has no index, so the planner's estimate (EXPLAIN) cannot see a day
