@@ -68,7 +68,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from psycopg import sql
 
@@ -251,13 +251,26 @@ def _check_percents(text: str, where: str) -> None:
             )
 
 
+class _Head(NamedTuple):
+    name: str
+    options: str | None
+    line: int
+
+
+class _Block(NamedTuple):
+    """Headers (several: variants of one text) and the lines that follow them."""
+
+    kind: str
+    heads: list[_Head]
+    body: list[str]
+
+
 def parse(text: str, where: str) -> SqlFile:
     """Parse the text of a ``.sql`` file (see the module's docstring); ``where`` names it in
     errors."""
     statements: dict[str, Statement] = {}
     fragments: dict[str, Fragment] = {}
-    # blocks: (kind, [(name, options, line)], body lines)
-    blocks: list[tuple[str, list[tuple[str, str | None, int]], list[str]]] = []
+    blocks: list[_Block] = []
     for number, line in enumerate(text.splitlines(), 1):
         header = _HEADER.match(line.strip())
         if header is not None:
@@ -266,19 +279,19 @@ def parse(text: str, where: str) -> SqlFile:
             if head is None:
                 raise SqlFileError(f"{where}:{number}: malformed header {line.strip()!r}")
             name, options = head.groups()
-            entry = (name, options, number)
+            entry = _Head(name, options, number)
             last = blocks[-1] if blocks else None
             if (
                 kind == "name"
                 and last is not None
-                and last[0] == "name"
-                and all(not b.strip() or b.strip().startswith("--") for b in last[2])
+                and last.kind == "name"
+                and all(not b.strip() or b.strip().startswith("--") for b in last.body)
             ):
-                last[1].append(entry)  # a variant of the text that follows
+                last.heads.append(entry)  # a variant of the text that follows
             else:
-                blocks.append((kind, [entry], []))
+                blocks.append(_Block(kind, [entry], []))
         elif blocks:
-            blocks[-1][2].append(line)
+            blocks[-1].body.append(line)
         elif line.strip() and not line.strip().startswith("--"):
             raise SqlFileError(f"{where}:{number}: SQL before the first '-- name:' header")
 
@@ -296,9 +309,9 @@ def parse(text: str, where: str) -> SqlFile:
         while lines and (not lines[-1].strip() or lines[-1].strip().startswith("--")):
             lines.pop()  # a comment on what follows
         sql_text = "\n".join(lines).strip()
-        first = heads[0][2]
+        first = heads[0].line
         if not sql_text:
-            raise SqlFileError(f"{where}:{first}: {heads[0][0]!r} has no SQL")
+            raise SqlFileError(f"{where}:{first}: {heads[0].name!r} has no SQL")
         _check_percents(sql_text, f"{where}:{first}")
         if kind == "fragment":
             name, params, number = heads[0]
