@@ -35,7 +35,7 @@ from bench.common import write_result
 from bench.relay_e2e import PAYLOAD, NoopPublisher, create_db, drop_db
 from outbox import Message, publish, publish_batch
 from relay import Relay, RelayConfig
-from relay._queries import relay_statements
+from relay._statements import relay_statements
 
 N = int(os.environ.get("BENCH_RETENTION_MESSAGES", "1000000"))
 ROUND = 200_000

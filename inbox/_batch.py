@@ -118,7 +118,7 @@ def _ordered(
             "keys": [k[1] for k in keys],
         },
     )
-    positions = {(r[0], r[1]): (int(r[2]), r[3]) for r in rows}
+    positions = {(topic, key): (int(last), held) for topic, key, last, held in rows}
     advanced: dict[tuple[str, str], int] = {}
     stale: list[uuid.UUID] = []
     refused: dict[tuple[str, str], list[int]] = defaultdict(list)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import psycopg
+from psycopg.rows import class_row
 
 from inbox._receive import translate
 from inbox._retention import _libpq_url
@@ -63,8 +64,10 @@ def blocked_keys(
     stmts = inbox_statements(schema)
     params = {"consumer": consumer, "min_age": min_age, "limit": limit}
     try:
-        with psycopg.connect(_libpq_url(url), autocommit=True) as conn:
-            rows = conn.execute(stmts.blocked_keys, params).fetchall()
+        with (
+            psycopg.connect(_libpq_url(url), autocommit=True) as conn,
+            conn.cursor(row_factory=class_row(BlockedKey)) as cur,
+        ):
+            return cur.execute(stmts.blocked_keys, params).fetchall()
     except psycopg.Error as exc:
         raise translate(exc, stmts) from exc
-    return [BlockedKey(*row) for row in rows]

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import psycopg
+from psycopg.rows import RowFactory, class_row, tuple_row
 
 from inbox._receive import translate
 from inbox._retention import _libpq_url
@@ -76,12 +77,19 @@ def _libpq(url: Database) -> Database:
 
 
 def _run(
-    url: Database, schema: str | None, statement_name: str, params: dict[str, Any]
+    url: Database,
+    schema: str | None,
+    statement_name: str,
+    params: dict[str, Any],
+    row_factory: RowFactory[Any] = tuple_row,
 ) -> list[Any]:
     stmts = inbox_statements(schema)
     try:
-        with connected(_libpq(url), transaction=True) as conn:  # one transaction: change + audit
-            rows = conn.execute(getattr(stmts, statement_name), params).fetchall()
+        with (
+            connected(_libpq(url), transaction=True) as conn,  # one transaction: change + audit
+            conn.cursor(row_factory=row_factory) as cur,
+        ):
+            rows = cur.execute(getattr(stmts, statement_name), params).fetchall()
     except psycopg.Error as exc:
         raise translate(exc, stmts) from exc
     return rows
@@ -97,8 +105,7 @@ def held_keys(
 ) -> list[HeldKey]:
     """Held keys, the longest held first."""
     _check_limit(limit)
-    rows = _run(url, schema, "held_list", {**where.params(), "limit": limit})
-    return [HeldKey(*row) for row in rows]
+    return _run(url, schema, "held_list", {**where.params(), "limit": limit}, class_row(HeldKey))
 
 
 def _decide(

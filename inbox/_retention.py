@@ -48,7 +48,7 @@ def purge(
     statuses = ["processed", "stale", *(["dead"] if include_dead else [])]
     total = 0
     with psycopg.connect(_libpq_url(url), autocommit=True) as conn:
-        before = conn.execute("SELECT clock_timestamp() - %s::interval", (older_than,)).fetchone()
+        before = conn.execute(stmts.purge_cutoff, {"older_than": older_than}).fetchone()
         params = {
             "before": before[0] if before else None,
             "statuses": statuses,

@@ -19,7 +19,7 @@ wrong mode never loses a message: a row written in 'wal' mode is published by th
 polling loop, which keeps running; a WAL emit refused in 'polling' mode is written as a row.
 
 The emit is also refused in 'wal' mode while the database has no slot that decodes it (the
-slot the row names is missing, invalidated, or another database's: outbox/_statements.py):
+slot the row names is missing, invalidated, or another database's: outbox/statements.sql):
 the writer then writes rows, and tries the WAL again after :data:`REFUSED_RETRY_SECONDS`
 rather than on every publish (the row then costs no extra round trip). That slot check reads
 the server's whole slot array, so a connection makes it on its first emit and then at most

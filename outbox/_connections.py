@@ -17,6 +17,7 @@ from psycopg.pq import TransactionStatus
 
 from outbox._asyncpg import AsyncpgConnection, is_asyncpg
 from outbox._optional import loaded_class
+from outbox._statements import TEMPLATES
 from outbox.exceptions import ConfigurationError, TransactionRequiredError
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ Target: TypeAlias = "Session | Connection | psycopg.Connection[Any]"
 #: What the async calls write through: an AsyncSession or AsyncConnection on the psycopg or
 #: asyncpg driver, or a psycopg AsyncConnection.
 AsyncTarget: TypeAlias = "AsyncSession | AsyncConnection | psycopg.AsyncConnection[Any]"
+
+_BEGIN = TEMPLATES.begin.as_string(None)
 
 _AUTOCOMMIT_HINT = (
     "the connection is in autocommit mode and not inside a transaction, so the message "
@@ -111,7 +114,7 @@ async def _asyncpg(conn: Any, fairy: Any, raw: Any) -> AsyncpgConnection:
             raise TransactionRequiredError(_SQLALCHEMY_AUTOCOMMIT_HINT)
         # SQLAlchemy's asyncpg adapter sends BEGIN (with the isolation level the caller chose)
         # only with its own first statement: have it begin now, once per transaction.
-        await conn.exec_driver_sql("SELECT 1")
+        await conn.exec_driver_sql(_BEGIN)
     return AsyncpgConnection.of(raw, conn.engine.url)
 
 

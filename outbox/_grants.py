@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from outbox._statements import TEMPLATES
 from outbox.schema import (
     INBOX_DEAD_AUDIT,
     INBOX_HELD,
@@ -81,7 +82,7 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_RELAYS, None),
         ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),
         # the latest run's verdict and time (not its summary), exported as gauges for the
-        # alert rules (relay/_queries.py outbox_last_reconciliation)
+        # alert rules (relay/statements.sql outbox_last_reconciliation)
         ("SELECT", RECONCILIATION_RUNS, ("started_at", "finished_at", "outcome", "discrepancies")),
     ],
     "consumer": [
@@ -94,7 +95,7 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
     "console": [
         # the pages (a dead letter's payload and headers included), and the purge
         ("SELECT, DELETE", OUTBOX_MESSAGES, None),
-        # requeue (relay/_queries.py outbox_dead_retry): exactly the columns it sets
+        # requeue (relay/statements.sql outbox_dead_retry): exactly the columns it sets
         (
             "UPDATE",
             OUTBOX_MESSAGES,
@@ -174,23 +175,28 @@ def grant_statements(kind: str, role: str, *, schema: str | None = None) -> list
     grantee = sql.Identifier(role)
     out: list[sql.Composable] = []
     if schema is not None:
-        usage = sql.SQL("GRANT USAGE ON SCHEMA {} TO {}")
-        out.append(usage.format(sql.Identifier(schema), grantee))
+        out.append(TEMPLATES.grant_schema.format(schema=sql.Identifier(schema), role=grantee))
     for privileges, table, columns in _NEEDS[kind]:
         name = sql.Identifier(schema, table) if schema else sql.Identifier(table)
-        target: sql.Composable
         if columns is None:
-            target = sql.SQL(privileges)
-        else:
-            target = sql.SQL("{} ({})").format(
-                sql.SQL(privileges), sql.SQL(", ").join(map(sql.Identifier, columns))
+            grant = TEMPLATES.grant_table.format(
+                privileges=sql.SQL(privileges), table=name, role=grantee
             )
-        out.append(sql.SQL("GRANT {} ON TABLE {} TO {}").format(target, name, grantee))
+        else:
+            grant = TEMPLATES.grant_columns.format(
+                privileges=sql.SQL(privileges),
+                columns=sql.SQL(", ").join(map(sql.Identifier, columns)),
+                table=name,
+                role=grantee,
+            )
+        out.append(grant)
     for privileges, sequence in _SEQUENCES[kind]:
         name = sql.Identifier(schema, sequence) if schema else sql.Identifier(sequence)
         out.append(
-            sql.SQL("GRANT {} ON SEQUENCE {} TO {}").format(sql.SQL(privileges), name, grantee)
+            TEMPLATES.grant_sequence.format(
+                privileges=sql.SQL(privileges), sequence=name, role=grantee
+            )
         )
     for member_of in _MEMBER_OF.get(kind, []):
-        out.append(sql.SQL("GRANT {} TO {}").format(sql.Identifier(member_of), grantee))
+        out.append(TEMPLATES.grant_role.format(member_of=sql.Identifier(member_of), role=grantee))
     return [s.as_string(None) for s in out]

@@ -64,7 +64,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from outbox._statements import WAKEUP_CHANNEL
+from outbox._statements import WAKEUP_CHANNEL, doorbell_statements
 
 __all__ = ["Doorbell", "doorbell_for", "ring_after_commit"]
 
@@ -154,7 +154,7 @@ class Doorbell:
         """The doorbell's own session: autocommit, and commits that wait for no WAL flush."""
         conn = psycopg.connect(self.conninfo, autocommit=True)
         # The NOTIFY commit record needs no flush: see the module docstring.
-        conn.execute("SET synchronous_commit = off")
+        conn.execute(_STATEMENTS.doorbell_session)
         return conn
 
     def _run(self) -> None:
@@ -214,7 +214,7 @@ class Doorbell:
         xids = [x for x in watched if x != _COMMITTED]
         # One round trip: which watched transactions ended, and NOTIFY if one committed (or a
         # commit hook already told us so). Its commit does not wait for a WAL flush.
-        row = conn.execute(_SETTLE, [xids, self.channel, committed]).fetchone()
+        row = conn.execute(_STATEMENTS.doorbell_settle, (xids, self.channel, committed)).fetchone()
         assert row is not None
         done, notified = row
         if notified:
@@ -247,17 +247,7 @@ def _gap(age: float) -> float:
     return min(max(age, _MIN_POLL), _MAX_POLL)
 
 
-# outbox_doorbell_settle: statuses of the watched xids; pg_notify runs only if one committed.
-_SETTLE = """
-WITH s AS (SELECT x::text AS x, pg_xact_status(x) AS st FROM unnest(%s::xid8[]) AS x),
-n AS (
-    SELECT pg_notify(%s, '') AS sent
-    WHERE %s OR EXISTS (SELECT 1 FROM s WHERE st = 'committed')
-)
-SELECT coalesce(array_agg(x) FILTER (WHERE st IS DISTINCT FROM 'in progress'), '{}'),
-       EXISTS (SELECT 1 FROM n)
-FROM s
-"""
+_STATEMENTS = doorbell_statements(None)
 
 _lock = threading.Lock()
 _doorbells: dict[str, Doorbell] = {}

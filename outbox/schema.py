@@ -365,7 +365,7 @@ def _relay_tables(md: MetaData) -> None:
     """What the relay daemon adds (leases, live relays, audit); see migration outbox_0002.
 
     The relay claims rows with a lease instead of a status change: a claimed row stays
-    ``pending`` and carries its owner, a fencing token and an expiry (see relay/_queries.py).
+    ``pending`` and carries its owner, a fencing token and an expiry (see relay/statements.sql).
     """
     messages = md.tables[f"{md.schema}.{OUTBOX_MESSAGES}" if md.schema else OUTBOX_MESSAGES]
     # The relay holding the row, the fencing token of its claim (fresh per claim: a relay that

@@ -16,14 +16,14 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import class_row, dict_row, kwargs_row
 
 from outbox._actor import default_actor
 from outbox._database import Database, connected
-from outbox._statements import WAKEUP_CHANNEL
 from outbox.exceptions import ConfigurationError
 from outbox.schema import OUTBOX_CAPTURE, check_identifier
-from relay._queries import RelayStatements, relay_statements
 from relay._slot import SlotHealth, default_slot
+from relay._statements import TEMPLATES, RelayStatements, relay_statements
 
 __all__ = [
     "DeadFilter",
@@ -102,28 +102,28 @@ class RelayStatus:
 def relay_status(url: Database, *, schema: str | None = None) -> RelayStatus:
     stmts = relay_statements(schema)
     with connected(url) as conn:
-        cur = conn.execute(stmts.status_topics)
-        names = [d.name for d in cur.description or []]
-        topics = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-        cur = conn.execute(stmts.status_relays)
-        names = [d.name for d in cur.description or []]
-        relays = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+        with conn.cursor(row_factory=dict_row) as cur:
+            topics = cur.execute(stmts.status_topics).fetchall()
+            relays = cur.execute(stmts.status_relays).fetchall()
         capture = _capture_state(conn, stmts)
     return RelayStatus(topics, relays, capture)
 
 
 def _capture_state(conn: psycopg.Connection[Any], stmts: RelayStatements) -> dict[str, Any]:
-    row = conn.execute(stmts.capture_mode).fetchone()
-    if row is None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        state = cur.execute(stmts.capture_mode).fetchone()
+    if state is None:
         return {"mode": "polling"}
-    state: dict[str, Any] = {"mode": row[0], "slot": row[1], "publication": row[2]}
-    if row[1] is not None:
-        state.update(_slot(conn, stmts, row[1]).as_status(row[0]))
+    if state["slot"] is not None:
+        state.update(_slot(conn, stmts, state["slot"]).as_status(state["mode"]))
     return state
 
 
 def _slot(conn: psycopg.Connection[Any], stmts: RelayStatements, slot: str) -> SlotHealth:
-    return SlotHealth.of_row(conn.execute(stmts.capture_slot, {"slot": slot}).fetchone())
+    with conn.cursor(row_factory=class_row(SlotHealth)) as cur:
+        health = cur.execute(stmts.capture_slot, {"slot": slot}).fetchone()
+    assert health is not None  # one row, also for a missing slot
+    return health
 
 
 def enable_capture(
@@ -151,7 +151,7 @@ def enable_capture(
     check_identifier(publication, "publication")
     stmts = relay_statements(schema)
     with psycopg.connect(url, autocommit=True) as conn:
-        level = conn.execute("SHOW wal_level").fetchone()
+        level = conn.execute(stmts.wal_level).fetchone()
         if level is None or level[0] != "logical":
             raise ConfigurationError(
                 f"wal_level is {level[0] if level else 'unknown'!r}; WAL capture needs "
@@ -160,33 +160,20 @@ def enable_capture(
                 "max_wal_senders must be at least 1 (the defaults are 10)",
                 setting="wal_level",
             )
-        _refuse_second_schema(conn, schema)
+        _refuse_second_schema(conn, stmts)
         slot = _choose_slot(conn, stmts, slot)
-        exists = conn.execute(
-            "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
-        ).fetchone()
+        exists = conn.execute(stmts.publication_exists, {"publication": publication}).fetchone()
         if exists is None:
-            conn.execute(sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(publication)))
+            conn.execute(TEMPLATES.publication_create.format(publication=sql.Identifier(publication)))
         health = _slot(conn, stmts, slot)
         if health.state == "missing":
             # created meanwhile, perhaps by another database: checked below
             with contextlib.suppress(psycopg.errors.DuplicateObject):
-                conn.execute(
-                    "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,)
-                )
+                conn.execute(stmts.slot_create, {"slot": slot})
             health = _slot(conn, stmts, slot)
         _refuse_unusable(health)
         # The slot is checked again in the UPDATE itself: one dropped since is not recorded.
-        # Writers check it on every emit anyway (outbox/_statements.py).
-        cur = conn.execute(
-            sql.SQL(
-                "UPDATE {} SET mode = 'wal', slot = %(slot)s, publication = %(publication)s, "
-                "changed_at = clock_timestamp() WHERE EXISTS (SELECT 1 FROM "
-                "pg_catalog.pg_replication_slots AS s WHERE s.slot_name = %(slot)s "
-                "AND s.database = current_database())"
-            ).format(_capture_table(schema)),
-            {"slot": slot, "publication": publication},
-        )
+        cur = conn.execute(stmts.capture_enable, {"slot": slot, "publication": publication})
         if cur.rowcount != 1:
             raise ConfigurationError(
                 f"replication slot {slot!r} was dropped while capture was being enabled; "
@@ -196,29 +183,18 @@ def enable_capture(
         return _capture_state(conn, stmts)
 
 
-def _refuse_second_schema(conn: psycopg.Connection[Any], schema: str | None) -> None:
+def _refuse_second_schema(conn: psycopg.Connection[Any], stmts: RelayStatements) -> None:
     """Refuse 'wal' mode while another schema of this database is in it, or still has a slot
     here: a slot decodes every logical message of its database, so that schema's relays
     would record this schema's messages as their own."""
-    ours = conn.execute(
-        "SELECT to_regclass(%s)::oid", (_capture_table(schema).as_string(conn),)
-    ).fetchone()
-    others = conn.execute(
-        "SELECT c.oid, n.nspname FROM pg_catalog.pg_class AS c "
-        "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
-        "WHERE c.relname = %s AND c.relkind = 'r' ORDER BY n.nspname",
-        (OUTBOX_CAPTURE,),
-    ).fetchall()
+    ours = conn.execute(stmts.capture_table).fetchone()
+    others = conn.execute(stmts.capture_tables, {"table": OUTBOX_CAPTURE}).fetchall()
     for oid, namespace in others:
         if ours is not None and oid == ours[0]:
             continue
         try:
             row = conn.execute(
-                sql.SQL(
-                    "SELECT c.mode, c.slot FROM {} AS c WHERE c.mode = 'wal' OR EXISTS ("
-                    "SELECT 1 FROM pg_catalog.pg_replication_slots AS s "
-                    "WHERE s.slot_name = c.slot AND s.database = current_database())"
-                ).format(sql.Identifier(namespace, OUTBOX_CAPTURE))
+                TEMPLATES.capture_other.format(capture=sql.Identifier(namespace, OUTBOX_CAPTURE))
             ).fetchone()
         except psycopg.errors.InsufficientPrivilege:
             continue  # not readable by this role: not an outbox this operator runs
@@ -245,12 +221,12 @@ def _choose_slot(
     refused: a switch away from a slot of this database that still exists (what it has not
     captured would never be)."""
     row = conn.execute(stmts.capture_mode).fetchone()
-    recorded = row[1] if row is not None else None
+    _mode, recorded, _publication = row if row is not None else (None, None, None)
     own = recorded is not None and _slot(conn, stmts, recorded).own
     if slot is None:
         if own:
             return str(recorded)
-        database = conn.execute("SELECT current_database()").fetchone()
+        database = conn.execute(stmts.current_database).fetchone()
         return default_slot(str(database[0] if database else ""))
     if own and recorded != slot:
         raise ConfigurationError(
@@ -305,28 +281,20 @@ def disable_capture(url: str, *, schema: str | None = None) -> dict[str, Any]:
     status`` shows its lag at 0 and no relay streams it."""
     stmts = relay_statements(schema)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "UPDATE {} SET mode = 'polling', changed_at = clock_timestamp()"
-            ).format(_capture_table(schema))
-        )
+        conn.execute(stmts.capture_disable)
         return _capture_state(conn, stmts)
-
-
-def _capture_table(schema: str | None) -> sql.Identifier:
-    return sql.Identifier(schema, OUTBOX_CAPTURE) if schema else sql.Identifier(OUTBOX_CAPTURE)
 
 
 def dead_list(
     url: Database, where: DeadFilter, *, limit: int = 100, schema: str | None = None
 ) -> list[DeadMessage]:
     stmts = relay_statements(schema)
-    with connected(url) as conn:
-        rows = conn.execute(stmts.dead_list, {**where.params(), "limit": limit}).fetchall()
-    return [
-        DeadMessage(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bytes(r[7]), r[8], r[9] or {})
-        for r in rows
-    ]
+    with connected(url) as conn, conn.cursor(row_factory=kwargs_row(_dead_message)) as cur:
+        return cur.execute(stmts.dead_list, {**where.params(), "limit": limit}).fetchall()
+
+
+def _dead_message(*, payload: bytes, headers: dict[str, str] | None, **row: Any) -> DeadMessage:
+    return DeadMessage(payload=bytes(payload), headers=headers or {}, **row)
 
 
 def _change(
@@ -353,7 +321,7 @@ def _change(
         if rows:
             # Re-queued rows, or a purged dead head that held its key: relays have work now.
             # The NOTIFY is delivered at commit, and not at all after a rollback.
-            conn.execute("SELECT pg_notify(%s, '')", (WAKEUP_CHANNEL,))
+            conn.execute(relay_statements(schema).wake_relays)
     return [r[0] for r in rows]
 
 

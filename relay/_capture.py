@@ -33,10 +33,11 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psycopg
+from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
 from outbox._capture import MODE_WAL, RecordError, WalRecord, decode_record
@@ -44,11 +45,11 @@ from outbox.envelope import Envelope
 from relay._capture_lease import CaptureLease, fence_lapsed_holder, standby_interval
 from relay._config import RelayConfig
 from relay._dispatch import Dispatcher
-from relay._queries import RelayStatements
 from relay._replication import CommittedTransaction, ReplicationStream
 from relay._retry import Backoff, retry
 from relay._slot import SlotHealth
 from relay._state import RunState
+from relay._statements import RelayStatements
 from relay.exceptions import CaptureLeaseLostError
 
 __all__ = ["WalCapture"]
@@ -61,6 +62,15 @@ RECHECK_SECONDS = 1.0
 IDLE_WAIT_SECONDS = 0.5
 #: how often a slot that cannot capture this database is logged again while it lasts
 REPORT_EVERY_SECONDS = 300.0
+
+
+class _Setting(NamedTuple):
+    """What to stream: the slot, its publication, and whether this is a drain (the database
+    went back to polling while the slot still holds what writers emitted)."""
+
+    slot: str
+    publication: str
+    draining: bool
 
 
 @dataclass
@@ -102,7 +112,7 @@ class WalCapture:
                 await self._state.sleep(RECHECK_SECONDS)
             else:
                 await self._lead(*setting)
-                if setting[2]:  # drained: let the slot rest (an operator may drop it now)
+                if setting.draining:  # drained: let the slot rest (an operator may drop it now)
                     await self._state.sleep(RECHECK_SECONDS)
 
         backoff = Backoff(0.1, 5.0)
@@ -110,7 +120,7 @@ class WalCapture:
             # returns after a round: not in 'wal' mode, a standby, drained, or the stream ended
             await retry("WAL capture", capture_once, backoff, state=self._state)
 
-    async def _setting(self) -> tuple[str, str, bool] | None:
+    async def _setting(self) -> _Setting | None:
         """(slot, publication, draining): streaming in 'wal' mode; draining after a switch
         back to polling while the slot exists (what writers emitted before the switch, or in
         transactions that commit after it, is still published); None: nothing to stream, or
@@ -118,14 +128,19 @@ class WalCapture:
         logged as an error, see :meth:`_report`; writers write rows meanwhile)."""
         async with self._pool.connection() as conn:
             row = await (await conn.execute(self._stmts.capture_mode)).fetchone()
-            if row is None or row[1] is None:
+            if row is None:
                 return None
-            cur = await conn.execute(self._stmts.capture_slot, {"slot": row[1]})
-            health = SlotHealth.of_row(await cur.fetchone())
-        self._report(health, str(row[0]))
+            mode, slot, publication = row
+            if slot is None:
+                return None
+            async with conn.cursor(row_factory=class_row(SlotHealth)) as cur:
+                await cur.execute(self._stmts.capture_slot, {"slot": slot})
+                health = await cur.fetchone()
+            assert health is not None  # one row, also for a missing slot
+        self._report(health, str(mode))
         if health.state != "ok":
             return None  # not a slot of ours to stream (after a drain and a drop: all done)
-        return str(row[1]), str(row[2]), row[0] != MODE_WAL
+        return _Setting(str(slot), str(publication), mode != MODE_WAL)
 
     def _report(self, health: SlotHealth, mode: str) -> None:
         """Log a slot that cannot capture this database, at once and then every
@@ -226,7 +241,7 @@ class WalCapture:
                 if draining:
                     return
                 setting = await self._setting()
-                if setting is None or setting[2]:
+                if setting is None or setting.draining:
                     return  # switched back to polling: drain in rounds from now on
             await stream.keepalive()
 

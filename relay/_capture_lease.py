@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from relay._queries import RelayStatements
+from relay._statements import RelayStatements
 from relay.exceptions import CaptureLeaseLostError
 
 __all__ = ["CaptureLease", "fence_lapsed_holder", "standby_interval"]
@@ -160,10 +160,11 @@ async def fence_lapsed_holder(
         )
         return False
     ended = [int(pid) for _holder, pid, terminated in rows if terminated]
+    holder = rows[0][0] if rows else None
     if ended:
         log.warning(
             "relay: the capture lease of relay %s on slot %s lapsed: terminated its sessions "
             "(pids %s) to take the slot over",
-            rows[0][0], slot, ", ".join(map(str, ended)),
+            holder, slot, ", ".join(map(str, ended)),
         )
     return bool(ended)

@@ -1,6 +1,6 @@
 """Claim, decide, mark: the relay's three steps around a broker call, without the loop.
 
-Each database function runs one statement from :mod:`relay._queries` on an autocommit
+Each database function runs one statement from :mod:`relay._statements` on an autocommit
 connection. :func:`decide` is pure: it turns a claim and the broker's results into the outcome
 of every row, keeping each key's order.
 """
@@ -19,7 +19,7 @@ import psycopg
 
 from outbox.envelope import Envelope
 from relay._config import RelayConfig
-from relay._queries import RelayStatements
+from relay._statements import RelayStatements, relay_statements
 from relay.exceptions import (
     BrokerUnreachableError,
     DestinationUnavailableError,
@@ -59,11 +59,12 @@ class Outcome:
     error: str | None = None
 
 
-def _envelope(row: tuple[Any, ...]) -> Envelope:
-    id_, topic, key, seq, payload, content_type, headers, traceparent, created_at, _ = row
+def _claimed(row: tuple[Any, ...]) -> tuple[Envelope, int]:
+    """A claimed row (outbox_claim_batch's RETURNING): its envelope and its attempts."""
+    id_, topic, key, seq, payload, content_type, headers, traceparent, created_at, attempts = row
     if isinstance(headers, str):  # pragma: no cover - jsonb arrives decoded with psycopg 3
         headers = json.loads(headers)
-    return Envelope(
+    envelope = Envelope(
         id=id_,
         topic=topic,
         key=key,
@@ -74,6 +75,7 @@ def _envelope(row: tuple[Any, ...]) -> Envelope:
         traceparent=traceparent,
         created_at=created_at,
     )
+    return envelope, attempts
 
 
 async def claim_batch(
@@ -132,11 +134,16 @@ async def _claim_from(
     rows = await cur.fetchall()
     if not rows:
         return None
-    rows.sort(key=lambda r: (r[1], r[2], r[3]))
+    claimed = sorted(map(_claimed, rows), key=_in_key_order)
     # The server's lease started no earlier than `started`; stop publishing a little before it
     # can lapse, so a slow clock or a pause cannot make two relays publish one key at once.
     deadline = started + config.lease_seconds * 0.9
-    return Claim(token, [_envelope(r) for r in rows], [r[9] for r in rows], deadline)
+    return Claim(token, [e for e, _ in claimed], [a for _, a in claimed], deadline)
+
+
+def _in_key_order(claimed: tuple[Envelope, int]) -> tuple[str, str, int | None]:
+    envelope = claimed[0]
+    return envelope.topic, envelope.key, envelope.seq
 
 
 async def mark_batch(
@@ -167,7 +174,7 @@ async def mark_batch(
         cur = await conn.execute(stmts.mark, params)
         return {r[0] for r in await cur.fetchall()}
     async with conn.transaction():
-        await conn.execute("SET LOCAL synchronous_commit = on")
+        await conn.execute(stmts.durable_commit)
         cur = await conn.execute(stmts.mark, params)
         return {r[0] for r in await cur.fetchall()}
 
@@ -180,7 +187,7 @@ async def relay_session(conn: psycopg.AsyncConnection[Any]) -> None:
     broker's dedup and the consumer's inbox absorb the repeat). Per-key order holds: a lost
     mark of message n means n is published again before n+1 can be re-claimed.
     """
-    await conn.execute("SET synchronous_commit = off")
+    await conn.execute(relay_statements(None).session)
 
 
 def backoff_delay(attempts: int, config: RelayConfig, rng: random.Random | None = None) -> float:

@@ -24,9 +24,9 @@ from relay._claim import Claim, Outcome, decide, mark_batch
 from relay._config import RelayConfig
 from relay._destinations import PausedDestinations
 from relay._metrics import RelayMetrics
-from relay._queries import RelayStatements
 from relay._retry import BROKER_BACKOFF, DB_BACKOFF, Backoff, retry
 from relay._state import RunState
+from relay._statements import RelayStatements
 from relay._tracing import publish_span
 from relay.brokers.base import Publisher
 from relay.exceptions import (

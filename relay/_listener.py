@@ -13,10 +13,10 @@ from typing import Any
 
 import psycopg
 
-from outbox._statements import WAKEUP_CHANNEL
 from relay._connection import keep_connected
 from relay._retry import Backoff
 from relay._state import RunState
+from relay._statements import relay_statements
 
 __all__ = ["Listener"]
 
@@ -35,9 +35,10 @@ class Listener:
     async def _listen(self, conn: psycopg.AsyncConnection[Any], backoff: Backoff) -> None:
         state = self._state
         bound = max(self._interval, 1.0)
+        stmts = relay_statements(None)  # no table: the schema does not matter
         try:
             async with asyncio.timeout(bound):
-                await conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
+                await conn.execute(stmts.listen)
             backoff.succeeded()
             state.listening = True
             state.wake.set()  # notifications sent while we were away are lost: poll now
@@ -45,6 +46,6 @@ class Listener:
                 async for _ in conn.notifies(timeout=self._interval):
                     state.wake.set()
                 async with asyncio.timeout(bound):
-                    await conn.execute("SELECT 1")  # detect a dead connection
+                    await conn.execute(stmts.ping)  # detect a dead connection
         finally:
             state.listening = False

@@ -14,11 +14,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import psycopg
+from psycopg.rows import class_row
 
 from outbox._noop_metric import NoopMetric
 from outbox.exceptions import ConfigurationError
-from relay._queries import RelayStatements
 from relay._slot import SLOT_STATES, SlotHealth
+from relay._statements import RelayStatements
 
 __all__ = ["MetricsServer", "RelayMetrics"]
 
@@ -217,12 +218,13 @@ class RelayMetrics:
     async def _refresh_slot(
         self, conn: psycopg.AsyncConnection[Any], stmts: RelayStatements
     ) -> None:
-        mode = await (await conn.execute(stmts.capture_mode)).fetchone()
-        if mode is None or mode[1] is None:
+        row = await (await conn.execute(stmts.capture_mode)).fetchone()
+        mode, slot_name, _publication = row if row is not None else (None, None, None)
+        if slot_name is None:
             return  # never switched to 'wal': no slot to watch
-        slot_name = str(mode[1])
-        cur = await conn.execute(stmts.capture_slot, {"slot": slot_name})
-        slot = SlotHealth.of_row(await cur.fetchone())
+        async with conn.cursor(row_factory=class_row(SlotHealth)) as cur:
+            slot = await (await cur.execute(stmts.capture_slot, {"slot": slot_name})).fetchone()
+        assert slot is not None  # one row, also for a missing slot
         labels = (slot_name, slot.database or "")
         if labels != self._slot_labels:
             # Series only for the slot (and database) the mode row names now: a slot left
@@ -233,7 +235,7 @@ class RelayMetrics:
             ):  # fmt: skip
                 gauge.clear()
             self._slot_labels = labels
-        self.slot_ok.labels(slot_name).set(0 if slot.problem(str(mode[0])) else 1)
+        self.slot_ok.labels(slot_name).set(0 if slot.problem(str(mode)) else 1)
         for state in SLOT_STATES:
             self.slot_state.labels(*labels, state).set(1 if state == slot.state else 0)
         if not slot.own:  # missing, or another database's: its lag says nothing of ours

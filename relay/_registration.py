@@ -23,9 +23,9 @@ from psycopg_pool import AsyncConnectionPool
 from outbox._redact import redact
 from relay._config import RelayConfig
 from relay._metrics import RelayMetrics
-from relay._queries import RelayStatements
 from relay._retry import Backoff, retry
 from relay._state import RunState
+from relay._statements import RelayStatements
 from relay.exceptions import RelayIdInUseError
 
 __all__ = ["Registration"]

@@ -30,10 +30,10 @@ from relay._config import RelayConfig
 from relay._dispatch import Dispatcher
 from relay._listener import Listener
 from relay._metrics import RelayMetrics
-from relay._queries import relay_statements
 from relay._registration import Registration
 from relay._retry import DB_BACKOFF, Backoff, retry
 from relay._state import RunState
+from relay._statements import relay_statements
 from relay._watch import CommitWatch
 from relay.brokers.base import Publisher
 

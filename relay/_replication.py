@@ -27,10 +27,11 @@ import datetime as dt
 import struct
 from dataclasses import dataclass, field
 
-from psycopg import pq
+from psycopg import pq, sql
 from psycopg.conninfo import make_conninfo
 
 from outbox._capture import PREFIX
+from relay._statements import TEMPLATES
 from relay.exceptions import RelayError
 
 __all__ = ["CommittedTransaction", "ReplicationStream", "format_lsn"]
@@ -104,11 +105,10 @@ class ReplicationStream:
             raise RelayError(f"could not open a replication connection: {message}")
         pg.nonblocking = 1
         self._pg = pg
-        command = (
-            f'START_REPLICATION SLOT "{self._slot}" LOGICAL 0/0 (proto_version \'1\', '
-            f"publication_names '{self._publication}', messages 'true')"
+        command = TEMPLATES.start_replication.format(
+            slot=sql.Identifier(self._slot), publication=sql.Literal(self._publication)
         )
-        pg.send_query(command.encode())
+        pg.send_query(command.as_string(None).encode())
         while True:
             await self._flush()
             pg.consume_input()

@@ -6,7 +6,7 @@ anything of this database: missing (dropped, never restored, lost in a failover)
 (another database's, as after ``CREATE DATABASE ... TEMPLATE`` or when a second database was
 enabled with the first one's slot name), of another output plugin, or invalidated (its WAL
 removed past ``max_slot_wal_keep_size``). Writers then write rows instead of emitting (the
-check in outbox/_statements.py), which the polling loop publishes; what was emitted into a slot
+check in outbox/statements.sql), which the polling loop publishes; what was emitted into a slot
 before it was dropped or invalidated, and not captured yet, is lost. Every surface reads the
 state from here: ``outbox status`` and ``outbox capture``, the console, the relay's log and
 metrics (docs/how-to/wal-capture.md, "A slot that is missing, foreign or invalidated").
@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["SLOT_STATES", "SlotHealth", "default_slot"]
 
-#: what ``outbox_capture_slot`` (relay/_queries.py) says of a slot
+#: what ``outbox_capture_slot`` (relay/statements.sql) says of a slot
 SLOT_STATES = ("ok", "missing", "foreign", "plugin", "invalidated")
 
 _NOT_SLOT_CHARACTER = re.compile(r"[^a-z0-9_]")
@@ -44,7 +44,7 @@ def default_slot(database: str) -> str:
 
 @dataclass(frozen=True)
 class SlotHealth:
-    """One row of ``outbox_capture_slot``."""
+    """One row of ``outbox_capture_slot`` (read by column name: ``class_row(SlotHealth)``)."""
 
     slot: str
     active: bool | None
@@ -57,10 +57,6 @@ class SlotHealth:
     confirmed_lsn: str | None
     state: str
     this_database: str
-
-    @classmethod
-    def of_row(cls, row: Any) -> SlotHealth:
-        return cls(*row)
 
     @property
     def own(self) -> bool:

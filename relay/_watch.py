@@ -45,9 +45,9 @@ from typing import Any
 import psycopg
 
 from relay._connection import keep_connected
-from relay._queries import RelayStatements
 from relay._retry import Backoff
 from relay._state import RunState
+from relay._statements import RelayStatements
 
 __all__ = ["CommitWatch", "Snapshot", "WatchState", "next_xid"]
 

@@ -38,12 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from psycopg import sql
 from pyspark.sql import functions as F
 
 from outbox._sql import qualified
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
 from spark_ingest._config import Source
 from spark_ingest._sources import _jdbc, read_horizon, time_predicates
+from spark_ingest._statements import TEMPLATES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -113,16 +115,14 @@ def row_version(horizon: int) -> str:
     ``xmin`` is 32 bits; widened by its signed distance to ``horizon`` (a 64-bit xid8), it is
     exact for any row written less than 2^31 transactions before or after the horizon.
     """
-    h32 = horizon % 2**32
-    return (
-        f"({horizon} - ((({h32} - xmin::text::bigint + 2147483648) % 4294967296 + 4294967296)"
-        " % 4294967296 - 2147483648))"
-    )
+    return TEMPLATES.row_version.format(horizon=horizon, h32=horizon % 2**32).as_string(None)
 
 
-def _changed(lo: int, hi: int) -> str:
-    version = row_version(hi)
-    return f"{version} AS version FROM {{table}} WHERE {version} >= {lo} AND {version} < {hi}"
+def _changed(read: sql.SQL, table: str, lo: int, hi: int) -> str:
+    """``read`` of ``table``: the rows whose version is in ``[lo, hi)``."""
+    return read.format(
+        table=sql.SQL(table), version=sql.SQL(row_version(hi)), lo=lo, hi=hi
+    ).as_string(None)
 
 
 def _previous(lake: Path, src: Source, table: str) -> tuple[int, dt.datetime]:
@@ -136,11 +136,7 @@ def _ingest_outbox(spark: SparkSession, lake: Path, src: Source, parts: int) -> 
     h = read_horizon(src, OUTBOX_MESSAGES)
     xid, lo = _previous(lake, src, OUTBOX_MESSAGES)
     table = qualified(src.schema, OUTBOX_MESSAGES).as_string(None)
-    query = (
-        "SELECT id::text AS id, topic, key, seq, headers::text AS headers, payload, content_type,"
-        " traceparent, created_at, available_at, status, attempts, last_error, published_at,"
-        " tx_id::text::bigint AS tx_id, " + _changed(xid, h.xmin).format(table=table)
-    )
+    query = _changed(TEMPLATES.ingest_outbox, table, xid, h.xmin)
     df = _jdbc(spark, src, query, _open_predicates("created_at", lo, h.now, parts))
     rows = _land(df, lake / src.name / OUTBOX_MESSAGES, "created_at", f"x{xid}")
     _write_watermark(lake, src.name, OUTBOX_MESSAGES, {"xid": h.xmin, "time": h.now.isoformat()})
@@ -151,10 +147,7 @@ def _ingest_inbox(spark: SparkSession, lake: Path, src: Source, parts: int) -> L
     h = read_horizon(src, INBOX_MESSAGES)
     xid, lo = _previous(lake, src, INBOX_MESSAGES)
     table = qualified(src.schema, INBOX_MESSAGES).as_string(None)
-    query = (
-        "SELECT consumer, message_id::text AS message_id, topic, key, seq, received_at,"
-        " processed_at, attempts, status, last_error, " + _changed(xid, h.xmin).format(table=table)
-    )
+    query = _changed(TEMPLATES.ingest_inbox, table, xid, h.xmin)
     df = _jdbc(spark, src, query, _open_predicates("received_at", lo, h.now, parts))
     rows = _land(df, lake / src.name / INBOX_MESSAGES, "received_at", f"x{xid}")
     _write_watermark(lake, src.name, INBOX_MESSAGES, {"xid": h.xmin, "time": h.now.isoformat()})

@@ -75,9 +75,9 @@ def redrive(
     else:
         params = {"ids": wanted, "actor": actor or default_actor(), "reason": reason}
         rows = conn.execute(stmts.redrive, params).fetchall()
-        requeued = sorted(r[0] for r in rows)
+        requeued = sorted(message_id for message_id, _xact, _watch in rows)
         if rows:
-            ring_after_commit(conn, conn, {r[1] for r in rows})
+            ring_after_commit(conn, conn, {xact for _id, xact, _watch in rows})
     return RedriveResult(requeued, pending, missing, dry_run)
 
 

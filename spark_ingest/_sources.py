@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg import sql
 
 from outbox._sql import qualified
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
 from spark_ingest._config import Source
 from spark_ingest._errors import SourceError
-from spark_ingest._statements import spark_statements
+from spark_ingest._statements import TEMPLATES, spark_statements
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -129,9 +130,9 @@ def _ranges(lo: dt.datetime, hi: dt.datetime, n: int) -> list[tuple[dt.datetime,
 
 def _range_sql(column: str, a: dt.datetime, b: dt.datetime) -> str:
     a, b = _utc(a, "range start"), _utc(b, "range end")
-    return (
-        f"{column} >= '{a.isoformat()}'::timestamptz AND {column} < '{b.isoformat()}'::timestamptz"
-    )
+    return TEMPLATES.time_range.format(
+        column=sql.SQL(column), lo=a.isoformat(), hi=b.isoformat()
+    ).as_string(None)
 
 
 def time_ranges(
@@ -160,22 +161,21 @@ def time_predicates(
 def _outbox_predicate(a: dt.datetime, b: dt.datetime) -> str:
     """Outbox rows created in ``[a, b)``, stated so the partial indexes answer (read_outbox)."""
     floor = _utc(a, "range start") - _CLOCK_MARGIN
-    return (
-        f"{_range_sql('created_at', a, b)} AND (status <> 'published' OR published_at IS NULL"
-        f" OR published_at >= '{floor.isoformat()}'::timestamptz)"
-    )
+    return TEMPLATES.outbox_range.format(
+        range=sql.SQL(_range_sql("created_at", a, b)), floor=floor.isoformat()
+    ).as_string(None)
 
 
 def count_rows(source: Source, table: str, predicate: str, limit: int) -> int:
     """``min(rows of table matching predicate, limit)``: one driver query, stopped at ``limit``.
 
-    Sizes the reads (``_job.read_sources``). A count, not the planner's estimate: for rows
-    inserted since the last ANALYZE (created_at has no index, so the planner cannot look past
-    its histogram) the estimate can be 1 row, and the nightly window is exactly those rows.
-    ``limit`` (the most rows the partitions can use) bounds the count on a big table.
+    Sizes the reads (``_job.read_sources``); why it counts instead of asking the planner:
+    ``count_rows`` in spark_ingest/statements.sql.
     """
     name = qualified(source.schema, table).as_string(None)
-    query = f"SELECT count(*) FROM (SELECT 1 FROM {name} WHERE {predicate} LIMIT {int(limit)}) AS s"
+    query = TEMPLATES.count_rows.format(
+        table=qualified(source.schema, table), predicate=sql.SQL(predicate), limit=int(limit)
+    ).as_string(None)
     with _connect(source) as conn:
         try:
             row = conn.execute(query.encode()).fetchone()
@@ -239,14 +239,6 @@ def share_connections(wanted: Sequence[int], cap: int) -> list[int]:
 
 
 # Exactly the columns the reconciliation uses (and the read floor of bench/reconcile.py fetches).
-_OUTBOX_COLUMNS = (
-    "id::text AS id, topic, key, seq, status, created_at, available_at, published_at, "
-    "tx_id::text::bigint AS tx_id"
-)
-_INBOX_COLUMNS = (
-    "consumer, message_id::text AS message_id, topic, key, seq, received_at, processed_at, "
-    "attempts, duplicates, status"
-)
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -325,7 +317,7 @@ def read_outbox(
     then ORs the two partial indexes for a short window and still scans for a long one.
     """
     table = qualified(source.schema, OUTBOX_MESSAGES).as_string(None)
-    query = f"SELECT {_OUTBOX_COLUMNS} FROM {table}"
+    query = TEMPLATES.read_outbox.format(table=sql.SQL(table)).as_string(None)
     preds = [_outbox_predicate(a, b) for a, b in _ranges(lo, hi, partitions)]
     return _jdbc(spark, source, query, preds, table=table)
 
@@ -359,7 +351,7 @@ def read_inbox(
     from pyspark.sql import functions as F
 
     table = qualified(source.schema, INBOX_MESSAGES).as_string(None)
-    query = f"SELECT {_INBOX_COLUMNS} FROM {table}"
+    query = TEMPLATES.read_inbox.format(table=sql.SQL(table)).as_string(None)
     preds = time_predicates("received_at", _inbox_start(lo, margin), hi, partitions, until=until)
     df = _jdbc(spark, source, query, preds, table=table)
     return df.withColumn("source", F.lit(source.name))

@@ -31,7 +31,7 @@ def upgrade() -> None:
     op.add_column("outbox_messages", sa.Column("lease_owner", sa.Text()), schema=schema)
     op.add_column("outbox_messages", sa.Column("lease_token", pg.UUID(as_uuid=True)), schema=schema)
     op.add_column("outbox_messages", sa.Column("lease_until", TZ), schema=schema)
-    # Head-of-key lookups by the relay's claim (see relay/_queries.py).
+    # Head-of-key lookups by the relay's claim (see relay/statements.sql).
     op.create_index(
         op.f("outbox_messages_topic_key_seq_idx"),
         "outbox_messages",

@@ -11,7 +11,7 @@ from psycopg import sql
 
 from outbox._sql import Names, qualified, registry
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES, RECONCILIATION_RUNS
-from relay._queries import _DEAD_FILTER
+from relay._statements import _DEAD_FILTER
 
 __all__ = ["ConsoleStatements", "console_statements"]
 

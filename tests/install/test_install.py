@@ -110,13 +110,14 @@ def test_the_wheel_installs_the_packages_top_level_names_only(wheel: Path) -> No
     assert {t for t in tops if not t.endswith(".dist-info")} == set(PACKAGES.values())
 
 
-def test_the_sdist_carries_every_module(sdist: Path) -> None:
+def test_the_sdist_carries_every_module_and_its_sql(sdist: Path) -> None:
     with tarfile.open(sdist) as archive:
         names = {"/".join(n.split("/")[1:]) for n in archive.getnames()}
     wanted = {
         f"{folder}/{p.relative_to(ROOT / folder).as_posix()}"
         for folder in PACKAGES
-        for p in (ROOT / folder).rglob("*.py")
+        for pattern in ("*.py", "*.sql")  # the SQL: each package's statements.sql
+        for p in (ROOT / folder).rglob(pattern)
         if "__pycache__" not in p.parts
     }
     assert sorted(wanted - names) == []

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from psycopg import errors
+from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
@@ -25,7 +25,7 @@ from outbox import Message, publish, publish_batch
 from outbox.cli import main as outbox_cli
 from outbox.envelope import Envelope
 from relay import Relay
-from relay._queries import relay_statements
+from relay._statements import relay_statements
 from relay.brokers.memory import MemoryPublisher
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "relay"))
@@ -254,7 +254,8 @@ def test_the_reconcile_role_reads_what_the_reconciliation_judges_and_records_its
     database_url: str, operator_urls: dict[str, str]
 ) -> None:
     from spark_ingest._outputs import carried_start, record_run
-    from spark_ingest._sources import _INBOX_COLUMNS, _OUTBOX_COLUMNS, count_outbox, read_horizon
+    from spark_ingest._sources import count_outbox, read_horizon
+    from spark_ingest._statements import TEMPLATES
 
     reconcile = operator_urls["reconcile"]
     _dead_and_held(database_url)
@@ -264,8 +265,10 @@ def test_the_reconcile_role_reads_what_the_reconciliation_judges_and_records_its
     assert read_horizon(source, "outbox_messages").xmin > 0
     assert count_outbox(source, start, end, 100) == 3
     with psycopg.connect(reconcile) as conn:  # the JDBC partitions' queries
-        assert len(conn.execute(f"SELECT {_OUTBOX_COLUMNS} FROM outbox_messages").fetchall()) == 3
-        assert len(conn.execute(f"SELECT {_INBOX_COLUMNS} FROM inbox_messages").fetchall()) == 1
+        outbox_read = TEMPLATES.read_outbox.format(table=sql.Identifier("outbox_messages"))
+        inbox_read = TEMPLATES.read_inbox.format(table=sql.Identifier("inbox_messages"))
+        assert len(conn.execute(outbox_read).fetchall()) == 3
+        assert len(conn.execute(inbox_read).fetchall()) == 1
     run_id = uuid.uuid4()
     summary = {"run_id": str(run_id), "started_at": start.isoformat(),
                "finished_at": end.isoformat(), "window": {"start": start.isoformat(),

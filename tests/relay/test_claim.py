@@ -15,7 +15,7 @@ import relay._claim as _claim_module
 from outbox import Message, publish_batch
 from relay import Relay
 from relay._claim import Claim, Outcome, claim_batch, mark_batch, resume_point
-from relay._queries import relay_statements
+from relay._statements import relay_statements
 
 S = relay_statements(None)
 

@@ -308,7 +308,7 @@ def test_heartbeat_and_latest_reconciliation_gauges(url: str) -> None:
 def test_a_drained_topics_backlog_gauges_go_to_zero(url: str) -> None:
     """A topic with every row published has no row in the status query; its gauges must not
     keep their last value (a backlog alert would never resolve)."""
-    from relay._queries import relay_statements
+    from relay._statements import relay_statements
 
     metrics = RelayMetrics.prometheus()
     stmts = relay_statements(None)

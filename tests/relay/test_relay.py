@@ -278,7 +278,7 @@ def test_relay_marks_at_most_once_durably_and_the_rest_without_flush_wait(
 
 def test_durable_mark_runs_with_synchronous_commit_on(url: str) -> None:
     from relay._claim import Outcome, claim_batch, mark_batch, relay_session
-    from relay._queries import relay_statements
+    from relay._statements import relay_statements
 
     write(url, [("t", "k")])
 

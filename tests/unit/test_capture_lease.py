@@ -9,7 +9,7 @@ import time
 import pytest
 
 from relay._capture_lease import CaptureLease, standby_interval
-from relay._queries import relay_statements
+from relay._statements import relay_statements
 from relay.exceptions import CaptureLeaseLostError
 
 

@@ -77,7 +77,8 @@ def test_the_reader_finds_a_misspelt_status_in_each_form() -> None:
 
 
 def _sources(package: str) -> list[Path]:
-    return sorted((REPO / package).glob("*.py"))
+    """The package's SQL files and its Python (the statements not moved to a .sql file yet)."""
+    return sorted([*(REPO / package).glob("*.py"), *(REPO / package).glob("*.sql")])
 
 
 @pytest.mark.parametrize(
