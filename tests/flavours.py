@@ -10,6 +10,7 @@ so the scenario reads the same for both.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -96,7 +97,8 @@ class Flavour:
         """The value a call of this flavour returned: the async flavour's coroutine, run."""
         if self._loop is None:
             return value
-        return self._loop.run(value)
+        # in the caller's context (an active span, say), as an awaiting caller would see it
+        return self._loop.run(value, context=contextvars.copy_context())
 
     def close(self) -> None:
         for cleanup in reversed(self._cleanups):
