@@ -14,10 +14,11 @@ The rewrite is guided by the syntax tree of the source and applied to its text, 
   (and ``(await x).y`` becomes ``x.y``);
 * the names of :data:`NAMES` are renamed wherever they are code (names, attributes, imports,
   definitions) and, as whole words, in docstrings and comments;
-* a statement whose first line ends with the comment ``# async-only`` is left out of the sync
-  module; when it is an ``if`` with an ``else``, the ``else`` block takes its place. Write the
-  case that only exists for async code (asyncpg's connection) as that ``if``, and what both
-  flavours do as its ``else``.
+* a statement whose first line carries the comment ``# async-only`` (a reason may follow) is
+  left out of the sync module; when it is an ``if`` with an ``else``, the ``else`` block takes
+  its place. Write the case that only exists for async code (asyncpg's connection) as that
+  ``if``, and what both flavours do as its ``else``. Code that only the sync flavour needs has
+  no place in the async source: give it a module of its own.
 
 The result is passed through ``ruff`` (imports sorted, imports left unused removed, the
 project's format), so the generated module is as clean as the source.
