@@ -323,7 +323,10 @@ class _Rewriter:
 
 def _ruff(args: list[str], text: str, filename: str) -> str:
     done = subprocess.run(  # noqa: S603 (the interpreter running this script, fixed arguments)
-        [sys.executable, "-m", "ruff", *args, "--stdin-filename", filename, "-"],
+        [
+            *(sys.executable, "-m", "ruff", *args),
+            *("--config", str(ROOT / "pyproject.toml"), "--stdin-filename", filename, "-"),
+        ],
         input=text,
         capture_output=True,
         text=True,
