@@ -256,7 +256,7 @@ def _config(
 
 
 class _RunnerBase:
-    """What both twins share: validated configuration, the handler, the transaction factory."""
+    """What both flavours share: validated configuration, the handler, the transaction factory."""
 
     #: turns the ``transactions`` argument into a factory of transaction context managers
     _factory: Callable[[Any], Any]
