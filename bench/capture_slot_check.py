@@ -36,7 +36,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 import psycopg  # noqa: E402
 
-import outbox._publish as publish_module  # noqa: E402
+import outbox._publish_sync as publish_module  # noqa: E402
 from outbox import publish  # noqa: E402
 from outbox._migrate import upgrade  # noqa: E402
 from outbox._statements import ProducerStatements, producer_statements  # noqa: E402

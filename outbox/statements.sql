@@ -125,7 +125,7 @@ ORDER BY k
 
 -- name: wal_emit
 -- name: wal_emit_checked (slot_check = slot_check)
--- outbox_wal_emit ('wal' capture mode, docs/capture.md): the messages as transactional logical
+-- outbox_wal_emit ('wal' capture mode, docs/explanation/capture.md): the messages as transactional logical
 -- messages, in input order (volatile functions in the target list are evaluated after the
 -- sort). Nothing is written to any table and nothing is locked: the relay decodes them after
 -- commit, in commit order, and gives them their seqs. Emits nothing (zero rows) unless the
@@ -156,7 +156,7 @@ FROM {capture} AS c WHERE c.mode = 'wal' {slot_check}
 -- and the view joins pg_database), so a connection runs it on its first emit and then at most
 -- every SLOT_CHECK_SECONDS (outbox/_capture.py); the emits in between check the mode only. A
 -- slot dropped after the check and before the commit still loses the message: the drop is not
--- transactional (docs/capture.md says what is lost and how to find it).
+-- transactional (docs/how-to/wal-capture.md says what is lost and how to find it).
 AND EXISTS (
     SELECT 1 FROM pg_catalog.pg_replication_slots AS s
     WHERE s.slot_name = c.slot AND s.database = current_database()

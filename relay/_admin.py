@@ -133,7 +133,7 @@ def enable_capture(
     publication: str = "outbox_capture",
     schema: str | None = None,
 ) -> dict[str, Any]:
-    """Switch the database to 'wal' capture mode (docs/capture.md).
+    """Switch the database to 'wal' capture mode (docs/explanation/capture.md).
 
     Checks ``wal_level``, creates the publication (empty: pgoutput sends logical messages
     whatever it holds) and the logical slot (pgoutput) unless they exist, then flips the mode.
@@ -267,8 +267,8 @@ def _refuse_unusable(health: SlotHealth) -> None:
     if state == "invalidated":
         raise ConfigurationError(
             f"replication slot {slot!r} is invalidated (wal_status {health.wal_status}): it "
-            "can decode nothing any more, and what it had not captured is lost (docs/"
-            "capture.md says how to find it). Drop it (SELECT pg_drop_replication_slot("
+            "can decode nothing any more, and what it had not captured is lost (docs/how-to/"
+            "wal-capture.md says how to find it). Drop it (SELECT pg_drop_replication_slot("
             f"'{slot}')) and run `outbox capture enable` again",
             slot=slot,
         )

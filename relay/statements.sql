@@ -7,7 +7,7 @@
 -- The one exception is WAL capture mode (the capture_* statements): a decoded batch is
 -- numbered, sent and recorded in one transaction (relay/_capture.py).
 --
--- The ordering argument, in short (docs/relay.md has the long form):
+-- The ordering argument, in short (docs/explanation/relay.md has the long form):
 --
 -- * A row is *claimable* only if it is the **head of its key**: no earlier row of the same
 --   (topic, key) is pending (leased or not), nor dead under the 'hold' policy.
@@ -357,7 +357,7 @@ RETURNING message_id
 SELECT at, actor, action, message_id, topic, key, seq, reason FROM {audit}
 ORDER BY id DESC LIMIT %(limit)s
 
--- WAL capture mode (relay/_capture.py, docs/capture.md): capture_durable, capture_known,
+-- WAL capture mode (relay/_capture.py, docs/explanation/capture.md): capture_durable, capture_known,
 -- capture_bump, capture_waiting_keys, capture_record and capture_unsent run in ONE transaction
 -- per decoded batch, which stays open while the batch is sent to the broker: the counter rows
 -- capture_bump took stay locked until the batch is recorded and committed.

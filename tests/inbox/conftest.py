@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from flavours import FLAVOURS, Flavour, flavour_of
 from inbox_helpers import EFFECTS_DDL
 from psycopg_pool import ConnectionPool
 
@@ -23,3 +24,10 @@ def pool(effects_url: str) -> Iterator[ConnectionPool]:
     """A small connection pool on ``effects_url``, for the handler runners."""
     with ConnectionPool(effects_url, min_size=1, max_size=2, open=True) as p:
         yield p
+
+
+@pytest.fixture(params=FLAVOURS)
+def flavour(request: pytest.FixtureRequest) -> Iterator[Flavour]:
+    """The sync and the async flavour of receive/record and the runners, in turn."""
+    with flavour_of(request.param) as chosen:
+        yield chosen

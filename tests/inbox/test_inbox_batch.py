@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import random
 import threading
@@ -11,10 +10,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from flavours import Flavour
 from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import ConnectionPool
 
-from inbox import AsyncHandlerRunner, HandlerRunner, Outcome, blocked_keys
+from inbox import HandlerRunner, Outcome, blocked_keys
 from outbox import ConfigurationError, InvalidMessageError
 
 
@@ -35,10 +35,15 @@ def _transactions_of(url: str, ids: list[uuid.UUID]) -> int:
     return int(row[0])
 
 
+def _poison(msg: Any) -> None:
+    if msg.payload == b"poison":
+        raise ValueError("cannot parse")
+
+
 def test_unordered_batch_is_one_transaction_with_duplicates_filtered(
-    pool: ConnectionPool, effects_url: str
+    flavour: Flavour, effects_url: str
 ) -> None:
-    runner = HandlerRunner(pool, _apply, consumer="c")
+    runner = flavour.runner(effects_url, fail=_poison)
     earlier = make_envelope(key="a")
     assert runner.handle(earlier).outcome is Outcome.PROCESSED
     batch = [make_envelope(key=f"k{i}") for i in range(5)]
@@ -58,10 +63,8 @@ def test_unordered_batch_is_one_transaction_with_duplicates_filtered(
     assert inbox_rows(effects_url, "c")[batch[0].id][:2] == ("processed", 2)  # 2 deliveries
 
 
-def test_ordered_batch_applies_each_key_in_seq_order(
-    pool: ConnectionPool, effects_url: str
-) -> None:
-    runner = HandlerRunner(pool, _apply, consumer="c", ordered=True)
+def test_ordered_batch_applies_each_key_in_seq_order(flavour: Flavour, effects_url: str) -> None:
+    runner = flavour.runner(effects_url, fail=_poison, ordered=True)
     a = {n: make_envelope(key="a", seq=n) for n in range(1, 6)}
     b = {n: make_envelope(key="b", seq=n) for n in range(1, 3)}
     # a3 and a1 arrive swapped, a5 is ahead of a gap (a4 missing), b arrives in order
@@ -84,9 +87,9 @@ def test_ordered_batch_applies_each_key_in_seq_order(
 
 
 def test_a_failing_message_is_isolated_and_the_rest_commits(
-    pool: ConnectionPool, effects_url: str
+    flavour: Flavour, effects_url: str
 ) -> None:
-    runner = HandlerRunner(pool, _apply, consumer="c", ordered=True, max_attempts=2)
+    runner = flavour.runner(effects_url, fail=_poison, ordered=True, max_attempts=2)
     poison = make_envelope(key="a", seq=1, payload=b"poison")
     after = make_envelope(key="a", seq=2)
     others = [make_envelope(key=f"k{i}", seq=1) for i in range(3)]
@@ -106,9 +109,8 @@ def test_a_failing_message_is_isolated_and_the_rest_commits(
     ]  # fmt: skip
 
 
-def test_hold_parks_a_batch_behind_its_dead_message(pool: ConnectionPool, effects_url: str) -> None:
-    runner = HandlerRunner(pool, _apply, consumer="c", ordered=True, max_attempts=1,
-                           on_dead="hold")  # fmt: skip
+def test_hold_parks_a_batch_behind_its_dead_message(flavour: Flavour, effects_url: str) -> None:
+    runner = flavour.runner(effects_url, fail=_poison, ordered=True, max_attempts=1, on_dead="hold")
     poison = make_envelope(key="a", seq=1, payload=b"poison")
     later = [make_envelope(key="a", seq=n) for n in (2, 3)]
     results = runner.handle_batch([poison, *later])
@@ -178,25 +180,14 @@ def test_also_commits_with_the_batch_and_sees_the_acks(
     assert len(effects(effects_url, "also")) == 1
 
 
-def test_async_batch(effects_url: str) -> None:
-    async def handler(conn: Any, msg: Any) -> None:
-        if msg.payload == b"poison":
-            raise ValueError("cannot parse")
-        await conn.execute(
-            "INSERT INTO effects (consumer, message_id, key, seq) VALUES ('c', %s, %s, %s)",
-            (msg.id, msg.key, msg.seq),
-        )
-
-    async def main() -> list[Outcome]:
-        async with AsyncConnectionPool(effects_url, min_size=1, max_size=2) as apool:
-            runner = AsyncHandlerRunner(apool, handler, consumer="c", ordered=True,
-                                        max_attempts=1)  # fmt: skip
-            batch = [make_envelope(key="a", seq=2), make_envelope(key="a", seq=1),
-                     make_envelope(key="b", seq=1, payload=b"poison"),
-                     make_envelope(key="b", seq=2)]  # fmt: skip
-            return [r.outcome for r in await runner.handle_batch(batch)]
-
-    outcomes = asyncio.run(main())
+def test_a_message_dead_at_once_moves_its_key_on_within_the_batch(
+    flavour: Flavour, effects_url: str
+) -> None:
+    runner = flavour.runner(effects_url, fail=_poison, ordered=True, max_attempts=1)
+    batch = [make_envelope(key="a", seq=2), make_envelope(key="a", seq=1),
+             make_envelope(key="b", seq=1, payload=b"poison"),
+             make_envelope(key="b", seq=2)]  # fmt: skip
+    outcomes = [r.outcome for r in runner.handle_batch(batch)]
     # b1 dies at its first attempt and the key moves on: b2 applies in the retried batch
     assert outcomes == [Outcome.PROCESSED, Outcome.PROCESSED, Outcome.DEAD, Outcome.PROCESSED]
     assert [(e[2], e[3]) for e in effects(effects_url, "c")] == [("a", 1), ("a", 2), ("b", 2)]

@@ -9,10 +9,10 @@ import json
 import uuid
 from typing import Any
 
-import psycopg
 import pytest
 from broker_fixtures import BROKERS
 from click.testing import CliRunner
+from flavours import Flavour
 from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from test_inbox_brokers import _broker
@@ -55,11 +55,22 @@ def _applied(url: str, consumer: str, key: str) -> list[int]:
     return [row[3] for row in effects(url, consumer) if row[2] == key]
 
 
+class Poison:
+    """A runner's ``fail``: a message whose payload is b"poison" fails while ``broken``."""
+
+    def __init__(self) -> None:
+        self.broken = True
+
+    def __call__(self, msg: Any) -> None:
+        if self.broken and msg.payload == b"poison":
+            raise ValueError(f"cannot parse {msg.seq}")
+
+
 def test_hold_parks_the_key_until_a_retry_then_applies_in_order(
-    pool: ConnectionPool, effects_url: str
+    flavour: Flavour, effects_url: str
 ) -> None:
-    parser = Parser()
-    runner = HandlerRunner(pool, parser, consumer="c", ordered=True, max_attempts=2, on_dead="hold")
+    parser = Poison()
+    runner = flavour.runner(effects_url, fail=parser, ordered=True, max_attempts=2, on_dead="hold")
     k1, k2, k3, k4, k5 = _key(range(1, 6), poison={2})
     assert runner.handle(k1).outcome is Outcome.PROCESSED
     assert [runner.handle(k2).outcome for _ in range(2)] == [Outcome.FAILED, Outcome.DEAD]
@@ -110,11 +121,9 @@ def test_hold_parks_the_key_until_a_retry_then_applies_in_order(
     assert audit[0][0].startswith("consumer:c@")
 
 
-def test_purge_moves_the_key_on_without_the_dead_effect(
-    pool: ConnectionPool, effects_url: str
-) -> None:
-    runner = HandlerRunner(
-        pool, Parser(), consumer="c", ordered=True, max_attempts=1, on_dead="hold"
+def test_purge_moves_the_key_on_without_the_dead_effect(flavour: Flavour, effects_url: str) -> None:
+    runner = flavour.runner(
+        effects_url, fail=Poison(), ordered=True, max_attempts=1, on_dead="hold"
     )
     k1, k2, k3 = _key(range(1, 4), poison={1})  # the key's very first message dies
     assert runner.handle(k1).outcome is Outcome.DEAD
@@ -218,39 +227,6 @@ def test_cli_held_retry_purge_audit(pool: ConnectionPool, effects_url: str) -> N
     audit = cli.invoke(group, ["dead", "audit", *url])
     [row] = audit.stdout.splitlines()
     assert row.split("\t")[1:5] == ["ops", "retry", "c", str(dead.id)]
-
-
-def test_async_runner_holds_and_releases(effects_url: str) -> None:
-    async def main() -> list[Outcome]:
-        broken = True
-
-        async def handler(conn: psycopg.AsyncConnection[Any], msg: Any) -> None:
-            if broken and msg.payload == b"poison":
-                raise ValueError("cannot parse")
-            await conn.execute(
-                "INSERT INTO effects (consumer, message_id, key, seq) VALUES ('c', %s, %s, %s)",
-                (msg.id, msg.key, msg.seq),
-            )
-
-        k1, k2, k3 = _key(range(1, 4), poison={2})
-        async with AsyncConnectionPool(effects_url, min_size=1, max_size=2) as apool:
-            runner = AsyncHandlerRunner(
-                apool, handler, consumer="c", ordered=True, max_attempts=1, on_dead="hold"
-            )
-            outcomes = [(await runner.handle(m)).outcome for m in (k1, k2, k3)]
-            broken = False
-            dead_retry(effects_url, HeldFilter(ids=[k2.id]))
-            outcomes += [r.outcome for r in await runner.resolve_held()]
-        return outcomes
-
-    assert asyncio.run(main()) == [
-        Outcome.PROCESSED,
-        Outcome.DEAD,
-        Outcome.PARKED,
-        Outcome.PROCESSED,
-        Outcome.PROCESSED,
-    ]
-    assert _applied(effects_url, "c", "K") == [1, 2, 3]
 
 
 async def _live(name: str, url: str, on_dead: str) -> tuple[ResultLog, list[Any], list[Any]]:

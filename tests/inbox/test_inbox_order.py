@@ -7,11 +7,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from flavours import Conn, Flavour
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 
-from inbox import OutOfOrderError, Verdict, receive, record
+from inbox import OutOfOrderError, Verdict, record
+
+_EFFECT = "INSERT INTO effects (consumer, message_id, key, seq) VALUES (%s, %s, %s, %s)"
 
 
 def _deliver(conn: psycopg.Connection[Any], consumer: str, msg: Any) -> Verdict:
@@ -23,20 +26,34 @@ def _deliver(conn: psycopg.Connection[Any], consumer: str, msg: Any) -> Verdict:
     return verdict
 
 
-def test_order_guard_stale_gap_and_fill(effects_url: str) -> None:
+def _delivery(flavour: Flavour, conn: Conn) -> Any:
+    """:func:`_deliver` in ``flavour`` on ``conn``."""
+
+    def deliver(consumer: str, msg: Any) -> Verdict:
+        verdict = flavour.record(conn, consumer=consumer, message=msg, ordered=True)
+        if verdict is Verdict.PROCESS:
+            conn.execute(_EFFECT, (consumer, msg.id, msg.key, msg.seq))
+        conn.commit()
+        return verdict
+
+    return deliver
+
+
+def test_order_guard_stale_gap_and_fill(flavour: Flavour, effects_url: str) -> None:
     m1, m2, m3 = (make_envelope(seq=s) for s in (1, 2, 3))
-    with psycopg.connect(effects_url) as conn:
-        assert _deliver(conn, "c", m1) is Verdict.PROCESS
-        assert _deliver(conn, "c", m3) is Verdict.OUT_OF_ORDER  # m2 missing: not now
-        assert m3.id not in inbox_rows(effects_url, "c")  # no record, so it can come again
-        assert _deliver(conn, "c", m2) is Verdict.PROCESS
-        assert _deliver(conn, "c", m3) is Verdict.PROCESS  # redelivered after the gap filled
-        # a different message claiming an already applied seq (e.g. republished) is stale
-        assert _deliver(conn, "c", make_envelope(seq=2)) is Verdict.STALE
-        assert _deliver(conn, "c", m2) is Verdict.DUPLICATE
-        # other keys and other consumers have their own positions
-        assert _deliver(conn, "c", make_envelope(key="k2", seq=1)) is Verdict.PROCESS
-        assert _deliver(conn, "other", m1) is Verdict.PROCESS
+    conn = flavour.connect(effects_url)
+    deliver = _delivery(flavour, conn)
+    assert deliver("c", m1) is Verdict.PROCESS
+    assert deliver("c", m3) is Verdict.OUT_OF_ORDER  # m2 missing: not now
+    assert m3.id not in inbox_rows(effects_url, "c")  # no record, so it can come again
+    assert deliver("c", m2) is Verdict.PROCESS
+    assert deliver("c", m3) is Verdict.PROCESS  # redelivered after the gap filled
+    # a different message claiming an already applied seq (e.g. republished) is stale
+    assert deliver("c", make_envelope(seq=2)) is Verdict.STALE
+    assert deliver("c", m2) is Verdict.DUPLICATE
+    # other keys and other consumers have their own positions
+    assert deliver("c", make_envelope(key="k2", seq=1)) is Verdict.PROCESS
+    assert deliver("other", m1) is Verdict.PROCESS
     assert [row[3] for row in effects(effects_url, "c") if row[2] == "k1"] == [1, 2, 3]
     with psycopg.connect(effects_url) as conn:
         row = conn.execute(
@@ -45,15 +62,17 @@ def test_order_guard_stale_gap_and_fill(effects_url: str) -> None:
     assert row == (3,)
 
 
-def test_receive_ordered_raises_out_of_order_and_returns_false_for_stale(effects_url: str) -> None:
-    with psycopg.connect(effects_url) as conn:
-        with pytest.raises(OutOfOrderError, match="before its predecessor") as info:
-            receive(conn, consumer="c", message=make_envelope(seq=2), ordered=True)
-        assert info.value.retryable
-        conn.rollback()
-        assert receive(conn, consumer="c", message=make_envelope(seq=1), ordered=True) is True
-        assert receive(conn, consumer="c", message=make_envelope(seq=1), ordered=True) is False
-        conn.commit()
+def test_receive_ordered_raises_out_of_order_and_returns_false_for_stale(
+    flavour: Flavour, effects_url: str
+) -> None:
+    conn = flavour.connect(effects_url)
+    with pytest.raises(OutOfOrderError, match="before its predecessor") as info:
+        flavour.receive(conn, consumer="c", message=make_envelope(seq=2), ordered=True)
+    assert info.value.retryable
+    conn.rollback()
+    assert flavour.receive(conn, consumer="c", message=make_envelope(seq=1), ordered=True)
+    assert not flavour.receive(conn, consumer="c", message=make_envelope(seq=1), ordered=True)
+    conn.commit()
 
 
 # A schedule is a list of deliveries (message index per key); the broker then keeps
@@ -121,17 +140,18 @@ def test_idempotency_key_republished_after_retention_moves_the_key_on(effects_ur
     assert [row[3] for row in effects(effects_url, "c")] == [1, 3]
 
 
-def test_a_known_id_ahead_of_its_turn_is_out_of_order_not_a_duplicate(effects_url: str) -> None:
+def test_a_known_id_ahead_of_its_turn_is_out_of_order_not_a_duplicate(
+    flavour: Flavour, effects_url: str
+) -> None:
     known = uuid.uuid4()
-    with psycopg.connect(effects_url) as conn:
-        assert _deliver(conn, "c", make_envelope(id=known, seq=1)) is Verdict.PROCESS
-        # The same id re-created at seq 3 while seq 2 has not been applied: not its turn yet.
-        assert _deliver(conn, "c", make_envelope(id=known, seq=3)) is Verdict.OUT_OF_ORDER
-        assert _deliver(conn, "c", make_envelope(seq=2)) is Verdict.PROCESS
-        assert _deliver(conn, "c", make_envelope(id=known, seq=3)) is Verdict.DUPLICATE
-        assert _deliver(conn, "c", make_envelope(seq=4)) is Verdict.PROCESS
-        assert (
-            receive(conn, consumer="c", message=make_envelope(id=known, seq=1), ordered=True)
-            is False
-        )
+    conn = flavour.connect(effects_url)
+    deliver = _delivery(flavour, conn)
+    assert deliver("c", make_envelope(id=known, seq=1)) is Verdict.PROCESS
+    # The same id re-created at seq 3 while seq 2 has not been applied: not its turn yet.
+    assert deliver("c", make_envelope(id=known, seq=3)) is Verdict.OUT_OF_ORDER
+    assert deliver("c", make_envelope(seq=2)) is Verdict.PROCESS
+    assert deliver("c", make_envelope(id=known, seq=3)) is Verdict.DUPLICATE
+    assert deliver("c", make_envelope(seq=4)) is Verdict.PROCESS
+    again = make_envelope(id=known, seq=1)
+    assert flavour.receive(conn, consumer="c", message=again, ordered=True) is False
     assert [row[3] for row in effects(effects_url, "c")] == [1, 2, 4]

@@ -12,13 +12,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from flavours import Flavour
 from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from inbox import ConcurrentDeliveryError, Verdict, receive, receive_async, record
+from inbox import ConcurrentDeliveryError, Verdict, receive, receive_async
 from outbox import InvalidMessageError, TransactionRequiredError
 from outbox._migrate import sqlalchemy_url
 
@@ -104,48 +105,53 @@ def test_receive_once_per_consumer(effects_url: str, via: str) -> None:
     assert (status, attempts, seq) == ("processed", 2, 1)  # the duplicate delivery is counted
 
 
-def test_receive_rolled_back_leaves_no_record(effects_url: str) -> None:
+def test_receive_rolled_back_leaves_no_record(flavour: Flavour, effects_url: str) -> None:
     msg = make_envelope()
-    with psycopg.connect(effects_url) as conn:
-        assert receive(conn, consumer="c", message=msg)
-        conn.rollback()
-        assert receive(conn, consumer="c", message=msg)  # the effect's rollback took it back
-        conn.commit()
+    conn = flavour.connect(effects_url)
+    assert flavour.receive(conn, consumer="c", message=msg)
+    conn.rollback()
+    assert flavour.receive(conn, consumer="c", message=msg)  # the rollback took it back
+    conn.commit()
     assert list(inbox_rows(effects_url, "c")) == [msg.id]
 
 
-def test_receive_accepts_minimal_object_and_refuses_bad_input(pg_conn: Any) -> None:
+def test_receive_accepts_minimal_object_and_refuses_bad_input(
+    flavour: Flavour, effects_url: str
+) -> None:
+    conn = flavour.connect(effects_url)
+
+    def receive(**options: Any) -> bool:
+        return flavour.receive(conn, **options)
+
     minimal = types.SimpleNamespace(id=str(uuid.uuid4()), topic="t", key="k", seq=None)
-    assert receive(pg_conn, consumer="c", message=minimal) is True
+    assert receive(consumer="c", message=minimal) is True
     with pytest.raises(InvalidMessageError, match="has no id"):
-        receive(pg_conn, consumer="c", message=types.SimpleNamespace(topic="t", key="k"))
+        receive(consumer="c", message=types.SimpleNamespace(topic="t", key="k"))
     with pytest.raises(InvalidMessageError, match="not a UUID"):
-        receive(pg_conn, consumer="c", message=make_envelope(id="nope"))
+        receive(consumer="c", message=make_envelope(id="nope"))
     with pytest.raises(InvalidMessageError, match="ordered=True"):
-        receive(pg_conn, consumer="c", message=minimal, ordered=True)
+        receive(consumer="c", message=minimal, ordered=True)
     with pytest.raises(InvalidMessageError, match="consumer"):
-        receive(pg_conn, consumer="", message=minimal)
+        receive(consumer="", message=minimal)
     with pytest.raises(InvalidMessageError, match="consumer must not be empty or blank"):
-        receive(pg_conn, consumer="   ", message=minimal)
+        receive(consumer="   ", message=minimal)
     with pytest.raises(InvalidMessageError, match="message key must not contain NUL"):
-        receive(pg_conn, consumer="c", message=make_envelope(key="a\x00b"))
+        receive(consumer="c", message=make_envelope(key="a\x00b"))
     with pytest.raises(InvalidMessageError, match="message key is 1500 bytes"):
-        receive(pg_conn, consumer="c", message=make_envelope(key="k" * 1500), ordered=True)
+        receive(consumer="c", message=make_envelope(key="k" * 1500), ordered=True)
     with pytest.raises(InvalidMessageError, match="below 2\\*\\*63"):
-        receive(pg_conn, consumer="c", message=make_envelope(seq=2**63), ordered=True)
+        receive(consumer="c", message=make_envelope(seq=2**63), ordered=True)
     # Refused before any statement: the caller's transaction is still usable, and the only
     # row is the minimal message's (no CHECK constraint stands behind these checks)
-    assert pg_conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
-    rows = pg_conn.execute("SELECT consumer, message_id FROM inbox_messages").fetchall()
+    assert conn.raw.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    rows = conn.execute("SELECT consumer, message_id FROM inbox_messages")
     assert rows == [("c", uuid.UUID(minimal.id))]
 
 
-def test_receive_refuses_autocommit(database_url: str) -> None:
-    with (
-        psycopg.connect(database_url, autocommit=True) as conn,
-        pytest.raises(TransactionRequiredError, match="autocommit"),
-    ):
-        receive(conn, consumer="c", message=make_envelope())
+def test_receive_refuses_autocommit(flavour: Flavour, database_url: str) -> None:
+    conn = flavour.connect(database_url, autocommit=True)
+    with pytest.raises(TransactionRequiredError, match="autocommit"):
+        flavour.receive(conn, consumer="c", message=make_envelope())
 
 
 def _wait_until_blocked(url: str, deadline: float = 10.0) -> None:
@@ -167,7 +173,7 @@ def _wait_until_blocked(url: str, deadline: float = 10.0) -> None:
 
 @pytest.mark.parametrize("first_commits", [True, False])
 def test_concurrent_delivery_second_waits_for_first(effects_url: str, first_commits: bool) -> None:
-    """F32 under READ COMMITTED: the second delivery waits; duplicate iff the first committed."""
+    """Under READ COMMITTED the second delivery waits; a duplicate iff the first committed."""
     msg = make_envelope()
     first = psycopg.connect(effects_url)
     try:
@@ -226,26 +232,31 @@ def test_duplicate_storm_threads_one_effect(effects_url: str) -> None:
     assert sorted(applied) == sorted(m.id for m in messages)
 
 
-def test_record_reports_verdicts(pg_conn: Any) -> None:
+def test_record_reports_verdicts(flavour: Flavour, effects_url: str) -> None:
+    conn = flavour.connect(effects_url)
     msg = make_envelope()
-    assert record(pg_conn, consumer="c", message=msg) is Verdict.PROCESS
-    assert record(pg_conn, consumer="c", message=msg) is Verdict.DUPLICATE
+    assert flavour.record(conn, consumer="c", message=msg) is Verdict.PROCESS
+    assert flavour.record(conn, consumer="c", message=msg) is Verdict.DUPLICATE
+    ordered = make_envelope(seq=2)
+    assert flavour.record(conn, consumer="c", message=ordered, ordered=True) is (
+        Verdict.OUT_OF_ORDER
+    )
 
 
 def test_lock_timeout_while_another_delivery_holds_the_message_is_retryable(
-    effects_url: str,
+    flavour: Flavour, effects_url: str
 ) -> None:
     """55P03: a consumer with a lock_timeout meets a delivery of the same message in progress."""
     msg = make_envelope()
-    with psycopg.connect(effects_url) as first, psycopg.connect(effects_url) as second:
-        assert receive(first, consumer="c", message=msg)  # holds the record until it ends
-        second.execute("SET lock_timeout = '50ms'")
-        with pytest.raises(ConcurrentDeliveryError, match="Roll back") as info:
-            receive(second, consumer="c", message=msg)
-        assert (info.value.retryable, info.value.sqlstate) == (True, "55P03")
-        second.rollback()
-        first.commit()
-        assert receive(second, consumer="c", message=msg) is False  # the retry: a duplicate
+    first, second = flavour.connect(effects_url), flavour.connect(effects_url)
+    assert flavour.receive(first, consumer="c", message=msg)  # holds the record until it ends
+    second.execute("SET lock_timeout = '50ms'")
+    with pytest.raises(ConcurrentDeliveryError, match="Roll back") as info:
+        flavour.receive(second, consumer="c", message=msg)
+    assert (info.value.retryable, info.value.sqlstate) == (True, "55P03")
+    second.rollback()
+    first.commit()
+    assert flavour.receive(second, consumer="c", message=msg) is False  # the retry: a duplicate
 
 
 def test_a_deadlock_is_a_concurrent_delivery_too() -> None:
@@ -257,7 +268,7 @@ def test_a_deadlock_is_a_concurrent_delivery_too() -> None:
     assert err.retryable
 
 
-def _statements_sent(conn: psycopg.Connection[Any], tmp_path: Any, call: Callable[[], Any]) -> int:
+def _statements_sent(conn: Any, tmp_path: Any, call: Callable[[], Any]) -> int:
     """How many statements ``call`` sends on ``conn`` (libpq's protocol trace), BEGIN aside."""
     trace = tmp_path / "trace.txt"
     with trace.open("w") as f:
@@ -277,19 +288,22 @@ def _statements_sent(conn: psycopg.Connection[Any], tmp_path: Any, call: Callabl
     )
 
 
-def test_first_delivery_is_one_statement_a_duplicate_two(pg_conn: Any, tmp_path: Any) -> None:
+def test_first_delivery_is_one_statement_a_duplicate_two(
+    flavour: Flavour, effects_url: str, tmp_path: Any
+) -> None:
     """The common case (a new message, unordered) is the insert alone: one round trip."""
     msg = make_envelope()
-    pg_conn.execute("SELECT 1")  # in the transaction already: BEGIN is not counted anyway
+    conn = flavour.connect(effects_url)
+    conn.execute("SELECT 1")  # in the transaction already: BEGIN is not counted anyway
 
     def deliver() -> None:
-        receive(pg_conn, consumer="c", message=msg)
+        flavour.receive(conn, consumer="c", message=msg)
 
-    assert _statements_sent(pg_conn, tmp_path, deliver) == 1
-    assert _statements_sent(pg_conn, tmp_path, deliver) == 2  # the insert, then the count
-    row = pg_conn.execute(
+    assert _statements_sent(conn.raw, tmp_path, deliver) == 1
+    assert _statements_sent(conn.raw, tmp_path, deliver) == 2  # the insert, then the count
+    rows = conn.execute(
         "SELECT status, attempts, duplicates FROM inbox_messages "
         "WHERE consumer = 'c' AND message_id = %s",
         (msg.id,),
-    ).fetchone()
-    assert row == ("processed", 2, 1)
+    )
+    assert rows == [("processed", 2, 1)]

@@ -1,4 +1,5 @@
-"""HandlerRunner / AsyncHandlerRunner, poison messages and retention, on a real PostgreSQL."""
+"""HandlerRunner / AsyncHandlerRunner, poison messages and retention, on a real PostgreSQL: the
+scenarios run on both flavours (the ``flavour`` fixture)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from inbox_helpers import Flaky, apply_effect, effects, inbox_rows, make_envelope
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from flavours import Flavour
+from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
+from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import sessionmaker
@@ -22,9 +24,25 @@ from outbox import ConfigurationError
 from outbox._migrate import sqlalchemy_url
 
 
-def test_runner_outcomes_and_attempts(pool: ConnectionPool, effects_url: str) -> None:
-    handler = Flaky(failures=2)
-    runner = HandlerRunner(pool, handler, consumer="c", max_attempts=5)
+def _fail_first(failures: int) -> Any:
+    """``fail`` for a runner: raises on the first ``failures`` calls (its effect rolls back)."""
+    calls = []
+
+    def fail(message: Any) -> None:
+        calls.append(message.id)
+        if len(calls) <= failures:
+            raise ValueError(f"boom {len(calls)}")
+
+    return fail
+
+
+def _fail_poison(message: Any) -> None:
+    if message.payload == b"poison":
+        raise ValueError("cannot parse")
+
+
+def test_runner_outcomes_and_attempts(flavour: Flavour, effects_url: str) -> None:
+    runner = flavour.runner(effects_url, fail=_fail_first(2), max_attempts=5)
     msg = make_envelope()
     first = runner.handle(msg)
     assert (first.outcome, first.attempts, str(first.error)) == (Outcome.FAILED, 1, "boom 1")
@@ -37,8 +55,8 @@ def test_runner_outcomes_and_attempts(pool: ConnectionPool, effects_url: str) ->
     assert (status, attempts, last_error) == ("processed", 4, "ValueError: boom 2")
 
 
-def test_runner_poison_message_is_dead_and_acked(pool: ConnectionPool, effects_url: str) -> None:
-    runner = HandlerRunner(pool, Flaky(failures=99), consumer="c", max_attempts=3)
+def test_runner_poison_message_is_dead_and_acked(flavour: Flavour, effects_url: str) -> None:
+    runner = flavour.runner(effects_url, fail=_fail_first(99), max_attempts=3)
     msg = make_envelope()
     outcomes = [runner.handle(msg).outcome for _ in range(3)]
     assert outcomes == [Outcome.FAILED, Outcome.FAILED, Outcome.DEAD]
@@ -49,17 +67,9 @@ def test_runner_poison_message_is_dead_and_acked(pool: ConnectionPool, effects_u
     assert effects(effects_url, "c") == []
 
 
-def test_runner_ordered_dead_message_moves_the_key_on(
-    pool: ConnectionPool, effects_url: str
-) -> None:
+def test_runner_ordered_dead_message_moves_the_key_on(flavour: Flavour, effects_url: str) -> None:
     poison = make_envelope(seq=1, payload=b"poison")
-
-    def handler(conn: Any, msg: Any) -> None:
-        if msg.payload == b"poison":
-            raise ValueError("cannot parse")
-        apply_effect(conn, "c", msg)
-
-    runner = HandlerRunner(pool, handler, consumer="c", ordered=True, max_attempts=1)
+    runner = flavour.runner(effects_url, fail=_fail_poison, ordered=True, max_attempts=1)
     second = make_envelope(seq=2)
     assert runner.handle(second).outcome is Outcome.OUT_OF_ORDER
     assert runner.handle(poison).outcome is Outcome.DEAD
@@ -70,17 +80,10 @@ def test_runner_ordered_dead_message_moves_the_key_on(
 
 @pytest.mark.parametrize("dead_seq", [1, 2, 3])
 def test_runner_ordered_dead_message_at_any_seq_moves_the_key_on(
-    pool: ConnectionPool, effects_url: str, dead_seq: int
+    flavour: Flavour, effects_url: str, dead_seq: int
 ) -> None:
-    """A dead message at seq N > 1 once left the key stuck: its successor was OUT_OF_ORDER on
-    every redelivery, forever (the skip statement had no input row unless seq = 1)."""
-
-    def handler(conn: Any, msg: Any) -> None:
-        if msg.payload == b"poison":
-            raise ValueError("cannot parse")
-        apply_effect(conn, "c", msg)
-
-    runner = HandlerRunner(pool, handler, consumer="c", ordered=True, max_attempts=3)
+    """A dead message at any seq moves its key on: its successor is applied next."""
+    runner = flavour.runner(effects_url, fail=_fail_poison, ordered=True, max_attempts=3)
     msgs = [
         make_envelope(key="B", seq=s, payload=b"poison" if s == dead_seq else b"ok")
         for s in range(1, 5)
@@ -97,49 +100,27 @@ def test_runner_ordered_dead_message_at_any_seq_moves_the_key_on(
     assert [row[3] for row in effects(effects_url, "c")] == expected
 
 
-def test_async_runner_ordered_dead_message_after_seq_1_moves_the_key_on(effects_url: str) -> None:
-    async def handler(conn: Any, msg: Any) -> None:
-        if msg.payload == b"poison":
-            raise ValueError("cannot parse")
-        await conn.execute(
-            "INSERT INTO effects (consumer, message_id, key, seq) VALUES ('c', %s, %s, %s)",
-            (msg.id, msg.key, msg.seq),
-        )
-
-    async def main() -> list[Outcome]:
-        async with AsyncConnectionPool(effects_url, min_size=1, max_size=2) as apool:
-            runner = AsyncHandlerRunner(apool, handler, consumer="c", ordered=True, max_attempts=2)
-            msgs = [make_envelope(key="B", seq=1), make_envelope(key="B", seq=2, payload=b"poison")]
-            msgs.append(make_envelope(key="B", seq=3))
-            return [(await runner.handle(m)).outcome for m in (msgs[0], msgs[1], msgs[1], msgs[2])]
-
-    outcomes = asyncio.run(main())
-    assert outcomes == [Outcome.PROCESSED, Outcome.FAILED, Outcome.DEAD, Outcome.PROCESSED]
-    assert [row[3] for row in effects(effects_url, "c")] == [1, 3]
-
-
-def test_runner_concurrency_conflict_is_not_counted(pool: ConnectionPool, effects_url: str) -> None:
-    def handler(conn: Any, msg: Any) -> None:
+def test_runner_concurrency_conflict_is_not_counted(flavour: Flavour, effects_url: str) -> None:
+    def fail(message: Any) -> None:
         raise psycopg.errors.SerializationFailure("could not serialize access")
 
-    runner = HandlerRunner(pool, handler, consumer="c", max_attempts=1)
+    runner = flavour.runner(effects_url, fail=fail, max_attempts=1)
     result = runner.handle(make_envelope())
     assert (result.outcome, result.attempts) == (Outcome.FAILED, None)
     assert inbox_rows(effects_url, "c") == {}  # not dead: a conflict is not the message's fault
 
 
 def test_runner_counts_a_database_error_that_repeats_on_every_delivery(
-    pool: ConnectionPool, effects_url: str
+    flavour: Flavour, effects_url: str
 ) -> None:
     # A statement timeout is an OperationalError, but not a lost connection: it fails the same
     # way every time, so it counts towards max_attempts and the ordered key moves on.
-    def handler(conn: Any, msg: Any) -> None:
-        if msg.seq == 1:  # a query too slow for the consumer's timeout, on every delivery
-            conn.execute("SET LOCAL statement_timeout = '20ms'")
-            conn.execute("SELECT pg_sleep(1)")
-        apply_effect(conn, "c", msg)
+    def before(message: Any) -> list[str]:
+        if message.seq == 1:  # a query too slow for the consumer's timeout, on every delivery
+            return ["SET LOCAL statement_timeout = '20ms'", "SELECT pg_sleep(1)"]
+        return []
 
-    runner = HandlerRunner(pool, handler, consumer="c", ordered=True, max_attempts=2)
+    runner = flavour.runner(effects_url, before=before, ordered=True, max_attempts=2)
     msg = make_envelope(seq=1)
     results = [runner.handle(msg) for _ in range(2)]
     assert [r.outcome for r in results] == [Outcome.FAILED, Outcome.DEAD]
@@ -148,11 +129,11 @@ def test_runner_counts_a_database_error_that_repeats_on_every_delivery(
     assert [row[3] for row in effects(effects_url, "c")] == [2]
 
 
-def test_runner_lost_connection_is_not_counted(pool: ConnectionPool, effects_url: str) -> None:
-    def handler(conn: Any, msg: Any) -> None:
+def test_runner_lost_connection_is_not_counted(flavour: Flavour, effects_url: str) -> None:
+    def fail(message: Any) -> None:
         raise psycopg.errors.AdminShutdown("terminating connection due to administrator command")
 
-    runner = HandlerRunner(pool, handler, consumer="c", max_attempts=1)
+    runner = flavour.runner(effects_url, fail=fail, max_attempts=1)
     result = runner.handle(make_envelope())
     assert (result.outcome, result.attempts) == (Outcome.FAILED, None)
     assert inbox_rows(effects_url, "c") == {}
@@ -210,13 +191,17 @@ def test_async_runner_pool_and_sessionmaker(effects_url: str) -> None:
     assert len(effects(effects_url, "c")) == 2
 
 
-def test_runner_refuses_bad_configuration(pool: ConnectionPool) -> None:
+def test_runner_refuses_bad_configuration(flavour: Flavour, effects_url: str) -> None:
+    pool = flavour.pool(effects_url)
+    kind = AsyncHandlerRunner if flavour.is_async else HandlerRunner
     with pytest.raises(ConfigurationError, match="max_attempts"):
-        HandlerRunner(pool, print, consumer="c", max_attempts=0)
+        kind(pool, print, consumer="c", max_attempts=0)
     with pytest.raises(ConfigurationError, match="consumer"):
-        HandlerRunner(pool, print, consumer="")
-    with pytest.raises(ConfigurationError, match=r"psycopg_pool\.ConnectionPool"):
-        HandlerRunner(42, print, consumer="c")
+        kind(pool, print, consumer="")
+    with pytest.raises(ConfigurationError, match="on_dead='hold' needs ordered=True"):
+        kind(pool, print, consumer="c", on_dead="hold")
+    with pytest.raises(ConfigurationError, match=r"psycopg_pool\.(Async)?ConnectionPool"):
+        kind(42, print, consumer="c")
 
 
 def test_purge_deletes_old_finished_records_in_batches(effects_url: str) -> None:
@@ -243,11 +228,10 @@ def test_purge_deletes_old_finished_records_in_batches(effects_url: str) -> None
         purge(effects_url, older_than=dt.timedelta(0))
 
 
-def test_key_positions_outlive_a_purge(pool: ConnectionPool, effects_url: str) -> None:
+def test_key_positions_outlive_a_purge(flavour: Flavour, effects_url: str) -> None:
     """Purging the records of applied messages keeps each key's position: an old redelivery
     to an ordered consumer is still refused, not applied again."""
-    runner = HandlerRunner(pool, lambda conn, msg: apply_effect(conn, "c", msg), consumer="c",
-                           ordered=True)  # fmt: skip
+    runner = flavour.runner(effects_url, ordered=True)
     first, second = make_envelope(seq=1), make_envelope(seq=2)
     assert [runner.handle(m).outcome for m in (first, second)] == [Outcome.PROCESSED] * 2
     with psycopg.connect(effects_url) as conn:

@@ -1,0 +1,127 @@
+# This file is generated from inbox/_receive_async.py by tools/async_to_sync.py: do not edit it.
+"""``receive`` and ``record``: the inbox record in the caller's transaction.
+
+The decisions are :func:`~inbox._receive_common._record_steps`; this module only runs the
+statements they yield. The common case, a new message for an unordered consumer, is one
+statement, run without the generator (:func:`record_on`): the per-message path of
+``receive`` and of the runners.
+
+Both flavours are written once, as async code, in ``inbox/_receive_async.py``;
+``inbox/_receive_sync.py`` is generated from it by ``tools/async_to_sync.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import psycopg
+
+from inbox._receive_common import (
+    MessageRef,
+    Raw,
+    Step,
+    Verdict,
+    _decision_steps,
+    as_ref,
+    receive_answer,
+    translate,
+)
+from inbox._statements import InboxStatements, inbox_statements
+from outbox._connections import Target, resolve_sync
+
+__all__ = ["receive", "record", "record_on", "run_steps"]
+
+
+def run_steps(
+    raw: Raw,
+    stmts: InboxStatements,
+    steps: Generator[Step, Any, Any],
+    *,
+    all_rows: bool = False,
+) -> Any:
+    """Run a statement generator on a driver connection; return its result. Each statement's
+    first row (None: no row) is sent back, or ``(row count,)`` when it returns no rows; with
+    ``all_rows`` (batches) the list of its rows. Errors are psycopg's classes (asyncpg's are
+    raised as psycopg's class of the same SQLSTATE: see ``outbox/_asyncpg.py``)."""
+    try:
+        with raw.cursor() as cur:
+            step = next(steps)
+            while True:
+                cur.execute(step[0], step[1])
+                if all_rows:
+                    step = steps.send(cur.fetchall() if cur.description else [])
+                else:
+                    step = steps.send(cur.fetchone() if cur.description else (cur.rowcount,))
+    except StopIteration as done:
+        return done.value
+    except psycopg.Error as exc:
+        raise translate(exc, stmts) from exc
+
+
+def record_on(
+    raw: Raw,
+    stmts: InboxStatements,
+    ref: MessageRef,
+    ordered: bool,
+    message: Any = None,
+) -> Verdict:
+    """The inbox record's steps on a driver connection, with their common case run directly: a
+    new message for an unordered consumer is inbox_record alone (one statement, one round
+    trip, no generator to drive). The other cases (a duplicate, an ordered consumer) go on
+    with the same steps, from the row count inbox_record gave."""
+    try:
+        inserted = raw.execute(
+            stmts.record_args, (ref.consumer, ref.id, ref.topic, ref.key, ref.seq)
+        ).rowcount
+    except psycopg.Error as exc:
+        raise translate(exc, stmts) from exc
+    if inserted != 0 and not ordered:
+        return Verdict.PROCESS
+    steps = _decision_steps(stmts, ref, ordered, message, ref.params(), (inserted,))
+    verdict: Verdict = run_steps(raw, stmts, steps)
+    return verdict
+
+
+def record(
+    target: Target,
+    *,
+    consumer: str,
+    message: Any,
+    ordered: bool = False,
+    schema: str | None = None,
+) -> Verdict:
+    """Record ``message`` for ``consumer`` in ``target``'s transaction and say what to do.
+
+    Call it first in the transaction that applies the message's effect. See :class:`Verdict`.
+    With ``ordered`` the per-key order guard is applied (the key's position is locked until
+    the transaction ends). OUT_OF_ORDER leaves no record: roll back and redeliver later.
+    """
+    ref = as_ref(consumer, message, ordered=ordered)
+    stmts = inbox_statements(schema)
+    return record_on(resolve_sync(target), stmts, ref, ordered, message)
+
+
+def receive(
+    target: Target,
+    *,
+    consumer: str,
+    message: Any,
+    ordered: bool = False,
+    schema: str | None = None,
+) -> bool:
+    """Record ``message`` as processed by ``consumer`` in ``target``'s transaction.
+
+    Returns True when the caller must apply the effect now (in the same transaction), False
+    for a duplicate (or, with ``ordered``, a stale message, or one parked behind a held dead
+    message of its key): apply nothing, commit, ack.
+    A duplicate is never an exception. With ``ordered``, a message ahead of a gap raises
+    :class:`~inbox.OutOfOrderError` (nothing recorded): roll back and redeliver later.
+    ``target``: a SQLAlchemy Session or Connection, or a psycopg Connection,
+    inside a transaction.
+    """
+    # record(), unfolded: this runs once per message
+    ref = as_ref(consumer, message, ordered=ordered)
+    raw = resolve_sync(target)
+    verdict = record_on(raw, inbox_statements(schema), ref, ordered, message)
+    return verdict is Verdict.PROCESS or receive_answer(verdict, message)
