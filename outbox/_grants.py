@@ -14,7 +14,7 @@ Three roles, each with only what its statements touch:
 * **console** (``outbox console``): reads every table it shows, and makes the audited changes
   its operators make: requeue (the columns a retry sets) or purge outbox dead letters, decide
   on held inbox keys, each with its audit row. It cannot publish, lease, register a relay,
-  change the capture mode or touch a consumer's positions.
+  change the capture mode or change a consumer's positions (it reads them: ``outbox trace``).
 * **reconcile** (the Spark reconciliation, ``outbox reconcile``): reads the columns the
   reconciliation judges (no payloads, headers or errors) and records its runs. Member of
   ``pg_read_all_stats``: without it ``pg_stat_activity`` hides other roles' open transactions,
@@ -104,6 +104,8 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT", OUTBOX_CAPTURE, None),
         ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),
         ("SELECT", INBOX_MESSAGES, None),
+        # where each consumer stands on a key (`outbox trace`: applied up to, waiting, held)
+        ("SELECT", INBOX_POSITIONS, None),
         # a retry or purge of a held key is a decision the consumer applies (inbox_dead_decide)
         ("SELECT", INBOX_HELD, None),
         ("UPDATE", INBOX_HELD, ("decision",)),
