@@ -171,11 +171,13 @@ class _Redis:
         return publisher_for_url(self.url, destinations={TOPIC: self.live}, ack_timeout=1.5)
 
     def consumers(self, runner: AsyncHandlerRunner, batching: Batching) -> list[BrokerConsumer]:
-        # a stream per destination: the consumer reads both, into one inbox
+        # a stream per destination: the consumer reads both, into one inbox. Entries wait in
+        # the workers' buffers while the history is applied: a claim_idle_ms below that wait
+        # would hand them out again (harmless duplicates, wasted work)
         return [
             RedisStreamConsumer(
                 runner, stream=stream, group="late", name="late-1", url=self.url, batch=200,
-                block_ms=200, claim_idle_ms=500, batching=batching,
+                block_ms=200, claim_idle_ms=5000, batching=batching,
             )
             for stream in (self.live, self.replay)
         ]  # fmt: skip
