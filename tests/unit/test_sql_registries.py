@@ -15,8 +15,10 @@ from inbox._statements import inbox_statements
 from outbox import schema as tables
 from outbox._sql import qualified, registry, render, table_name
 from outbox._statements import producer_statements, redrive_statements
+from outbox._trace_statements import trace_statements
 from outbox.exceptions import ConfigurationError
 from relay._queries import relay_statements
+from relay._replay_statements import replay_statements
 from spark_ingest._statements import spark_statements
 
 REGISTRIES: dict[str, Callable[[str | None], Any]] = {
@@ -25,6 +27,8 @@ REGISTRIES: dict[str, Callable[[str | None], Any]] = {
     "relay": relay_statements,
     "inbox": inbox_statements,
     "spark": spark_statements,
+    "trace": trace_statements,
+    "replay": replay_statements,
 }
 
 #: Every table of ours: a quoted reference to one of them must be schema-qualified.
