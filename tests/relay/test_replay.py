@@ -21,7 +21,7 @@ from relay_helpers import FakePublisher, config, running
 from services import require_port
 
 from inbox import AsyncHandlerRunner, Batching, BrokerConsumer, NatsConsumer, RedisStreamConsumer
-from outbox import Message, publish_batch
+from outbox import ConfigurationError, Message, publish_batch
 from outbox.cli import main
 from outbox.envelope import Envelope
 from relay import Relay, ReplayError, RetryablePublishError, replay
@@ -369,3 +369,45 @@ def test_cli_replay_progress_errors_and_audit(url: str) -> None:
     )
     assert nobroker.exit_code == 2
     assert "no broker" in nobroker.output
+
+
+class _Stalling(FakePublisher):
+    """Confirms ``batches`` batches, then hangs on the next one until cancelled (a Ctrl-C)."""
+
+    def __init__(self, batches: int) -> None:
+        super().__init__()
+        self.batches = batches
+        self.stalled = asyncio.Event()
+
+    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:
+        if self.batches <= 0:
+            self.stalled.set()
+            await asyncio.Event().wait()  # until cancelled
+        self.batches -= 1
+        return await super().publish_batch(envelopes)
+
+
+def test_a_cancelled_replay_continues_and_two_at_once_are_refused(url: str) -> None:
+    _write_history(url, range(4), 10)
+    _publish_history_small(url, 40)
+    stalling = _Stalling(batches=3)
+
+    async def interrupted() -> None:
+        task = asyncio.create_task(replay(url, stalling, topic=TOPIC, consumer="late", batch=5))
+        await asyncio.wait_for(stalling.stalled.wait(), 30)
+        # meanwhile, a second replay to the same consumer is refused while the first holds it
+        with pytest.raises(ConfigurationError, match="already running"):
+            await replay(url, FakePublisher(), topic=TOPIC, consumer="late")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(interrupted())
+    first = [e for _, e in stalling.log]
+    assert len(first) == 15
+    rest = FakePublisher()
+    result = asyncio.run(replay(url, rest, topic=TOPIC, consumer="late", batch=5))
+    assert (result.resumed, result.sent, result.replayed) == (True, 25, 40)
+    assert [(e.key, e.seq) for e in first + [e for _, e in rest.log]] == sorted(
+        (f"k{k:03d}", s) for k in range(4) for s in range(1, 11)
+    )
