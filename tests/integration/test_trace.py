@@ -385,3 +385,35 @@ def test_the_last_reconciliation_verdict_and_the_job_file(
     assert not bare.reconciliation.files_read
     assert bare.reconciliation.note is not None
     assert "--reports-dir" in bare.reconciliation.note
+
+
+def test_a_consumer_retrying_it_and_one_waiting_for_an_earlier_seq(
+    dbs: tuple[str, str, str],
+) -> None:
+    outbox_url, billing_url, shipping_url = dbs
+    w1, w2, w3 = _write(outbox_url, "W", ["ok", "ok", "consumer-poison"])
+    sent = _relay_once(outbox_url, 3)
+    # billing applies 1 and 2, then its handler fails on 3 (it will retry: 3 attempts allowed)
+    assert _consume(billing_url, "billing", sent, ordered=True, max_attempts=3) == [
+        Outcome.PROCESSED,
+        Outcome.PROCESSED,
+        Outcome.FAILED,
+    ]
+    # shipping got 1 only: 3 arrived before 2, so it was refused (out of order)
+    assert _consume(shipping_url, "shipping", [sent[0], sent[2]], ordered=True) == [
+        Outcome.PROCESSED,
+        Outcome.OUT_OF_ORDER,
+    ]
+    j = trace_message(_sources(outbox_url, billing_url, shipping_url), w3)
+    billing, shipping = j.inboxes
+    assert (billing.state, billing.attempts) == ("retrying", 1)
+    assert billing.last_error == "ValueError: cannot parse order 3"
+    assert (shipping.state, shipping.key_applied_seq) == ("absent", 1)
+    retrying, waiting = j.actions
+    assert "redelivers it" in retrying.why
+    assert retrying.command is None
+    assert "waits for seq 2 first" in waiting.why
+    assert waiting.command == (
+        f"outbox trace --topic orders --key W --seq 2 --url '{outbox_url}'"
+    )
+    assert w1 != w2
