@@ -485,10 +485,10 @@ def _read_inboxes(
         try:
             out.extend(_read_inbox(src, wanted_id, by_seq, ident))
         except psycopg.Error as exc:
-            out.append(
-                (InboxRecord(src.name, None, "unreachable", error=describe_database_error(exc)),
-                 None)
-            )  # fmt: skip
+            error = describe_database_error(exc).replace(
+                "check --url (or $OUTBOX_DATABASE_URL)", f"check the URL of inbox {src.name!r}"
+            )
+            out.append((InboxRecord(src.name, None, "unreachable", error=error), None))
     return out
 
 
@@ -814,7 +814,12 @@ def _actions(
             )
         )
     elif record is not None and record.status == "pending":
-        if blocker is not None:
+        if blocker is not None and blocker.status == "pending" and not blocker.attempts:
+            notes.append(
+                f"seq {blocker.seq} of its key ({blocker.id}) is pending too: the relay "
+                "publishes a key's messages in order, that one first"
+            )
+        elif blocker is not None:
             status = blocker.status
             cmd = (
                 f"outbox dead retry --id {blocker.id} --reason '...'{ob}"
@@ -845,7 +850,7 @@ def _actions(
     for r in records:
         inbox_url = inbox_flags.get(r.inbox, "")
         if r.state == "unreachable":
-            actions.append(Action(f"inbox {r.inbox} could not be read: {r.error}"))
+            actions.append(Action(f"inbox {r.inbox} could not be read (see above)"))
             continue
         consumer = r.consumer or ""
         if r.state == "dead" and r.held:

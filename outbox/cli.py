@@ -227,8 +227,8 @@ def trace_cmd(
     times between them and what to do when it is stuck. Read-only.
 
     Exit status 0 when it has arrived everywhere it was looked for (or is on its way), 1 when
-    it is stuck (the output says what to run), 2 when it is not found or a database cannot be
-    read."""
+    it is stuck or an inbox database cannot be read (the output says what to run), 2 when it
+    is not found or the outbox database cannot be read."""
     from outbox._journey import (
         TraceSource,
         TraceSources,
