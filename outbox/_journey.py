@@ -530,7 +530,7 @@ def _read_inbox(
         consumers = [c for (c,) in conn.execute(stmts.inbox_consumers, {"topic": topic})]
     seen = {r[0]: r for r in rows}
     out: list[tuple[InboxRecord, tuple[uuid.UUID, str, str, int] | None]] = []
-    for consumer in sorted(set(consumers) | set(seen)):
+    for consumer in sorted(set(consumers) | set(seen) | set(positions)):
         pos = positions.get(consumer)
         where: dict[str, Any] = {
             "key_applied_seq": pos[1] if pos else None,

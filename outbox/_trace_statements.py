@@ -99,8 +99,10 @@ ORDER BY consumer
 """
 
 # inbox_trace_consumers: the consumers of this database that take the topic: those with a
-# record of it. The distinct consumers come from a skip scan of the primary key (consumer,
-# message_id): one index probe per consumer, however many records each has.
+# record of it among their latest 10,000 (the caller adds those with a position on the key).
+# The distinct consumers come from a skip scan of the primary key (consumer, message_id): one
+# index probe per consumer, however many records each has; the look for the topic is bounded
+# the same way, so a consumer of other topics only, with millions of records, costs 10,000.
 _INBOX_CONSUMERS = """
 WITH RECURSIVE c(consumer) AS (
     (SELECT consumer FROM {inbox} ORDER BY consumer LIMIT 1)
@@ -111,7 +113,9 @@ WITH RECURSIVE c(consumer) AS (
 )
 SELECT c.consumer FROM c
 WHERE c.consumer IS NOT NULL
-  AND EXISTS (SELECT 1 FROM {inbox} AS i WHERE i.consumer = c.consumer AND i.topic = %(topic)s)
+  AND EXISTS (SELECT 1 FROM (SELECT i.topic FROM {inbox} AS i WHERE i.consumer = c.consumer
+                             ORDER BY i.message_id DESC LIMIT 10000) AS latest
+              WHERE latest.topic = %(topic)s)
 ORDER BY c.consumer
 """
 
