@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import sys
 import time
 import uuid
 from typing import Any
@@ -493,24 +494,31 @@ def replay_cmd(
             err=True,
         )
 
-    result = asyncio.run(
-        replay(
-            database_url(url),
-            broker,
-            topic=topic,
-            consumer=consumer,
-            destination=destination,
-            since=since.replace(tzinfo=since.tzinfo or dt.UTC) if since else None,
-            rate=rate,
-            batch=batch,
-            restart=restart,
-            actor=actor,
-            reason=reason,
-            schema=schema,
-            broker_options={"ack_timeout": 8.0},
-            on_progress=progress,
-        )
+    run = replay(
+        database_url(url),
+        broker,
+        topic=topic,
+        consumer=consumer,
+        destination=destination,
+        since=since.replace(tzinfo=since.tzinfo or dt.UTC) if since else None,
+        rate=rate,
+        batch=batch,
+        restart=restart,
+        actor=actor,
+        reason=reason,
+        schema=schema,
+        broker_options={"ack_timeout": 8.0},
+        on_progress=progress,
     )
+    try:
+        result = asyncio.run(run)
+    except KeyboardInterrupt:
+        click.echo(
+            "interrupted: what the broker confirmed is kept; run the same command again to "
+            "continue",
+            err=True,
+        )
+        sys.exit(130)
     resumed = " (continued an earlier run)" if result.resumed else ""
     click.echo(
         f"replayed {result.sent} message(s) of {one_line(topic)} to {one_line(consumer)} at "

@@ -411,3 +411,48 @@ def test_a_cancelled_replay_continues_and_two_at_once_are_refused(url: str) -> N
     assert [(e.key, e.seq) for e in first + [e for _, e in rest.log]] == sorted(
         (f"k{k:03d}", s) for k in range(4) for s in range(1, 11)
     )
+
+
+def test_ctrl_c_stops_the_command_and_the_same_command_continues(url: str) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _write_history(url, range(2), 30)
+    _publish_history_small(url, 60)
+    command = [
+        sys.executable, "-m", "outbox.cli", "replay", "--topic", TOPIC, "--to", "late",
+        "--broker", "memory:", "--url", url, "--rate", "20", "--batch", "5",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while _replayed(url) < 10:  # a few batches confirmed (at 20 a second)
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the replay did not start"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert "interrupted: what the broker confirmed is kept" in err
+    assert "Traceback" not in err
+    kept = _replayed(url)
+    assert 10 <= kept < 60
+    again = subprocess.run(
+        [*command[:-4], "--rate", "1000"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert again.returncode == 0, again.stderr
+    assert f"replayed {60 - kept} message(s)" in again.stdout
+    assert "(continued an earlier run); 60 in all" in again.stdout
+
+
+def _replayed(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(replayed), 0) FROM outbox_replay_cursors"
+        ).fetchone()
+        return int(row[0]) if row else 0
