@@ -257,10 +257,9 @@ class ReconciliationVerdict:
     """The latest reconciliation run that judged the message (its window holds the message's
     commit time), or the latest run when none did (``judged`` False).
 
-    ``kinds``: the discrepancy classes the run found for the message (per consumer as
-    ``class:consumer``), read from the run's files when they are reachable (``redrive.txt``
-    always; ``details/`` when pyarrow is installed); ``files_read`` False: only the run's
-    outcome is known."""
+    ``kinds``: the discrepancy classes the run found for the message, read from the run's
+    files when they are reachable: ``lost`` (its ``redrive.txt``); ``files_read`` False: only
+    the run's outcome is known."""
 
     run_id: uuid.UUID
     finished_at: dt.datetime
@@ -634,7 +633,7 @@ def _verdict(row: Sequence[Any], message_id: uuid.UUID, reports_dir: str | Path 
         return ReconciliationVerdict(
             **base, note="no run has judged it yet (its commit time is after the last window)"
         )
-    redrive, details = _run_files(run_id, files or {}, reports_dir)
+    redrive, _details = _run_files(run_id, files or {}, reports_dir)
     if redrive is None:
         return ReconciliationVerdict(
             **base,
@@ -648,30 +647,17 @@ def _verdict(row: Sequence[Any], message_id: uuid.UUID, reports_dir: str | Path 
         return ReconciliationVerdict(**base, note=f"cannot read {redrive}: {exc.strerror}")
     if str(message_id) in lost:
         kinds.append("lost")
-    note = None
-    if details is not None and details.is_dir():
-        try:
-            import pyarrow.dataset as pads  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            note = "details/ not read (pyarrow is not installed): only 'lost' is known"
-        else:
-            table = pads.dataset(str(details), format="parquet").to_table(
-                columns=["kind", "id", "consumer"],
-                filter=pads.field("id") == str(message_id),
-            )
-            for kind, consumer in zip(
-                table.column("kind").to_pylist(), table.column("consumer").to_pylist(),
-                strict=True,
-            ):
-                label = f"{kind}:{consumer}" if consumer else str(kind)
-                if label not in kinds and not (kind == "lost" and "lost" in kinds):
-                    kinds.append(label)
+    note = (
+        "per message, the run's lost list (redrive.txt) is read; its other classes are in the "
+        "run's details/ (Parquet) and report.html"
+    )
     return ReconciliationVerdict(**base, kinds=tuple(kinds), files_read=True, note=note)
 
 
 def _run_files(
     run_id: uuid.UUID, files: Mapping[str, Any], reports_dir: str | Path | None
 ) -> tuple[Path | None, Path | None]:
+    """The run's redrive.txt and details/ (None, None: not reachable from here)."""
     if reports_dir is not None:
         root = Path(reports_dir) / str(run_id)
         if (root / "redrive.txt").is_file():
@@ -996,7 +982,7 @@ def render_text(journey: Journey) -> str:
             lines.append(f"  last error: {one_line(redact(r.last_error))}")
     v = j.reconciliation
     if v is not None:
-        verdict = ", ".join(v.kinds) if v.kinds else ("no discrepancy" if v.files_read else "-")
+        verdict = ", ".join(v.kinds) if v.kinds else ("not lost" if v.files_read else "-")
         judged = "judged it" if v.judged else "did not judge it"
         lines.append(
             f"reconciliation: run {v.run_id} ({v.outcome}, {_t(v.finished_at)}) {judged}: "
