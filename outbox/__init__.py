@@ -15,6 +15,14 @@ from importlib.metadata import version as _version
 
 from outbox._connections import AsyncTarget, Target
 from outbox._ids import id_from_idempotency_key, new_message_id
+from outbox._journey import (
+    AmbiguousMessageError,
+    Journey,
+    MessageNotFoundError,
+    TraceSource,
+    TraceSources,
+    trace_message,
+)
 from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, Message
 from outbox._publish import publish, publish_async, publish_batch, publish_batch_async
 from outbox._statements import WAKEUP_CHANNEL
@@ -38,16 +46,21 @@ except PackageNotFoundError:  # pragma: no cover - a source tree that was never 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "WAKEUP_CHANNEL",
+    "AmbiguousMessageError",
     "AsyncTarget",
     "ConfigurationError",
     "Envelope",
     "InvalidMessageError",
+    "Journey",
     "Message",
+    "MessageNotFoundError",
     "OutboxError",
     "PayloadTooLargeError",
     "SchemaNotInstalledError",
     "SerializationError",
     "Target",
+    "TraceSource",
+    "TraceSources",
     "TransactionRequiredError",
     "id_from_idempotency_key",
     "include_object",
@@ -58,4 +71,5 @@ __all__ = [
     "publish_async",
     "publish_batch",
     "publish_batch_async",
+    "trace_message",
 ]

@@ -8,13 +8,14 @@ Three roles, each with only what its statements touch:
   the leases' columns, ``outbox_relays`` or the dead-letter audit. Its INSERT is limited to the
   message columns, so it cannot write a row already marked published or leased.
 * **relay** (the daemon, and operators running ``outbox status``, ``outbox dead ...`` and
-  ``outbox retention``): reads, leases, marks and deletes messages; registers itself; audits;
+  ``outbox retention``, ``outbox replay``): reads, leases, marks and deletes messages; registers
+  itself; audits; keeps the replay cursors;
   reads the reconciliation runs' times and verdicts (the latest is a metric).
 * **consumer** (the inbox, and operators running ``outbox inbox ...``): its own tables only.
 * **console** (``outbox console``): reads every table it shows, and makes the audited changes
   its operators make: requeue (the columns a retry sets) or purge outbox dead letters, decide
   on held inbox keys, each with its audit row. It cannot publish, lease, register a relay,
-  change the capture mode or touch a consumer's positions.
+  change the capture mode or change a consumer's positions (it reads them: ``outbox trace``).
 * **reconcile** (the Spark reconciliation, ``outbox reconcile``): reads the columns the
   reconciliation judges (no payloads, headers or errors) and records its runs. Member of
   ``pg_read_all_stats``: without it ``pg_stat_activity`` hides other roles' open transactions,
@@ -40,6 +41,7 @@ from outbox.schema import (
     OUTBOX_DEAD_AUDIT,
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
+    OUTBOX_REPLAY_CURSORS,
     OUTBOX_SEQUENCES,
     OUTBOX_WRITE_COUNTER,
     RECONCILIATION_RUNS,
@@ -81,6 +83,8 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT, INSERT, UPDATE", OUTBOX_CAPTURE_LEASE, None),
         ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_RELAYS, None),
         ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),
+        # `outbox replay`: its cursor per (topic, consumer)
+        ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_REPLAY_CURSORS, None),
         # the latest run's verdict and time (not its summary), exported as gauges for the
         # alert rules (relay/statements.sql outbox_last_reconciliation)
         ("SELECT", RECONCILIATION_RUNS, ("started_at", "finished_at", "outcome", "discrepancies")),
@@ -105,11 +109,14 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT", OUTBOX_CAPTURE, None),
         ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),
         ("SELECT", INBOX_MESSAGES, None),
+        # where each consumer stands on a key (`outbox trace`: applied up to, waiting, held)
+        ("SELECT", INBOX_POSITIONS, None),
         # a retry or purge of a held key is a decision the consumer applies (inbox_dead_decide)
         ("SELECT", INBOX_HELD, None),
         ("UPDATE", INBOX_HELD, ("decision",)),
         ("SELECT, INSERT", INBOX_DEAD_AUDIT, None),
         ("SELECT", RECONCILIATION_RUNS, None),
+        ("SELECT", OUTBOX_REPLAY_CURSORS, None),
     ],
     "reconcile": [
         # exactly the columns the reconciliation reads (spark_ingest/_sources.py)

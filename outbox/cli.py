@@ -183,6 +183,99 @@ def migrate_grants(
     click.echo(f"granted: {len(statements)} statement(s)")
 
 
+@main.command("trace")
+@click.argument("message_id", required=False)
+@click.option(
+    "--idempotency-key", default=None, help="Look it up by idempotency key (with --topic)."
+)
+@click.option("--topic", default=None, help="With --idempotency-key, or with --key and --seq.")
+@click.option("--key", default=None, help="With --topic and --seq.")
+@click.option("--seq", type=click.IntRange(min=1), default=None, help="With --topic and --key.")
+@_url
+@click.option(
+    "--inbox",
+    "inbox_urls",
+    multiple=True,
+    help="An inbox database to look in (repeatable), as `outbox reconcile` takes them.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The reconciliation's TOML job file: its [outbox] and [[inbox]] sources.",
+)
+@click.option(
+    "--reports-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where the reconciliation writes its runs: the last verdict on the message.",
+)
+@_schema
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def trace_cmd(
+    message_id: str | None,
+    idempotency_key: str | None,
+    topic: str | None,
+    key: str | None,
+    seq: int | None,
+    url: str | None,
+    inbox_urls: tuple[str, ...],
+    config_file: str | None,
+    reports_dir: str | None,
+    schema: str | None,
+    as_json: bool,
+) -> None:
+    """Where is a message? Its outbox row, every inbox's record, the key's neighbours, the
+    times between them and what to do when it is stuck. Read-only.
+
+    Exit status 0 when it has arrived everywhere it was looked for (or is on its way), 1 when
+    it is stuck or an inbox database cannot be read (the output says what to run), 2 when it
+    is not found or the outbox database cannot be read."""
+    from outbox._journey import (
+        TraceSource,
+        TraceSources,
+        load_trace_sources,
+        render_text,
+        trace_message,
+    )
+
+    file_outbox, file_inboxes = load_trace_sources(config_file) if config_file else (None, ())
+    if url or file_outbox is None:
+        outbox = TraceSource("outbox", database_url(url), schema=schema)
+    else:
+        outbox = file_outbox if schema is None else TraceSource(
+            file_outbox.name, file_outbox.url, file_outbox.user, file_outbox.password_env,
+            file_outbox.password_file, schema,
+        )  # fmt: skip
+    inboxes = (
+        tuple(
+            TraceSource(f"inbox{i + 1}", _remember(u), schema=schema)
+            for i, u in enumerate(inbox_urls)
+        )
+        if inbox_urls
+        else file_inboxes
+    )
+    journey = trace_message(
+        TraceSources(outbox, inboxes),
+        message_id,
+        idempotency_key=idempotency_key,
+        topic=topic,
+        key=key,
+        seq=seq,
+        reports_dir=reports_dir,
+    )
+    click.echo(journey.to_json() if as_json else render_text(journey))
+    if journey.stuck:
+        sys.exit(1)
+
+
+def _remember(url: str) -> str:
+    """``url``, its secrets remembered so that an error quoting it is masked."""
+    remember_secrets(url)
+    return url
+
+
 def _load_plugins() -> None:
     """Add the subcommands other packages register under the ``outbox.cli`` entry point group
     (``relay``, ``status``, ``dead``, ``reconcile``...). ``outbox`` itself imports none of them."""

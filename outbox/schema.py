@@ -51,6 +51,7 @@ __all__ = [
     "OUTBOX_DEAD_AUDIT",
     "OUTBOX_MESSAGES",
     "OUTBOX_RELAYS",
+    "OUTBOX_REPLAY_CURSORS",
     "OUTBOX_SEQUENCES",
     "OUTBOX_WRITE_COUNTER",
     "RECONCILIATION_RUNS",
@@ -75,6 +76,7 @@ INBOX_DEAD_AUDIT = "inbox_dead_audit"
 RECONCILIATION_RUNS = "outbox_reconciliation_runs"
 OUTBOX_RELAYS = "outbox_relays"
 OUTBOX_DEAD_AUDIT = "outbox_dead_audit"
+OUTBOX_REPLAY_CURSORS = "outbox_replay_cursors"
 
 #: Every status a row of each messages table can have; the library's statements write no
 #: other (tests/unit/test_statuses.py). 'parked' since outbox_0008.
@@ -417,8 +419,36 @@ def _relay_tables(md: MetaData) -> None:
         Column("last_error", Text, nullable=True),
         Column("reason", Text, nullable=True),
         PrimaryKeyConstraint("id"),
-        CheckConstraint("action IN ('retry', 'purge', 'redrive')", name="action_valid"),
+        CheckConstraint(
+            "action IN ('retry', 'purge', 'redrive', 'replay')", name="action_valid"
+        ),
         Index(None, "message_id"),
+    )
+
+    Table(
+        OUTBOX_REPLAY_CURSORS,
+        md,
+        # `outbox replay` (outbox_0016): one row per (topic, consumer) it re-publishes to:
+        # where to, from when, the last (key, seq) the broker confirmed (a re-run continues
+        # after it), how many were sent, who started it, why.
+        Column("topic", Text, nullable=False),
+        Column("consumer", Text, nullable=False),
+        Column("destination", Text, nullable=False),
+        Column("since", _TIMESTAMPTZ, nullable=True),
+        Column("last_key", Text, nullable=True),
+        Column("last_seq", BigInteger, nullable=True),
+        Column("replayed", BigInteger, nullable=False, server_default=text("0")),
+        Column("actor", Text, nullable=False),
+        Column("reason", Text, nullable=True),
+        Column("options", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+        Column(
+            "started_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+        ),
+        Column(
+            "updated_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+        ),
+        Column("finished_at", _TIMESTAMPTZ, nullable=True),
+        PrimaryKeyConstraint("topic", "consumer"),
     )
 
 

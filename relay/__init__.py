@@ -27,6 +27,7 @@ from relay._admin import (
 from relay._config import RelayConfig, TopicPolicy
 from relay._metrics import RelayMetrics
 from relay._relay import Relay
+from relay._replay import ReplayError, ReplayProgress, ReplayResult, replay
 from relay.exceptions import (
     BrokerUnreachableError,
     NotSentError,
@@ -47,6 +48,9 @@ __all__ = [
     "RelayIdInUseError",
     "RelayMetrics",
     "RelayStatus",
+    "ReplayError",
+    "ReplayProgress",
+    "ReplayResult",
     "RetryablePublishError",
     "TopicPolicy",
     "dead_list",
@@ -56,4 +60,5 @@ __all__ = [
     "disable_capture",
     "enable_capture",
     "relay_status",
+    "replay",
 ]

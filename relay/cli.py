@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import sys
+import time
 import uuid
 from typing import Any
 
@@ -34,9 +36,10 @@ from relay._config import RelayConfig
 from relay._logs import configure_logging
 from relay._metrics import MetricsServer, RelayMetrics
 from relay._relay import Relay
+from relay._replay import DEFAULT_DESTINATION, ReplayProgress, replay
 from relay.brokers.base import Publisher
 
-__all__ = ["commands", "dead_group", "relay_cmd", "retention_cmd", "status_cmd"]
+__all__ = ["commands", "dead_group", "relay_cmd", "replay_cmd", "retention_cmd", "status_cmd"]
 
 _relay_url = click.option(
     "--url", default=None, help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL)."
@@ -416,10 +419,118 @@ def retention_cmd(url: str | None, schema: str | None, older_than: float, batch:
     click.echo(f"deleted {n} published message(s)")
 
 
+@click.command("replay")
+@click.option("--topic", required=True, help="The topic whose retained history to re-publish.")
+@click.option("--to", "consumer", required=True, help="The consumer that gets it (its name).")
+@click.option(
+    "--destination",
+    default=DEFAULT_DESTINATION,
+    show_default=True,
+    help="Where only that consumer reads (subject, stream key, routing key); {topic} and "
+    "{consumer} are filled in.",
+)
+@click.option(
+    "--since",
+    type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
+    default=None,
+    help="Only messages committed at or after this time (UTC unless it says otherwise).",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1000.0,
+    show_default=True,
+    help="At most this many messages a second.",
+)
+@click.option("--batch", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option(
+    "--broker",
+    default=None,
+    envvar="OUTBOX_BROKER_URL",
+    help="Broker URL (default: $OUTBOX_BROKER_URL), as `outbox relay --broker` takes it.",
+)
+@click.option("--restart", is_flag=True, help="Forget where an earlier run stopped; start over.")
+@click.option("--reason", default=None, help="Why (kept in the audit).")
+@click.option("--actor", default=None, help="Who (default: user@host).")
+@_url
+@_schema
+def replay_cmd(
+    topic: str,
+    consumer: str,
+    destination: str,
+    since: dt.datetime | None,
+    rate: float,
+    batch: int,
+    broker: str | None,
+    restart: bool,
+    reason: str | None,
+    actor: str | None,
+    url: str | None,
+    schema: str | None,
+) -> None:
+    """Re-publish a topic's retained history to a destination only one consumer reads, in
+    per-key order, with the same ids (its inbox applies each once). Interrupt it any time:
+    run the same command again and it continues where the broker last confirmed.
+
+    Start the consumer first, reading both its live destination and this one."""
+    from outbox._redact import remember_secrets
+
+    if not broker:
+        raise click.UsageError(
+            "no broker: pass --broker nats://host:4222 (or set OUTBOX_BROKER_URL)"
+        )
+    remember_secrets(broker)
+    last = [0.0]
+
+    def progress(p: ReplayProgress) -> None:
+        now = time.monotonic()
+        if now - last[0] < 1.0 and p.sent < p.total:
+            return
+        last[0] = now
+        share = f" ({100 * p.sent // p.total}%)" if p.total else ""
+        click.echo(
+            f"replayed {p.sent}/{p.total}{share}  {p.rate:.0f}/s  at key "
+            f"{one_line(p.last_key or '')} seq {p.last_seq}",
+            err=True,
+        )
+
+    run = replay(
+        database_url(url),
+        broker,
+        topic=topic,
+        consumer=consumer,
+        destination=destination,
+        since=since.replace(tzinfo=since.tzinfo or dt.UTC) if since else None,
+        rate=rate,
+        batch=batch,
+        restart=restart,
+        actor=actor,
+        reason=reason,
+        schema=schema,
+        broker_options={"ack_timeout": 8.0},
+        on_progress=progress,
+    )
+    try:
+        result = asyncio.run(run)
+    except KeyboardInterrupt:
+        click.echo(
+            "interrupted: what the broker confirmed is kept; run the same command again to "
+            "continue",
+            err=True,
+        )
+        sys.exit(130)
+    resumed = " (continued an earlier run)" if result.resumed else ""
+    click.echo(
+        f"replayed {result.sent} message(s) of {one_line(topic)} to {one_line(consumer)} at "
+        f"{one_line(result.destination)}{resumed}; {result.replayed} in all"
+    )
+
+
 commands: list[click.Command] = [
     relay_cmd,
     status_cmd,
     dead_group,
     retention_cmd,
     capture_group,
+    replay_cmd,
 ]

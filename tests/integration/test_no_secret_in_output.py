@@ -62,6 +62,8 @@ COMMANDS: list[list[str]] = [
     ["inbox", "blocked"],
     ["inbox", "purge", "--older-than-days", "30"],
     ["inbox", "dead", "audit"],
+    ["trace", "01a21b99-9f89-7090-80b0-2636a2646ce7"],
+    ["replay", "--topic", "orders", "--to", "late", "--broker", "memory:"],
 ]
 
 

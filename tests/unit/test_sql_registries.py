@@ -20,8 +20,10 @@ from inbox._statements import inbox_statements
 from outbox import schema as tables
 from outbox._sql import SqlFileError, load, qualified, registry, render, table_name, templates
 from outbox._statements import doorbell_statements, producer_statements, redrive_statements
+from outbox._trace_statements import trace_statements
 from outbox.console._statements import console_statements
 from outbox.exceptions import ConfigurationError
+from relay._replay_statements import replay_statements
 from relay._statements import relay_statements
 from spark_ingest._statements import spark_statements
 
@@ -33,6 +35,8 @@ REGISTRIES: dict[str, Callable[[str | None], Any]] = {
     "spark": spark_statements,
     "doorbell": doorbell_statements,
     "console": console_statements,
+    "trace": trace_statements,
+    "replay": replay_statements,
 }
 
 #: Every table of ours: a quoted reference to one of them must be schema-qualified.
