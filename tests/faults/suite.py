@@ -13,7 +13,8 @@ Workload (each scenario on fresh infrastructure of its own, see infra.py):
 Scenarios named ``sqs-...`` and ``amqp1-...`` run the same on another broker: an SQS FIFO queue
 on a moto server, with one consumer (relays and consumer reach it through the proxy), or an
 exchange of the private AMQP 1.0 node (tests/amqp1_broker.py) routing to two durable queues.
-What moto does not model is written at :func:`_moto_restore`.
+What a killed moto loses, and what the scenario models of AWS, is written at
+tests/aws_server.py's ``put_back``.
 
 Scenarios named ``wal-...`` run the same in WAL capture mode (docs/capture.md): the producers'
 ``publish()`` emits logical messages, and the relays stream them from a replication slot (one
@@ -260,9 +261,9 @@ class World:
             self.nats.kill()
 
     def restart_broker(self) -> None:
-        """Start the broker again: NATS and the AMQP 1.0 node on their stores; moto empty, so
-        its topic and queues are recreated and what it lost is put back (_moto_restore) before
-        the proxy lets anyone reach it."""
+        """Start the broker again: NATS and the AMQP 1.0 node on their stores; moto empty, on
+        another port, so its queue is recreated and what it lost is put back (_moto_restore)
+        before the proxy lets anyone reach it."""
         if self.moto is not None:
             self.moto.start()
             _moto_resources(self.moto.endpoint)
