@@ -127,7 +127,8 @@ def test_status_shows_an_amqp1_destination_paused_without_the_password(url: str)
 
     doc, text = _paused_then_resumed(url, broker_node.url, destination, create)
     shown = redact(broker_node.url)  # the user too: it is also the password ("guest")
-    assert shown.startswith("amqp1://") and "***@127.0.0.1" in shown
+    assert shown.startswith("amqp1://")
+    assert "***@127.0.0.1" in shown
     _check(doc, text, "AMQP 1.0", shown, destination)
     for output in (json.dumps(doc), text):
         assert "guest:guest" not in output
