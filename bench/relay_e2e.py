@@ -137,15 +137,16 @@ class _Counting:
 
 
 async def _relay_main(
-    url: str, broker: str, settings: Mapping[str, Any], go: MpEvent, stop: MpEvent, out: Any
-) -> None:
+    url: str, broker: str, settings: Mapping[str, Any], go: MpEvent, stop: MpEvent, out: Any,
+    options: Mapping[str, Any] | None = None,
+) -> None:  # fmt: skip
     from prometheus_client import CollectorRegistry
 
     from relay import Relay, RelayConfig
     from relay._metrics import RelayMetrics
     from relay.brokers import publisher_for_url
 
-    pub = _Counting(publisher_for_url(broker))
+    pub = _Counting(publisher_for_url(broker, **(options or {})))
     await pub.start()  # connecting is not part of the measured time
     registry = CollectorRegistry()
     relay = Relay(RelayConfig(database_url=url, **settings), pub, metrics=RelayMetrics(registry))
@@ -161,9 +162,10 @@ async def _relay_main(
 
 
 def _relay_process(
-    url: str, broker: str, settings: Mapping[str, Any], go: MpEvent, stop: MpEvent, out: Any
-) -> None:
-    asyncio.run(_relay_main(url, broker, settings, go, stop, out))
+    url: str, broker: str, settings: Mapping[str, Any], go: MpEvent, stop: MpEvent, out: Any,
+    options: Mapping[str, Any] | None = None,
+) -> None:  # fmt: skip
+    asyncio.run(_relay_main(url, broker, settings, go, stop, out, options))
 
 
 @dataclass
@@ -174,6 +176,8 @@ class Relays:
     broker: str
     count: int = 1
     settings: Mapping[str, Any] | None = None
+    #: the adapter's options (publisher_for_url's keyword arguments)
+    options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self._go = _CTX.Event()
@@ -183,7 +187,9 @@ class Relays:
         self._procs = [
             _CTX.Process(
                 target=_relay_process,
-                args=(self.url, self.broker, settings, self._go, self._stop, self._out),
+                args=(
+                    self.url, self.broker, settings, self._go, self._stop, self._out, self.options
+                ),
                 daemon=True,
             )
             for _ in range(self.count)
@@ -267,13 +273,14 @@ def drain(
     settings: Mapping[str, Any] | None = None,
     timeout: float = 300.0,
     capture: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Commit ``n`` messages, then let ``relays`` relay processes publish them all; the rate.
     With ``capture``, in 'wal' capture mode: the messages wait in the slot."""
     name, url = create_db(capture=capture)
     try:
         fill(url, topic, n, keys)
-        group = Relays(url, broker, relays, settings)
+        group = Relays(url, broker, relays, settings, options)
         started = group.go()
         try:
             took = wait_drained(url, started, timeout, n)

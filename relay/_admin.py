@@ -20,6 +20,7 @@ from psycopg.rows import class_row, dict_row, kwargs_row
 
 from outbox._actor import default_actor
 from outbox._database import Database, connected
+from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
 from outbox.schema import OUTBOX_CAPTURE, check_identifier
 from relay._slot import SlotHealth, default_slot
@@ -29,6 +30,7 @@ __all__ = [
     "DeadFilter",
     "DeadMessage",
     "RelayStatus",
+    "broker_kind",
     "dead_list",
     "dead_purge",
     "dead_retry",
@@ -93,10 +95,32 @@ class RelayStatus:
     def paused_destinations(self) -> list[dict[str, Any]]:
         """Topics a live relay has paused because their destination refuses messages."""
         return [
-            {"topic": topic, "relay_id": r["relay_id"], **pause}
+            {
+                "topic": topic,
+                "relay_id": r["relay_id"],
+                "broker_kind": r.get("broker_kind"),
+                **pause,
+            }
             for r in self.relays
             for topic, pause in sorted((r.get("paused_destinations") or {}).items())
         ]
+
+
+#: the broker family of each broker URL scheme (``outbox status``)
+BROKER_KINDS = {
+    "nats": "NATS JetStream", "amqp": "RabbitMQ", "amqps": "RabbitMQ", "kafka": "Kafka",
+    "kafkas": "Kafka", "redis": "Redis Streams", "rediss": "Redis Streams", "mqtt": "MQTT 5",
+    "mqtts": "MQTT 5", "amqp1": "AMQP 1.0", "amqp1s": "AMQP 1.0", "sqs": "Amazon SQS",
+    "sns": "Amazon SNS", "stdout": "stdout", "file": "file", "memory": "memory",
+}  # fmt: skip
+
+
+def broker_kind(url: str | None) -> str | None:
+    """The broker family of a broker URL (its scheme's), or None without one."""
+    if not url:
+        return None
+    scheme = url.partition(":")[0].lower()
+    return BROKER_KINDS.get(scheme, scheme)
 
 
 def relay_status(url: Database, *, schema: str | None = None) -> RelayStatus:
@@ -106,6 +130,10 @@ def relay_status(url: Database, *, schema: str | None = None) -> RelayStatus:
             topics = cur.execute(stmts.status_topics).fetchall()
             relays = cur.execute(stmts.status_relays).fetchall()
         capture = _capture_state(conn, stmts)
+    for relay in relays:  # registered redacted; masked again, whatever wrote the row
+        broker = relay.get("broker")
+        relay["broker"] = redact(broker) if broker else None
+        relay["broker_kind"] = broker_kind(broker)
     return RelayStatus(topics, relays, capture)
 
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from outbox._redact import redact
 from relay._claim import backoff_delay
 from relay._config import RelayConfig
 from relay._metrics import RelayMetrics
@@ -36,6 +37,8 @@ class _Pause:
     since: dt.datetime
     failures: int
     until: float  # time.monotonic()
+    #: the broker-side name the topic maps to (a stream subject, a queue, an SNS topic's ARN)
+    destination: str | None = None
 
 
 class PausedDestinations:
@@ -49,11 +52,14 @@ class PausedDestinations:
     def refused(self, topic: str, error: BaseException) -> None:
         """The topic's destination refused a message: pause the topic (longer each time)."""
         pause = self._pauses.get(topic)
-        reason = str(getattr(error, "data", {}).get("reason") or error)
+        data = getattr(error, "data", None) or {}
+        reason = str(data.get("reason") or error)
         if pause is None:
             pause = self._pauses[topic] = _Pause(reason, dt.datetime.now(dt.UTC), 0, 0.0)
         pause.failures += 1
         pause.reason = reason
+        if data.get("destination"):
+            pause.destination = str(data["destination"])
         delay = min(backoff_delay(pause.failures, self._config), MAX_PAUSE_SECONDS)
         pause.until = time.monotonic() + delay
         self._metrics.destination_paused.labels(topic).set(1)
@@ -82,7 +88,8 @@ class PausedDestinations:
         """Every topic refused since it last took a message, for ``outbox status``."""
         return {
             topic: {
-                "reason": p.reason,
+                "destination": redact(p.destination) if p.destination else None,
+                "reason": redact(p.reason),
                 "since": p.since.isoformat(timespec="seconds"),
                 "refusals": p.failures,
             }

@@ -181,6 +181,8 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
         click.echo(
             f"{relay_id:<36} {r['pid']:>7} {r['silent_s']:>9.1f}s {r['leased']:>7}  {topics}"
         )
+        if r.get("broker"):  # registered redacted, masked again by relay_status
+            click.echo(f"{'':<4}broker: {r['broker_kind']}, {one_line(redact(r['broker']))}")
     click.echo("")
     click.echo(_capture_line(status.capture))
     paused = status.paused_destinations
@@ -188,9 +190,11 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
         click.echo("")
         click.echo("paused topics (their destination refuses messages; the others flow):")
         for p in paused:
+            where = f" -> {one_line(redact(p['destination']))}" if p.get("destination") else ""
+            kind = f" on {p['broker_kind']}" if p.get("broker_kind") else ""
             click.echo(
-                f"{one_line(p['topic']):<24} since {p['since']} ({p['refusals']} refusals, relay "
-                f"{one_line(p['relay_id'])}): {one_line(redact(p['reason']))}"
+                f"{one_line(p['topic'])}{where}{kind} since {p['since']} ({p['refusals']} "
+                f"refusals, relay {one_line(p['relay_id'])}): {one_line(redact(p['reason']))}"
             )
 
 

@@ -283,6 +283,7 @@ GROUP BY topic ORDER BY topic
 SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
        extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS silent_s,
        coalesce(r.config->'paused_destinations', '{{}}'::jsonb) AS paused_destinations,
+       r.config->>'broker' AS broker,
        (SELECT count(*) FROM {messages} AS m
         WHERE m.status = 'pending' AND m.lease_owner = r.relay_id
           AND m.lease_until > clock_timestamp()) AS leased,

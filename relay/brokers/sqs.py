@@ -486,7 +486,8 @@ def _answered(call: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
 
 def _refused(exc: BaseException) -> bool:
     """The service answered with a permission refusal (not a credentials one)."""
-    error = getattr(exc, "response", {}).get("Error", {})
+    response = getattr(exc, "response", None) or {}  # botocore's HTTP errors carry None
+    error = response.get("Error") or {}
     return error.get("Code") in ("AccessDenied", "AccessDeniedException", "AuthorizationError")
 
 

@@ -143,3 +143,29 @@ def test_sqs_unreachable_error_shows_no_secret_of_the_endpoint() -> None:
         assert "t0ken" not in str(info.value)
 
     asyncio.run(main())
+
+
+def test_sqs_an_endpoint_that_does_not_answer_in_time_is_unreachable_not_a_crash() -> None:
+    """A listener that accepts and never answers: the start-up probe's read times out (a
+    botocore HTTP error, whose ``response`` is None) and the error says the endpoint cannot be
+    reached, naming the timeout (it once said ``AttributeError``)."""
+    import socket
+
+    import aws_server
+
+    from relay.brokers.sqs import SqsPublisher
+
+    aws_server.aws_env()  # dummy credentials: the probe goes out
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        pub = SqsPublisher("us-east-1", endpoint_url=f"http://127.0.0.1:{port}", timeout=2)
+
+        async def main() -> None:
+            with pytest.raises(BrokerUnreachableError, match="cannot reach") as info:
+                await pub.start()
+            assert "AttributeError" not in str(info.value)
+            assert "timeout" in str(info.value).lower()
+
+        asyncio.run(main())

@@ -1,12 +1,14 @@
 """One ordered consumer process of the fault suite.
 
-    python consumer_proc.py DATABASE_URL NATS_URL STREAM NAME CRASH_PROBABILITY
+    python consumer_proc.py DATABASE_URL BROKER BROKER_URL SOURCE NAME CRASH_PROBABILITY
 
-Pulls from the durable ``NAME`` on ``STREAM`` with NatsConsumer and an AsyncHandlerRunner
-(ordered=True, max_attempts=3, on_dead="skip"). The handler writes one ``effects`` row per
-message in the inbox's transaction, and raises for a poison message. With a crash probability,
-the process kills itself (SIGKILL, no cleanup) right after a delivery's commit and before its
-ack, the worst moment for a consumer to die. Exits on SIGTERM after the message in hand.
+``BROKER`` is ``nats`` (SOURCE: the stream; the durable consumer is ``NAME``), ``sqs``
+(BROKER_URL: the endpoint; SOURCE: the queue) or ``amqp1`` (SOURCE: the address). The consumer
+(NatsConsumer, SqsConsumer, Amqp1Consumer) feeds an AsyncHandlerRunner (ordered=True,
+max_attempts=3, on_dead="skip"). The handler writes one ``effects`` row per message in the
+inbox's transaction, and raises for a poison message. With a crash probability, the process
+kills itself (SIGKILL, no cleanup) right after a delivery's commit and before its ack, the worst
+moment for a consumer to die. Exits on SIGTERM after the message in hand.
 """
 
 from __future__ import annotations
@@ -21,11 +23,41 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from inbox import AsyncHandlerRunner, NatsConsumer, Result
+from inbox import (
+    Amqp1Consumer,
+    AsyncHandlerRunner,
+    BrokerConsumer,
+    NatsConsumer,
+    Result,
+    SqsConsumer,
+)
 from outbox.envelope import Envelope
 
 
-async def main(url: str, nats_url: str, stream: str, name: str, crash: float) -> None:
+def _consumer(
+    runner: AsyncHandlerRunner, broker: str, broker_url: str, source: str, name: str,
+    on_result: Any,
+) -> BrokerConsumer:  # fmt: skip
+    if broker == "nats":
+        return NatsConsumer(
+            runner, stream=source, durable=name, servers=broker_url, batch=20,
+            fetch_timeout=0.5, redeliver_delay=0.2, on_result=on_result,
+        )  # fmt: skip
+    if broker == "sqs":  # a crashed consumer's messages come back after the visibility timeout
+        return SqsConsumer(
+            runner, queue=source, endpoint_url=broker_url, wait_seconds=1,
+            visibility_timeout=4, redeliver_delay=0.2, on_result=on_result,
+        )  # fmt: skip
+    if broker == "amqp1":
+        return Amqp1Consumer(
+            runner, address=source, url=broker_url, credit=20, redeliver_delay=0.2,
+            connect_timeout=2, on_result=on_result,
+        )  # fmt: skip
+    raise SystemExit(f"unknown broker {broker!r}")
+
+
+async def main(url: str, broker: str, broker_url: str, source: str, name: str,
+               crash: float) -> None:  # fmt: skip
     async def handler(conn: Any, env: Envelope) -> None:
         if json.loads(env.payload).get("poison"):
             raise ValueError(f"poison message {env.id}")
@@ -43,14 +75,11 @@ async def main(url: str, nats_url: str, stream: str, name: str, crash: float) ->
         runner = AsyncHandlerRunner(
             pool, handler, consumer=name, ordered=True, max_attempts=3, on_dead="skip"
         )
-        consumer = NatsConsumer(
-            runner, stream=stream, durable=name, servers=nats_url, batch=20,
-            fetch_timeout=0.5, redeliver_delay=0.2, on_result=after_commit,
-        )  # fmt: skip
+        consumer = _consumer(runner, broker, broker_url, source, name, after_commit)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, consumer.stop)
         await consumer.run()
 
 
 if __name__ == "__main__":
-    url, nats_url, stream, name, crash = sys.argv[1:6]
-    asyncio.run(main(url, nats_url, stream, name, float(crash)))
+    url, broker, broker_url, source, name, crash = sys.argv[1:7]
+    asyncio.run(main(url, broker, broker_url, source, name, float(crash)))

