@@ -14,7 +14,8 @@ import pytest
 from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from inbox import AsyncHandlerRunner, HandlerRunner, Outcome, blocked_keys
+from inbox import AsyncHandlerRunner, HandlerRunner, Outcome
+from inbox.admin import blocked_keys
 from outbox import ConfigurationError, InvalidMessageError
 
 

@@ -15,7 +15,8 @@ from inbox_helpers import effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool
 from test_inbox_brokers import _broker
 
-from inbox import AsyncHandlerRunner, Outcome, blocked_keys
+from inbox import AsyncHandlerRunner, Outcome
+from inbox.admin import blocked_keys
 from inbox.testing import ResultLog, wait_until_processed
 from outbox.envelope import HEADER_CREATED_AT, HEADER_SEQ
 

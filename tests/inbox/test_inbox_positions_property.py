@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 from psycopg_pool import ConnectionPool
 
-from inbox import HandlerRunner, blocked_keys
+from inbox import HandlerRunner
+from inbox.admin import blocked_keys
 
 _MAX_ATTEMPTS = 2
 

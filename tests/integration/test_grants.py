@@ -20,7 +20,8 @@ from psycopg import errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
-from inbox import HandlerRunner, HeldFilter, Outcome, dead_retry, held_keys
+from inbox import HandlerRunner, Outcome
+from inbox.admin import HeldFilter, dead_retry, held_keys
 from outbox import Message, publish, publish_batch
 from outbox.cli import main as outbox_cli
 from outbox.envelope import Envelope
@@ -198,7 +199,7 @@ def test_the_console_role_reads_and_makes_the_audited_changes_only(
     database_url: str, operator_urls: dict[str, str]
 ) -> None:
     from console._statements import console_statements
-    from inbox import dead_audit, dead_purge
+    from inbox.admin import dead_audit, dead_purge
     from relay._admin import DeadFilter, audit_log, dead_list, relay_status
     from relay._admin import dead_purge as outbox_purge
     from relay._admin import dead_retry as outbox_retry
