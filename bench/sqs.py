@@ -29,7 +29,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the tests' moto launcher (tests/aws_server.py)
 
 from bench.common import write_result  # noqa: E402
 from bench.relay import adapter_rate, envelopes  # noqa: E402
@@ -64,9 +63,8 @@ def raw_sqs(envs: list[Any], client: Any, url: str, fifo: bool) -> float:
 
 
 def main() -> None:
-    import aws_server
-
     from relay.brokers.sqs import SqsPublisher
+    from tests.support import aws_server
 
     endpoint = aws_server.endpoint()
     sqs = aws_server.client("sqs")

@@ -13,7 +13,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import TOKEN, http_login, screenshot, seed
+
+from tests.console.console_helpers import TOKEN, http_login, screenshot, seed
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
 

@@ -9,7 +9,6 @@ import uuid
 from typing import Any
 
 import pytest
-from services import import_or_missing
 
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
@@ -20,6 +19,7 @@ from relay.exceptions import (
     PermanentPublishError,
     RetryablePublishError,
 )
+from tests.support.services import import_or_missing
 
 
 @pytest.fixture(autouse=True)
@@ -87,9 +87,8 @@ def test_sqs_refusals_are_classified(code: str, sender_fault: bool, kind: type) 
 def test_sqs_a_call_holds_at_most_ten_messages_and_the_queues_size() -> None:
     """A batch larger than ten, and one whose messages together exceed the queue's limit, go
     in several calls (SQS refuses the whole call otherwise), and every message is confirmed."""
-    import aws_server
-
     from relay.brokers.sqs import SqsPublisher
+    from tests.support import aws_server
 
     sqs = aws_server.client("sqs")
     name = f"size{uuid.uuid4().hex[:8]}.fifo"

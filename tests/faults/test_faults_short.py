@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from infra import PG_BIN
-from services import missing
-from suite import LEASE, SHORT, run
+
+from tests.faults.infra import PG_BIN
+from tests.faults.suite import LEASE, SHORT, run
+from tests.support.services import missing
 
 
 @pytest.fixture(autouse=True)

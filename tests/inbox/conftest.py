@@ -6,8 +6,9 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from inbox_helpers import EFFECTS_DDL
 from psycopg_pool import ConnectionPool
+
+from tests.inbox.inbox_helpers import EFFECTS_DDL
 
 
 @pytest.fixture

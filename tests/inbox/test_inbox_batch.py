@@ -11,12 +11,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from inbox import AsyncHandlerRunner, HandlerRunner, Outcome
 from inbox.admin import blocked_keys
 from outbox import ConfigurationError, InvalidMessageError
+from tests.inbox.inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 
 
 def _apply(conn: Any, msg: Any) -> None:

@@ -9,9 +9,9 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 
 from inbox import OutOfOrderError, Verdict, receive, record
+from tests.inbox.inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 
 
 def _deliver(conn: psycopg.Connection[Any], consumer: str, msg: Any) -> Verdict:

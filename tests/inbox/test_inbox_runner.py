@@ -9,7 +9,6 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from inbox_helpers import Flaky, apply_effect, effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
@@ -21,6 +20,7 @@ from inbox.admin import purge_finished
 from inbox.cli import commands
 from outbox import ConfigurationError
 from outbox._migrate import sqlalchemy_url
+from tests.inbox.inbox_helpers import Flaky, apply_effect, effects, inbox_rows, make_envelope
 
 
 def test_runner_outcomes_and_attempts(pool: ConnectionPool, effects_url: str) -> None:

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -28,9 +26,7 @@ from outbox.envelope import Envelope
 from relay import Relay
 from relay._queries import relay_statements
 from relay.brokers.memory import MemoryPublisher
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "relay"))
-from relay_helpers import await_for, config, running
+from tests.relay.relay_helpers import await_for, config, running
 
 KINDS = ("producer", "relay", "consumer")
 

@@ -12,12 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from relay_helpers import FakePublisher, await_for, config, running, statuses, write
 
 from outbox.cli import main
 from outbox.exceptions import ConfigurationError
 from relay import PermanentPublishError, Relay, RelayConfig, RelayMetrics, TopicPolicy
 from relay._metrics import MetricsServer
+from tests.relay.relay_helpers import FakePublisher, await_for, config, running, statuses, write
 
 
 def test_config_merges_file_env_flags_and_validates(tmp_path: Path) -> None:
