@@ -29,7 +29,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the tests' node launcher (tests/amqp1_broker.py)
 
 from bench import relay_e2e  # noqa: E402
 from bench.common import write_result  # noqa: E402
@@ -164,9 +163,8 @@ def pipeline(broker_url: str, topic: str, n: int, keys: int = 200) -> dict[str, 
 
 
 def main() -> None:
-    import amqp1_broker
-
     from relay.brokers.amqp1 import Amqp1Publisher
+    from tests.support import amqp1_broker
 
     node = amqp1_broker.Node()
     raw_url = f"amqp://127.0.0.1:{node.port}"

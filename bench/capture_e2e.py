@@ -32,7 +32,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from bench import relay_e2e  # noqa: E402
 from bench.common import logical_cluster, write_result  # noqa: E402

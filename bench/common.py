@@ -98,10 +98,10 @@ def load_file(name: str, path: Path) -> Any:
 @contextlib.contextmanager
 def logical_cluster(prefix: str) -> Iterator[Any]:
     """A private PostgreSQL cluster with wal_level = logical and the server's default
-    durability (tests/harness.py), on a free port, stopped at the end; the machine's own server
-    is never reconfigured. Exits saying what to install when there are no server binaries."""
+    durability (tests/support/harness.py), on a free port, stopped at the end; the machine's own
+    server is never reconfigured. Exits saying what to install when there are no server binaries."""
     harness = sys.modules.get("harness") or load_file(
-        "harness", Path(__file__).resolve().parent.parent / "tests" / "harness.py"
+        "harness", Path(__file__).resolve().parent.parent / "tests" / "support" / "harness.py"
     )
     with tempfile.TemporaryDirectory(prefix=prefix) as workdir:
         server = harness.logical_server(workdir, durable=True)

@@ -25,7 +25,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the tests' broker launcher (tests/kafka_broker.py)
 
 from bench import relay_e2e  # noqa: E402
 from bench.common import write_result  # noqa: E402
@@ -52,9 +51,8 @@ def raw_kafka_async(envs: list[Any], bootstrap: str, topic: str) -> float:
 
 
 def main() -> None:
-    import kafka_broker
-
     from relay.brokers.kafka import KafkaPublisher
+    from tests.support import kafka_broker
 
     port = kafka_broker.free_port()
     broker = kafka_broker.launch(port)

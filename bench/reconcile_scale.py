@@ -35,20 +35,20 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import write_result
 from reconcile import _databases, _drop, _read_floor, configs
-from spark_standalone import standalone
 
 from spark_ingest import reconcile, spark_session
+from tests.support.spark_standalone import standalone
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager
 def cluster_of(workers: int, root: Path, memory: str = "4g") -> Iterator[dict[str, Any]]:
-    """A master and ``workers`` one-core workers (tests/spark_standalone.py); yields the master
-    URL and the web UI. The driver runs in this process: it binds where the cluster's
+    """A master and ``workers`` one-core workers (tests/support/spark_standalone.py); yields the
+    master URL and the web UI. The driver runs in this process: it binds where the cluster's
     spark-defaults.conf says."""
     with standalone(root, workers=workers, worker_memory=memory) as cluster:
         os.environ["SPARK_CONF_DIR"] = cluster.driver_env["SPARK_CONF_DIR"]

@@ -35,7 +35,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the tests' moto launcher (tests/aws_server.py)
 
 from bench import relay_e2e  # noqa: E402
 from bench.common import write_result  # noqa: E402
@@ -123,7 +122,7 @@ async def _pipeline(url: str, broker_url: str, queue_url: str, endpoint: str, n:
 
 def pipeline(sqs: Any, endpoint: str, name: str, fifo: bool, n: int) -> dict[str, Any]:
     """(d): a relay process and the batched ordered consumer on one backlog."""
-    import aws_server
+    import tests.support.aws_server as aws_server
 
     attributes = {"FifoQueue": "true"} if fifo else {}
     queue_url = str(sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"])
@@ -149,7 +148,7 @@ def pipeline(sqs: Any, endpoint: str, name: str, fifo: bool, n: int) -> dict[str
 
 def e2e(sqs: Any, endpoint: str, name: str, fifo: bool, n: int) -> dict[str, Any]:
     """(c): a relay process drains a committed backlog into a fresh queue."""
-    import aws_server
+    import tests.support.aws_server as aws_server
 
     attributes = {"FifoQueue": "true"} if fifo else {}
     queue_url = str(sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"])
@@ -162,9 +161,8 @@ def e2e(sqs: Any, endpoint: str, name: str, fifo: bool, n: int) -> dict[str, Any
 
 
 def main() -> None:
-    import aws_server
-
     from relay.brokers.sqs import SqsPublisher
+    from tests.support import aws_server
 
     endpoint = aws_server.endpoint()
     sqs = aws_server.client("sqs")

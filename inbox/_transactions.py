@@ -10,15 +10,40 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from outbox._optional import loaded_class
 from outbox.exceptions import ConfigurationError
 
-__all__ = ["AsyncTransactions", "Transactions", "async_transactions", "sync_transactions"]
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+    from sqlalchemy.orm import sessionmaker
 
+__all__ = [
+    "AsyncTransactionSource",
+    "AsyncTransactions",
+    "TransactionSource",
+    "Transactions",
+    "async_transactions",
+    "sync_transactions",
+]
+
+#: a zero-argument callable opening one transaction; its context manager yields the target
 Transactions = Callable[[], contextlib.AbstractContextManager[Any]]
 AsyncTransactions = Callable[[], contextlib.AbstractAsyncContextManager[Any]]
+
+#: what a sync runner accepts as ``transactions``
+TransactionSource: TypeAlias = (
+    "ConnectionPool[Any] | Engine | sessionmaker[Any] | "
+    "Callable[[], contextlib.AbstractContextManager[Any]]"
+)
+#: what an async runner accepts as ``transactions``
+AsyncTransactionSource: TypeAlias = (
+    "AsyncConnectionPool[Any] | AsyncEngine | async_sessionmaker[Any] | "
+    "Callable[[], contextlib.AbstractAsyncContextManager[Any]]"
+)
 
 _SYNC_HINT = (
     "pass a psycopg_pool.ConnectionPool, a SQLAlchemy Engine or sessionmaker, or a "
@@ -32,7 +57,7 @@ _ASYNC_HINT = (
 )
 
 
-def sync_transactions(source: Any) -> Transactions:
+def sync_transactions(source: TransactionSource) -> Transactions:
     """A factory of transactions for a sync runner."""
     from psycopg_pool import ConnectionPool
     from sqlalchemy.engine import Engine
@@ -49,13 +74,13 @@ def sync_transactions(source: Any) -> Transactions:
     if isinstance(source, Engine | sessionmaker):
         return source.begin
     if callable(source):
-        return source  # type: ignore[no-any-return]
+        return source
     raise ConfigurationError(
         f"cannot open transactions from a {type(source).__name__}: {_SYNC_HINT}"
     )
 
 
-def async_transactions(source: Any) -> AsyncTransactions:
+def async_transactions(source: AsyncTransactionSource) -> AsyncTransactions:
     """A factory of transactions for an async runner."""
     from psycopg_pool import AsyncConnectionPool
 
@@ -80,7 +105,7 @@ def async_transactions(source: Any) -> AsyncTransactions:
     if sqlalchemy_async and isinstance(source, sqlalchemy_async):
         return source.begin  # type: ignore[no-any-return]
     if callable(source):
-        return source  # type: ignore[no-any-return]
+        return source
     raise ConfigurationError(
         f"cannot open transactions from a {type(source).__name__}: {_ASYNC_HINT}"
     )

@@ -9,9 +9,15 @@ from typing import Any
 
 import click
 
-from inbox._blocked import blocked_keys
-from inbox._dead import HeldFilter, dead_audit, dead_purge, dead_retry, held_keys
-from inbox._retention import purge
+from inbox.admin import (
+    HeldFilter,
+    blocked_keys,
+    dead_audit,
+    dead_purge,
+    dead_retry,
+    held_keys,
+    purge_finished,
+)
 from outbox._errors import one_line
 from outbox._redact import redact
 
@@ -53,7 +59,7 @@ def purge_command(
     """Delete old processed inbox records in batches."""
     from outbox.cli import database_url  # here, not at import: outbox.cli loads this module
 
-    deleted = purge(
+    deleted = purge_finished(
         database_url(url),
         older_than=dt.timedelta(days=older_than_days),
         consumer=consumer,

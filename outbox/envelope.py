@@ -115,29 +115,7 @@ class Envelope:
         What could be read of the message (id, topic, key, seq) rides on the error, so a
         consumer can record it dead.
         """
-        if len(headers) > MAX_RECEIVED_HEADERS:
-            raise InvalidMessageError(
-                f"broker message has {len(headers)} headers, above the maximum of "
-                f"{MAX_RECEIVED_HEADERS}: it was not published by the outbox relay",
-                reason="too_many_headers",
-            )
-        lowered: dict[str, str] = {}
-        for name, value in headers.items():
-            if not (name.__class__ is str and value.__class__ is str):
-                raise InvalidMessageError(
-                    f"broker message header {shown(name)} is not text", reason="bad_header"
-                )
-            # text of a quarter of the bound in characters is within it in bytes: one len()
-            # each decides the common case
-            if (len(name) > _NAME_CHARS or len(value) > _VALUE_CHARS) and (
-                _too_long(name, MAX_HEADER_NAME_BYTES) or _too_long(value, MAX_HEADER_VALUE_BYTES)
-            ):
-                raise InvalidMessageError(
-                    f"broker message header {shown(name)} is longer than the maximum "
-                    f"({MAX_HEADER_NAME_BYTES} bytes a name, {MAX_HEADER_VALUE_BYTES} a value)",
-                    reason="bad_header",
-                )
-            lowered[name.lower()] = value
+        lowered = _lowered_headers(headers)
         missing = [h for h in (HEADER_ID, HEADER_TOPIC, HEADER_KEY, HEADER_SEQ) if h not in lowered]
         if missing:
             raise InvalidMessageError(
@@ -149,56 +127,10 @@ class Envelope:
         topic, key = lowered[HEADER_TOPIC], lowered[HEADER_KEY]
         # What is known of the message rides on the error, so a consumer can record it dead.
         known: dict[str, object] = {"topic": topic, "key": key}
-        raw_id = lowered[HEADER_ID]
-        try:
-            known["message_id"] = msg_id = uuid.UUID(raw_id)
-        except ValueError as exc:
-            raise InvalidMessageError(
-                f"malformed outbox header {HEADER_ID}={shown(raw_id)}: not a UUID",
-                reason="bad_id",
-                **known,
-            ) from exc
-        for name, text, limit in ((HEADER_TOPIC, topic, MAX_TOPIC_BYTES),
-                                  (HEADER_KEY, key, MAX_KEY_BYTES)):  # fmt: skip
-            if not text.strip() or "\x00" in text or _too_long(text, limit):
-                raise InvalidMessageError(
-                    f"malformed outbox header {name}={shown(text)}: must be non-blank text "
-                    f"without NUL of at most {limit} bytes (what publish() accepts)",
-                    reason="bad_topic" if name == HEADER_TOPIC else "bad_key",
-                    **known,
-                )
-        raw_seq = lowered[HEADER_SEQ]
-        # digits only (no sign, space, '_' or other script), counted before int() reads them
-        if not (raw_seq.isascii() and raw_seq.isdigit()) or len(raw_seq) > MAX_SEQ_DIGITS:
-            raise InvalidMessageError(
-                f"malformed outbox header {HEADER_SEQ}={shown(raw_seq)}: not a positive integer "
-                f"of at most {MAX_SEQ_DIGITS} digits",
-                reason="bad_seq",
-                **known,
-            )
-        seq = int(raw_seq)
-        if not 1 <= seq < 2**63:
-            raise InvalidMessageError(
-                f"malformed outbox header {HEADER_SEQ}={shown(raw_seq)}: seq must be a positive "
-                "int below 2**63 (a PostgreSQL bigint)",
-                reason="bad_seq",
-                **known,
-            )
-        known["seq"] = seq
-        created = lowered.get(HEADER_CREATED_AT)
-        created_at = None
-        if created:
-            try:
-                if len(created) > MAX_CREATED_AT_CHARS:
-                    raise ValueError("too long")
-                created_at = dt.datetime.fromisoformat(created)
-            except ValueError as exc:
-                raise InvalidMessageError(
-                    f"malformed outbox header {HEADER_CREATED_AT}={shown(created)}: not an "
-                    "ISO 8601 time",
-                    reason="bad_created_at",
-                    **known,
-                ) from exc
+        known["message_id"] = msg_id = _read_id(lowered[HEADER_ID], known)
+        _check_topic_and_key(topic, key, known)
+        known["seq"] = seq = _read_seq(lowered[HEADER_SEQ], known)
+        created_at = _read_created_at(lowered.get(HEADER_CREATED_AT), known)
         content_type = lowered.get(HEADER_CONTENT_TYPE, "application/json")
         if _too_long(content_type, MAX_CONTENT_TYPE_BYTES):
             raise InvalidMessageError(
@@ -230,6 +162,92 @@ class Envelope:
 
 _NAME_CHARS = MAX_HEADER_NAME_BYTES // 4
 _VALUE_CHARS = MAX_HEADER_VALUE_BYTES // 4
+
+
+def _lowered_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers by lower-cased name, each checked to be text within the bounds."""
+    if len(headers) > MAX_RECEIVED_HEADERS:
+        raise InvalidMessageError(
+            f"broker message has {len(headers)} headers, above the maximum of "
+            f"{MAX_RECEIVED_HEADERS}: it was not published by the outbox relay",
+            reason="too_many_headers",
+        )
+    lowered: dict[str, str] = {}
+    for name, value in headers.items():
+        if not (name.__class__ is str and value.__class__ is str):
+            raise InvalidMessageError(
+                f"broker message header {shown(name)} is not text", reason="bad_header"
+            )
+        # text of a quarter of the bound in characters is within it in bytes: one len()
+        # each decides the common case
+        if (len(name) > _NAME_CHARS or len(value) > _VALUE_CHARS) and (
+            _too_long(name, MAX_HEADER_NAME_BYTES) or _too_long(value, MAX_HEADER_VALUE_BYTES)
+        ):
+            raise InvalidMessageError(
+                f"broker message header {shown(name)} is longer than the maximum "
+                f"({MAX_HEADER_NAME_BYTES} bytes a name, {MAX_HEADER_VALUE_BYTES} a value)",
+                reason="bad_header",
+            )
+        lowered[name.lower()] = value
+    return lowered
+
+
+def _read_id(raw_id: str, known: dict[str, object]) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw_id)
+    except ValueError as exc:
+        raise InvalidMessageError(
+            f"malformed outbox header {HEADER_ID}={shown(raw_id)}: not a UUID",
+            reason="bad_id",
+            **known,
+        ) from exc
+
+
+def _check_topic_and_key(topic: str, key: str, known: dict[str, object]) -> None:
+    for name, text, limit in ((HEADER_TOPIC, topic, MAX_TOPIC_BYTES),
+                              (HEADER_KEY, key, MAX_KEY_BYTES)):  # fmt: skip
+        if not text.strip() or "\x00" in text or _too_long(text, limit):
+            raise InvalidMessageError(
+                f"malformed outbox header {name}={shown(text)}: must be non-blank text "
+                f"without NUL of at most {limit} bytes (what publish() accepts)",
+                reason="bad_topic" if name == HEADER_TOPIC else "bad_key",
+                **known,
+            )
+
+
+def _read_seq(raw_seq: str, known: dict[str, object]) -> int:
+    # digits only (no sign, space, '_' or other script), counted before int() reads them
+    if not (raw_seq.isascii() and raw_seq.isdigit()) or len(raw_seq) > MAX_SEQ_DIGITS:
+        raise InvalidMessageError(
+            f"malformed outbox header {HEADER_SEQ}={shown(raw_seq)}: not a positive integer "
+            f"of at most {MAX_SEQ_DIGITS} digits",
+            reason="bad_seq",
+            **known,
+        )
+    seq = int(raw_seq)
+    if not 1 <= seq < 2**63:
+        raise InvalidMessageError(
+            f"malformed outbox header {HEADER_SEQ}={shown(raw_seq)}: seq must be a positive "
+            "int below 2**63 (a PostgreSQL bigint)",
+            reason="bad_seq",
+            **known,
+        )
+    return seq
+
+
+def _read_created_at(created: str | None, known: dict[str, object]) -> dt.datetime | None:
+    if not created:
+        return None
+    try:
+        if len(created) > MAX_CREATED_AT_CHARS:
+            raise ValueError("too long")
+        return dt.datetime.fromisoformat(created)
+    except ValueError as exc:
+        raise InvalidMessageError(
+            f"malformed outbox header {HEADER_CREATED_AT}={shown(created)}: not an ISO 8601 time",
+            reason="bad_created_at",
+            **known,
+        ) from exc
 
 
 def _too_long(text: str, max_bytes: int) -> bool:

@@ -128,6 +128,18 @@ def make_metadata(schema: str | None = None) -> MetaData:
         check_identifier(schema)
     md = MetaData(schema=schema, naming_convention=NAMING_CONVENTION)
 
+    _outbox_messages_table(md)
+    _capture_tables(md)
+    _sequence_tables(md)
+    _inbox_message_tables(md)
+    _inbox_tables(md)
+    _relay_tables(md)
+    _reconciliation_tables(md)
+    return md
+
+
+def _outbox_messages_table(md: MetaData) -> None:
+    """The outbox table writers insert into and the relay publishes from."""
     Table(
         OUTBOX_MESSAGES,
         md,
@@ -176,6 +188,9 @@ def make_metadata(schema: str | None = None) -> MetaData:
         ),
     )
 
+
+def _capture_tables(md: MetaData) -> None:
+    """How committed messages reach the relay, and who streams a slot."""
     Table(
         OUTBOX_CAPTURE,
         md,
@@ -215,6 +230,9 @@ def make_metadata(schema: str | None = None) -> MetaData:
         PrimaryKeyConstraint("slot"),
     )
 
+
+def _sequence_tables(md: MetaData) -> None:
+    """The per-key sequence counters and the write counter."""
     Table(
         OUTBOX_SEQUENCES,
         md,
@@ -234,6 +252,9 @@ def make_metadata(schema: str | None = None) -> MetaData:
     # relay/_watch.py). Never rolled back, never waited on.
     Sequence(OUTBOX_WRITE_COUNTER, metadata=md, data_type=BigInteger, cycle=True)
 
+
+def _inbox_message_tables(md: MetaData) -> None:
+    """The inbox records and the per-key positions of ordered consumers."""
     Table(
         INBOX_MESSAGES,
         md,
@@ -288,10 +309,6 @@ def make_metadata(schema: str | None = None) -> MetaData:
         # blocked-keys gauge, without reading every position of the consumer (outbox_0007).
         Index(None, "consumer", postgresql_where=text("blocked_since IS NOT NULL")),
     )
-    _inbox_tables(md)
-    _relay_tables(md)
-    _reconciliation_tables(md)
-    return md
 
 
 def _inbox_tables(md: MetaData) -> None:

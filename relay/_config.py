@@ -10,13 +10,13 @@ import dataclasses
 import math
 import os
 import socket
-import tomllib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from outbox._config import check_keys, check_value, parse_env, read_toml
 from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
 from outbox.schema import check_identifier
@@ -60,11 +60,12 @@ class TopicPolicy:
             raise ConfigurationError(
                 f"on_dead {self.on_dead!r} is not one of {', '.join(_DEAD)}", value=self.on_dead
             )
-        if not _is_int(self.max_attempts) or self.max_attempts < 1:
-            raise ConfigurationError(
-                f"max_attempts must be an integer >= 1, got {self.max_attempts!r}",
-                value=self.max_attempts,
-            )
+        check_value(
+            "max_attempts",
+            self.max_attempts,
+            _is_int(self.max_attempts) and self.max_attempts >= 1,
+            "an integer >= 1",
+        )
 
 
 def _default_relay_id() -> str:
@@ -258,10 +259,7 @@ def _is_seconds(value: object) -> bool:
 
 
 def _check(name: str, value: object, ok: bool, accepts: str) -> None:
-    if not ok:
-        raise ConfigurationError(
-            f"{name} must be {accepts}, got {value!r}", setting=name, value=value
-        )
+    check_value(name, value, ok, accepts, setting=name)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RelayConfig)}
@@ -269,44 +267,33 @@ _SCALARS = set(_FIELDS) - {"default_policy", "topics"}
 
 
 def _from_toml(path: Path) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigurationError(f"cannot read config file {path}: {exc}", path=str(path)) from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigurationError(f"config file {path} is not valid TOML: {exc}") from exc
+    data = read_toml(path, kind="config file")
     data = data.get("relay", data)
-    unknown = set(data) - set(_FIELDS) - {"default"}
-    if unknown:
-        raise ConfigurationError(
-            f"unknown setting(s) in {path}: {', '.join(sorted(unknown))}; known: "
-            f"{', '.join(sorted(_FIELDS))}",
-            unknown=sorted(unknown),
-        )
+    where = f"config file {path}"
+    check_keys(data, sorted({*_FIELDS, "default"}), where, what="setting")
     out = {k: v for k, v in data.items() if k in _SCALARS}
     if "default" in data or "default_policy" in data:
-        out["default_policy"] = _policy("default", data.get("default", data.get("default_policy")))
+        raw = data.get("default", data.get("default_policy"))
+        out["default_policy"] = _policy("the default policy", raw, f"{where}: [default]")
     if "topics" in data:
         if not isinstance(data["topics"], dict):
-            raise ConfigurationError(f"[topics] in {path} must be a table of topic -> policy")
-        out["topics"] = {t: _policy(t, p) for t, p in data["topics"].items()}
+            raise ConfigurationError(f"{where}: [topics] must be a table of topic -> policy")
+        out["topics"] = {
+            t: _policy(f"topic {t!r}", p, f"{where}: [topics.{t}]")
+            for t, p in data["topics"].items()
+        }
     return out
 
 
-def _policy(topic: str, raw: Any) -> TopicPolicy:
+def _policy(label: str, raw: Any, where: str) -> TopicPolicy:
+    """The TopicPolicy of one table; errors say ``label`` (``topic 'orders'``) and ``where``."""
     if not isinstance(raw, dict):
-        raise ConfigurationError(f"policy of topic {topic!r} must be a table, got {raw!r}")
-    known = {f.name for f in dataclasses.fields(TopicPolicy)}
-    unknown = set(raw) - known
-    if unknown:
-        raise ConfigurationError(
-            f"unknown key(s) {', '.join(sorted(unknown))} in the policy of topic {topic!r}; "
-            f"known: {', '.join(sorted(known))}"
-        )
+        raise ConfigurationError(f"{where}: {label} must be a table of policy keys, got {raw!r}")
+    check_keys(raw, [f.name for f in dataclasses.fields(TopicPolicy)], where)
     try:
         return TopicPolicy(**raw)
     except ConfigurationError as exc:
-        raise ConfigurationError(f"topic {topic!r}: {exc.message}") from exc
+        raise ConfigurationError(f"{label}: {exc.message}") from exc
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -320,26 +307,14 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     for name in _SCALARS - {"database_url", "broker_url", "schema"}:
         var = f"OUTBOX_RELAY_{name.upper()}"
         if var in env:
-            out[name] = _parse(name, var, env[var])
+            out[name] = parse_env(var, env[var], _kind(name), name)
     return out
 
 
-def _parse(name: str, var: str, raw: str) -> Any:
-    kind = _FIELDS[name].type
-    try:
-        if "bool" in str(kind):
-            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                raise ValueError(raw)
-            return raw.lower() in ("1", "true", "yes")
-        if "int" in str(kind):
-            return int(raw)
-        if "float" in str(kind):
-            return float(raw)
-    except ValueError as exc:
-        raise ConfigurationError(
-            f"{var}={raw!r} is not a valid {kind} for {name}", setting=name
-        ) from exc
-    return raw
+def _kind(name: str) -> type:
+    """The Python type of a scalar setting (its annotation is a string: ``"float | None"``)."""
+    annotation = str(_FIELDS[name].type)
+    return next((t for t in (bool, int, float) if t.__name__ in annotation), str)
 
 
 def _build(cls: type[RelayConfig], values: dict[str, Any]) -> RelayConfig:

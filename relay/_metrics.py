@@ -43,9 +43,22 @@ class RelayMetrics:
             self.reconciliation_finished = self.reconciliation_failed = noop
             self.reconciliation_discrepancies = noop
             return
+        kw: dict[str, Any] = {"registry": registry}
+        self._declare_relay(kw)
+        self._declare_reconciliation(kw)
+        self._declare_slot(kw)
+        #: False once the database refused the runs table (a role granted before the relay
+        #: read it): asked no more, said once
+        self._read_runs = True
+        #: the topics the last heartbeat found a pending or dead row of
+        self._topics: set[str] = set()
+        #: the (slot, database) the slot_state series were last set for
+        self._slot_labels: tuple[str, str] | None = None
+
+    def _declare_relay(self, kw: dict[str, Any]) -> None:
+        """The publishing counters and the backlog, destination and liveness gauges."""
         from prometheus_client import Counter, Gauge, Histogram
 
-        kw: dict[str, Any] = {"registry": registry}
         self.published = Counter(
             "outbox_relay_published", "Messages confirmed by the broker", ["topic"], **kw
         )
@@ -92,6 +105,9 @@ class RelayMetrics:
             **kw,
         )
 
+    def _declare_reconciliation(self, kw: dict[str, Any]) -> None:
+        from prometheus_client import Gauge
+
         # The nightly reconciliation's latest recorded run (outbox_reconciliation_runs), read
         # on every heartbeat. Until one is read all three are 0: a timestamp of 0 is "no run",
         # which the missing-run alert sees like a run too old.
@@ -112,9 +128,9 @@ class RelayMetrics:
             "Discrepancies the latest reconciliation run found",
             **kw,
         )
-        #: False once the database refused the runs table (a role granted before the relay
-        #: read it): asked no more, said once
-        self._read_runs = True
+
+    def _declare_slot(self, kw: dict[str, Any]) -> None:
+        from prometheus_client import Gauge
 
         # WAL capture mode (docs/explanation/capture.md): the replication slot, read on every
         # heartbeat
@@ -150,10 +166,6 @@ class RelayMetrics:
             ["slot", "database", "state"],
             **kw,
         )
-        #: the topics the last heartbeat found a pending or dead row of
-        self._topics: set[str] = set()
-        #: the (slot, database) the slot_state series were last set for
-        self._slot_labels: tuple[str, str] | None = None
 
     @classmethod
     def disabled(cls) -> RelayMetrics:

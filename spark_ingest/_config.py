@@ -8,17 +8,15 @@ never appear in ``repr``, logs or errors.
 from __future__ import annotations
 
 import datetime as dt
-import difflib
 import math
-import os
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from outbox._redact import redact, remember_secrets
+from outbox._config import check_keys, check_value, env_secret, file_secret, read_toml
+from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
 from outbox.schema import check_identifier
 
@@ -85,12 +83,13 @@ CONNECTION_PARAMETERS = {
 
 def _check_count(where: str, key: str, value: object, *, example: int) -> None:
     """A whole number >= 1 (not a bool, not a float, not a string)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(
-            f"{where}: {key} = {value!r}: must be a whole number >= 1 (e.g. {key} = {example})",
-            key=key,
-            value=value,
-        )
+    check_value(
+        key,
+        value,
+        not isinstance(value, bool) and isinstance(value, int) and value >= 1,
+        f"a whole number >= 1 (e.g. {key} = {example})",
+        where=where,
+    )
 
 
 @dataclass(frozen=True)
@@ -200,13 +199,7 @@ class Source:
         """The client key's passphrase from ``sslpassword_env`` (None: no passphrase)."""
         if not self.sslpassword_env:
             return None
-        value = os.environ.get(self.sslpassword_env)
-        if value is None:
-            raise ConfigurationError(
-                f"source {self.name!r}: environment variable {self.sslpassword_env} is not set",
-                source=self.name,
-            )
-        return value
+        return env_secret(self.sslpassword_env, f"source {self.name!r}", source=self.name)
 
     @property
     def jdbc_url(self) -> str:
@@ -215,26 +208,11 @@ class Source:
 
     def password(self) -> str | None:
         """The password from ``password_env`` or ``password_file`` (None: trust/.pgpass)."""
+        # each read is remembered by the redactor: masked if a driver's error quotes it
         if self.password_env:
-            value = os.environ.get(self.password_env)
-            if value is None:
-                raise ConfigurationError(
-                    f"source {self.name!r}: environment variable {self.password_env} is not set",
-                    source=self.name,
-                )
-            remember_secrets({"password": value})  # masked if a driver's error quotes it
-            return value
+            return env_secret(self.password_env, f"source {self.name!r}", source=self.name)
         if self.password_file:
-            try:
-                secret = Path(self.password_file).read_text().strip()
-            except OSError as exc:
-                raise ConfigurationError(
-                    f"source {self.name!r}: cannot read password file {self.password_file}: "
-                    f"{exc.strerror}",
-                    source=self.name,
-                ) from exc
-            remember_secrets({"password": secret})
-            return secret
+            return file_secret(self.password_file, f"source {self.name!r}", source=self.name)
         return None
 
     def libpq_kwargs(self) -> dict[str, Any]:
@@ -265,8 +243,6 @@ class Source:
         if sslpassword is not None:
             props["sslpassword"] = sslpassword
         return props
-
-
 
 
 def database_of(source: Source) -> tuple[str, int, str]:
@@ -398,7 +374,7 @@ THRESHOLD_NAMES = (*DISCREPANCY_CLASSES, "lagging", "total")
 
 def check_thresholds(thresholds: Mapping[str, object], where: str) -> None:
     """Every name a known class, every limit an int >= 0 (not a bool, not a float)."""
-    _check_keys(thresholds, THRESHOLD_NAMES, where, what="threshold class")
+    check_keys(thresholds, THRESHOLD_NAMES, where, what="threshold class")
     for name, limit in thresholds.items():
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigurationError(
@@ -418,18 +394,6 @@ def _check_consumers(where: str, consumers: object) -> None:
         raise ConfigurationError(
             f"{where}: expected a non-empty list of consumer names, got {list(consumers)!r}"
         )
-
-
-def _check_keys(
-    table: Mapping[str, object], known: Sequence[str], where: str, *, what: str = "key"
-) -> None:
-    for key in table:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigurationError(
-                f"{where}: unknown {what} {key!r}{hint}; known: {', '.join(known)}", key=key
-            )
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -472,7 +436,7 @@ _TOP_KEYS = ("outbox", "inbox", "subscriptions", "sla", "thresholds", "rows_per_
 def _source(where: str, default_name: str, table: object) -> Source:
     if not isinstance(table, dict):
         raise ConfigurationError(f"{where} must be a table of {', '.join(_SOURCE_KEYS)}")
-    _check_keys(table, _SOURCE_KEYS, where)
+    check_keys(table, _SOURCE_KEYS, where)
     if "url" not in table:
         raise ConfigurationError(
             f"{where} has no 'url': add url = \"jdbc:postgresql://host:5432/dbname\"",
@@ -481,10 +445,9 @@ def _source(where: str, default_name: str, table: object) -> Source:
     for key, value in table.items():
         if key == "max_connections":
             _check_count(where, key, value, example=DEFAULT_MAX_CONNECTIONS)
-        elif not isinstance(value, str) or not value:
-            raise ConfigurationError(
-                f"{where}: {key} must be a non-empty string, got {value!r}", key=key
-            )
+        else:
+            check_value(key, value, isinstance(value, str) and bool(value), "a non-empty string",
+                        where=where)  # fmt: skip
     return Source(
         name=table.get("name", default_name),
         url=table["url"],
@@ -534,12 +497,9 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     The file is checked against its schema: unknown keys (at any level), wrong types,
     ``[inbox]`` for ``[[inbox]]``, bad durations or thresholds raise ConfigurationError
     naming the file and the key."""
-    try:
-        doc = tomllib.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigurationError(f"cannot read job file {path}: {exc}") from exc
+    doc = read_toml(path, kind="job file")
     where = f"job file {path}"
-    _check_keys(doc, _TOP_KEYS, where)
+    check_keys(doc, _TOP_KEYS, where)
     out: dict[str, Any] = {}
     if "outbox" in doc:
         out["outbox"] = _source(f"{where}: [outbox]", "outbox", doc["outbox"])

@@ -227,42 +227,14 @@ def _reconcile(
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
     target = None if output_dir is None else Path(output_dir) / str(run_id)
-    # Everything is written under a partial directory and renamed to ``target`` last, once the
-    # run is recorded: a run that fails half-way publishes nothing that looks finished.
-    if target is None:
-        scratch = Path(tempfile.mkdtemp(prefix="reconcile-"))
-    else:
-        scratch = target.with_name(f".{run_id}.partial")
-        scratch.mkdir(parents=True, exist_ok=True)
+    scratch = _scratch(target, run_id)
     try:
         figure_rows = _outcomes.figure_groups(groups).collect()
         detail = _write_details(config, spark, groups, scratch / "details")
         groups.unpersist()
         figures = _outcomes.summarise([g.asDict() for g in figure_rows], CLASSES, LATENCY_BUCKETS)
         daily = _transforms.daily_counts(detail)
-        counts = figures["counts"] | {"phantom": 0}
-        counts["phantom"] = sum(d["count"] for d in daily if d["kind"] == "phantom")
-        summary: dict[str, Any] = {
-            "run_id": str(run_id),
-            "started_at": started.isoformat(),
-            "window": {"start": config.window.start.isoformat(), "end": end.isoformat()},
-            "as_of": as_of.isoformat(),
-            "sla_seconds": config.sla.total_seconds(),
-            "horizon": {"outbox_xmin": ob_h.xmin, "outbox_now": ob_h.now.isoformat()},
-            "messages": figures["messages"],
-            "deferred_in_flight": figures["deferred"],
-            # The oldest created_at this run could not judge for good (deferred, in flight,
-            # lagging): the next default window starts there (_outputs.carried_start).
-            "unjudged_from": _unjudged_from(figures["unjudged_from"], ob_h, end),
-            "subscriptions": {t: list(c) for t, c in sorted(config.subscriptions.items())},
-            "counts": {k: counts.get(k, 0) for k in ("pairs", *_CLASS_KEYS)},
-            "latency": figures["latency"],
-            "daily": daily,
-            "latency_histogram": {
-                "buckets_ms": list(LATENCY_BUCKETS),
-                "rows": figures["latency_histogram"],
-            },
-        }
+        summary = _summary(config, run_id, started, figures, daily, ob_h, as_of, end)
         verdict = _outputs.judge(summary["counts"], config.thresholds)
         summary.update(verdict)
         lost = detail.where(F.col("kind") == "lost").select("id").distinct().collect()
@@ -289,6 +261,53 @@ def _reconcile(
         groups.unpersist()
         if target is None or scratch.exists():  # a failed run leaves no partial directory
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _scratch(target: Path | None, run_id: uuid.UUID) -> Path:
+    """Where the run writes. Everything is written under a partial directory and renamed to
+    ``target`` last, once the run is recorded: a run that fails half-way publishes nothing
+    that looks finished."""
+    if target is None:
+        return Path(tempfile.mkdtemp(prefix="reconcile-"))
+    scratch = target.with_name(f".{run_id}.partial")
+    scratch.mkdir(parents=True, exist_ok=True)
+    return scratch
+
+
+def _summary(
+    config: JobConfig,
+    run_id: uuid.UUID,
+    started: dt.datetime,
+    figures: dict[str, Any],
+    daily: list[dict[str, Any]],
+    ob_h: Horizon,
+    as_of: dt.datetime,
+    end: dt.datetime,
+) -> dict[str, Any]:
+    """The run's summary, before its verdict: the window, the horizon and the figures."""
+    counts = figures["counts"] | {"phantom": 0}
+    counts["phantom"] = sum(d["count"] for d in daily if d["kind"] == "phantom")
+    return {
+        "run_id": str(run_id),
+        "started_at": started.isoformat(),
+        "window": {"start": config.window.start.isoformat(), "end": end.isoformat()},
+        "as_of": as_of.isoformat(),
+        "sla_seconds": config.sla.total_seconds(),
+        "horizon": {"outbox_xmin": ob_h.xmin, "outbox_now": ob_h.now.isoformat()},
+        "messages": figures["messages"],
+        "deferred_in_flight": figures["deferred"],
+        # The oldest created_at this run could not judge for good (deferred, in flight,
+        # lagging): the next default window starts there (_outputs.carried_start).
+        "unjudged_from": _unjudged_from(figures["unjudged_from"], ob_h, end),
+        "subscriptions": {t: list(c) for t, c in sorted(config.subscriptions.items())},
+        "counts": {k: counts.get(k, 0) for k in ("pairs", *_CLASS_KEYS)},
+        "latency": figures["latency"],
+        "daily": daily,
+        "latency_histogram": {
+            "buckets_ms": list(LATENCY_BUCKETS),
+            "rows": figures["latency_histogram"],
+        },
+    }
 
 
 def _unjudged_from(oldest: dt.datetime | None, horizon: Horizon, end: dt.datetime) -> str | None:

@@ -192,6 +192,24 @@ def reconcile_rows(
     judged = _between("created_at", start, end)
     if xmin is not None:
         judged = judged & (F.col("tx_id") < F.lit(xmin))
+    msgs = _message_side(outbox, subscriptions, judged)
+    rows = _joined(msgs, _inbox_side(inbox), start, end)
+    judged_pair = F.col("judged") & F.col("consumer").isNotNull()
+    deadline = as_of - sla
+    return rows.select(
+        *(c for c in rows.columns if c != "i_out_of_order"),
+        F.when(judged_pair, _class(deadline)).alias("class"),
+        # Delivered again after it was settled (inbox_note_duplicate); not attempts > 1, which
+        # also counts the failed handler attempts of a retried or dead message.
+        F.coalesce(judged_pair & (F.col("inbox_duplicates") > 0), F.lit(False)).alias("duplicate"),
+        F.coalesce(judged_pair & F.col("i_out_of_order"), F.lit(False)).alias("out_of_order"),
+    )
+
+
+def _message_side(
+    outbox: DataFrame, subscriptions: DataFrame | Mapping[str, Sequence[str]], judged: Column
+) -> DataFrame:
+    """The outbox rows, hash-partitioned on (topic, key), one per expected consumer."""
     # Both sides are hash-partitioned ONCE, on the same column: the 64-bit hash of (topic, key).
     # The out-of-order window (per consumer, topic and key) and the join (whose keys include
     # topic and key) are then both satisfied by that partitioning, so neither adds a shuffle
@@ -215,6 +233,11 @@ def reconcile_rows(
         *(c for c in msgs.columns if c != "pos"),
         F.coalesce(F.col("pos") == 0, F.lit(True)).alias("first"),
     )
+    return msgs
+
+
+def _inbox_side(inbox: DataFrame) -> DataFrame:
+    """The narrow inbox rows, hash-partitioned like the messages, with their out-of-order flag."""
     narrow = inbox.select(
         "consumer",
         "message_id",
@@ -228,7 +251,7 @@ def reconcile_rows(
         "processed_at",
         F.xxhash64("topic", "key").alias("pk"),
     ).repartition("pk")
-    ib = narrow.select(
+    return narrow.select(
         F.col("pk").alias("i_pk"),
         F.col("consumer").alias("i_consumer"),
         F.col("message_id").alias("i_id"),
@@ -242,6 +265,13 @@ def reconcile_rows(
         "processed_at",
         _processed_out_of_order(hashed="pk").alias("i_out_of_order"),
     )
+
+
+def _joined(
+    msgs: DataFrame, ib: DataFrame, start: dt.datetime | None, end: dt.datetime | None
+) -> DataFrame:
+    """One full outer join: pairs (a message and its consumer, with its inbox row if any) and
+    candidates (inbox rows received in ``[start, end)`` that matched no pair)."""
     # An inbox row matches its message on (id, consumer) and on the message's topic and key,
     # which every inbox row copies from the message it received.
     cond = (
@@ -253,7 +283,7 @@ def reconcile_rows(
     )
     joined = msgs.join(ib, cond, "full_outer")
     is_pair = F.col("id").isNotNull()
-    rows = joined.select(
+    return joined.select(
         F.when(is_pair, "pair").otherwise("candidate").alias("row"),
         F.coalesce(F.col("id"), F.col("i_id")).alias("id"),
         F.coalesce(F.col("topic"), F.col("i_topic")).alias("topic"),
@@ -273,16 +303,6 @@ def reconcile_rows(
         "inbox_duplicates",
         "i_out_of_order",
     ).where((F.col("row") == "pair") | _between("received_at", start, end))
-    judged_pair = F.col("judged") & F.col("consumer").isNotNull()
-    deadline = as_of - sla
-    return rows.select(
-        *(c for c in rows.columns if c != "i_out_of_order"),
-        F.when(judged_pair, _class(deadline)).alias("class"),
-        # Delivered again after it was settled (inbox_note_duplicate); not attempts > 1, which
-        # also counts the failed handler attempts of a retried or dead message.
-        F.coalesce(judged_pair & (F.col("inbox_duplicates") > 0), F.lit(False)).alias("duplicate"),
-        F.coalesce(judged_pair & F.col("i_out_of_order"), F.lit(False)).alias("out_of_order"),
-    )
 
 
 def classify(

@@ -1,4 +1,4 @@
-"""Fixtures on a real PostgreSQL (see harness.py for how one is found).
+"""Fixtures on a real PostgreSQL (see tests/support/harness.py for how one is found).
 
 * ``session`` / ``pg_conn``: a transaction on a shared migrated database, rolled back after the
   test. The fast default, for tests that do not need to commit.
@@ -15,13 +15,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from harness import HOW_TO, PgServer, find_server
-from services import missing
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from outbox._migrate import sqlalchemy_url, upgrade
+from tests.support.harness import HOW_TO, PgServer, find_server
+from tests.support.services import missing
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,12 @@ def upgrade() -> None:
     if schema:
         op.execute(CreateSchema(schema, if_not_exists=True))
 
+    _create_outbox_messages(schema)
+    _create_outbox_key_sequences(schema)
+    _create_inbox_tables(schema)
+
+
+def _create_outbox_messages(schema: str | None) -> None:
     op.create_table(
         "outbox_messages",
         sa.Column("id", pg.UUID(as_uuid=True), nullable=False),
@@ -80,6 +86,8 @@ def upgrade() -> None:
         postgresql_where=sa.text("status = 'published'"),
     )
 
+
+def _create_outbox_key_sequences(schema: str | None) -> None:
     op.create_table(
         "outbox_key_sequences",
         sa.Column("topic", sa.Text(), nullable=False),
@@ -92,6 +100,8 @@ def upgrade() -> None:
         schema=schema,
     )
 
+
+def _create_inbox_tables(schema: str | None) -> None:
     op.create_table(
         "inbox_messages",
         sa.Column("consumer", sa.Text(), nullable=False),

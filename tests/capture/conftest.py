@@ -4,22 +4,17 @@ on a free port, stopped by its pid at the end); the machine's server is never re
 from __future__ import annotations
 
 import contextlib
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness import LOGICAL_HOW_TO, PgServer, logical_server
-from services import missing
-
 from outbox._migrate import upgrade
 from relay._admin import enable_capture
+from tests.support.harness import LOGICAL_HOW_TO, PgServer, logical_server
+from tests.support.services import missing
 
 
 @pytest.fixture(scope="session")

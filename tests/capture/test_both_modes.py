@@ -10,19 +10,11 @@ operator's tools (status, dead letters, retention) reading the same rows.
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import psycopg
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "relay"))
-
-from broker_helpers import nats_stream
-from relay_helpers import FakePublisher, await_for, config, per_key_in_order, running, statuses
-from services import require_port
 
 from outbox import Message, publish_batch
 from outbox.envelope import Envelope
@@ -38,6 +30,16 @@ from relay import (
     relay_status,
 )
 from relay.brokers import publisher_for_url
+from tests.relay.broker_helpers import nats_stream
+from tests.relay.relay_helpers import (
+    FakePublisher,
+    await_for,
+    config,
+    per_key_in_order,
+    running,
+    statuses,
+)
+from tests.support.services import require_port
 
 
 @pytest.fixture(params=["polling", "wal"])

@@ -25,15 +25,12 @@ from click.testing import CliRunner
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "relay"))
-
-from relay_helpers import FakePublisher, await_for, config, wait_for
-
 from inbox import HandlerRunner
 from outbox import publish
 from outbox.cli import main as outbox_cli
 from outbox.envelope import Envelope
 from relay import Relay
+from tests.relay.relay_helpers import FakePublisher, await_for, config, wait_for
 
 PROC = str(Path(__file__).resolve().parents[1] / "relay" / "relay_proc.py")
 LEASE = 3.0

@@ -27,13 +27,6 @@ import psycopg
 import pytest
 from psycopg import sql
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "relay"))
-
-from broker_helpers import nats_stream
-from harness import PgServer, logical_server
-from relay_helpers import FakePublisher, config, running
-from services import require_port
-
 from outbox import ConfigurationError, Message, publish, publish_batch
 from outbox._capture import slot_check_due
 from outbox._migrate import upgrade
@@ -41,6 +34,10 @@ from relay import Relay, RelayMetrics, disable_capture
 from relay._admin import enable_capture, relay_status
 from relay._slot import default_slot
 from relay.brokers import publisher_for_url
+from tests.relay.broker_helpers import nats_stream
+from tests.relay.relay_helpers import FakePublisher, config, running
+from tests.support.harness import PgServer, logical_server
+from tests.support.services import require_port
 
 NATS = "nats://127.0.0.1:4222"
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
@@ -137,17 +134,11 @@ def _in_order(log: list[tuple[str, Any]]) -> bool:
 
 def _console_overview(url: str) -> str:
     """The console's overview page of ``url``'s database, served for real (uvicorn)."""
-    import importlib.util
-
     import httpx
 
-    path = Path(__file__).resolve().parents[1] / "console" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("console_conftest", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    with module.serve(url) as base:
+    from tests.console.console_helpers import serve
+
+    with serve(url) as base:
         answer = httpx.get(base + "/")
     assert answer.status_code == 200, answer.text
     return answer.text

@@ -23,18 +23,15 @@ from typing import Any
 import psycopg
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "relay"))
-
-from broker_helpers import nats_stream
-from relay_helpers import FakePublisher, config, running
-from services import require_port
-
 from outbox import ConfigurationError, Message, publish, publish_batch
 from outbox._capture import decode_record
 from relay import Relay
 from relay._admin import enable_capture, relay_status
 from relay._replication import ReplicationStream
 from relay.brokers import publisher_for_url
+from tests.relay.broker_helpers import nats_stream
+from tests.relay.relay_helpers import FakePublisher, config, running
+from tests.support.services import require_port
 
 NATS = "nats://127.0.0.1:4222"
 
@@ -459,9 +456,8 @@ async def test_postgres_crash_mid_stream_loses_nothing_and_renumbers_nothing() -
     gapless per key, and the writers' rolled-back or unacknowledged commits never show up
     unless the server had committed them."""
     require_port(4222, "NATS", "start nats-server -js on 127.0.0.1:4222")
-    from harness import logical_server
-
     from outbox._migrate import upgrade
+    from tests.support.harness import logical_server
 
     workdir = tempfile.mkdtemp(prefix="outbox-crash-")  # under /tmp: postgres must reach it
     server = logical_server(workdir, durable=True)

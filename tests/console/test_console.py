@@ -13,7 +13,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import TOKEN, http_login, screenshot, seed
+
+from tests.console.console_helpers import TOKEN, http_login, screenshot, seed
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
 
@@ -249,7 +250,8 @@ def test_retry_a_held_inbox_key_then_the_consumer_applies_it(
     from psycopg_pool import ConnectionPool
     from selenium.webdriver.common.by import By
 
-    from inbox import HandlerRunner, Outcome, dead_audit
+    from inbox import HandlerRunner, Outcome
+    from inbox.admin import dead_audit
     from outbox.envelope import Envelope
 
     broken = {"on": True}

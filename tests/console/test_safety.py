@@ -20,9 +20,9 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from conftest import REBOUND, TOKEN, csrf_of, http_login, seed
 
 from outbox.exceptions import ConfigurationError
+from tests.console.console_helpers import REBOUND, TOKEN, csrf_of, http_login, seed
 
 
 def _wait(driver: Any, predicate: Any, what: str, within: float = 15.0) -> None:

@@ -1,6 +1,6 @@
 """The adapter matrix: every contract test runs once per adapter, live against this machine's
 brokers (NATS, RabbitMQ, Redis, Mosquitto), Kafka on a real Kafka-protocol broker (tansu, started
-by tests/kafka_broker.py), and the memory/stdout/file sinks. A broker that is not reachable
+by tests/support/kafka_broker.py), and the memory/stdout/file sinks. A broker that is not reachable
 skips its tests with a message (fails them under CI)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from amqp1_broker import node as amqp1_node
-from contract_harness import (
+
+from tests.contract.contract_harness import (
     Amqp1Harness,
     FileHarness,
     Harness,
@@ -25,11 +25,12 @@ from contract_harness import (
     SqsStandardHarness,
     StdoutHarness,
 )
-from kafka_broker import bootstrap
-from services import import_or_missing, require_port
+from tests.support.amqp1_broker import node as amqp1_node
+from tests.support.kafka_broker import bootstrap
+from tests.support.services import import_or_missing, require_port
 
 ADAPTERS = ["memory", "stdout", "file", "nats", "rabbitmq", "kafka", "redis", "mqtt"]
-ADAPTERS += ["amqp1"]  # AMQP 1.0 on a private RabbitMQ node (tests/amqp1_broker.py)
+ADAPTERS += ["amqp1"]  # AMQP 1.0 on a private RabbitMQ node (tests/support/amqp1_broker.py)
 #: Amazon SQS (a FIFO and a standard queue) and SNS (a FIFO topic) on moto's server
 AWS = {"sqs-fifo": SqsHarness, "sqs-standard": SqsStandardHarness, "sns-fifo": SnsHarness}
 ADAPTERS += list(AWS)

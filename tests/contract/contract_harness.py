@@ -453,7 +453,7 @@ class MqttHarness(Harness):
 
 
 class Amqp1Harness(Harness):
-    """AMQP 1.0 on a private RabbitMQ node with its AMQP 1.0 plugin (tests/amqp1_broker.py).
+    """AMQP 1.0 on a private RabbitMQ node with its AMQP 1.0 plugin (tests/support/amqp1_broker.py).
 
     The plugin refuses no message for good that a test can send (an unroutable one is accepted
     and dropped), so the refusal tested is the adapter's configured ``max_payload_bytes``."""
@@ -534,8 +534,7 @@ class SqsHarness(Harness):
         return f"{self.ns}-missing{self.suffix}"  # no such queue
 
     async def open(self) -> None:
-        import aws_server
-
+        from tests.support import aws_server
         self.endpoint = aws_server.endpoint()
         self.sqs = aws_server.client("sqs")
         attributes = {"MaximumMessageSize": "4096"}
@@ -620,8 +619,7 @@ class SnsHarness(SqsHarness):
         await super().open()
         self.sqs.set_queue_attributes(QueueUrl=self.queue_url,
                                       Attributes={"MaximumMessageSize": "1048576"})  # fmt: skip
-        import aws_server
-
+        from tests.support import aws_server
         self.sns = aws_server.client("sns")
         self.topic_arn = self.sns.create_topic(
             Name=self.dest, Attributes={"FifoTopic": "true"}

@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from contract_harness import DEADLINE, Harness
 
 from outbox.envelope import Envelope
 from relay.brokers import Publisher
@@ -20,6 +19,7 @@ from relay.exceptions import (
     PermanentPublishError,
     RetryablePublishError,
 )
+from tests.contract.contract_harness import DEADLINE, Harness
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

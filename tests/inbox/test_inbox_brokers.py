@@ -23,14 +23,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from broker_fixtures import BROKERS, Broker, Kafka
-from inbox_helpers import FailOnce, effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool
-from services import require_port
 
 from inbox import AsyncHandlerRunner, Outcome
 from inbox.testing import ResultLog, wait_until_processed
 from outbox.envelope import Envelope
+from tests.inbox.broker_fixtures import BROKERS, Broker, Kafka
+from tests.inbox.inbox_helpers import FailOnce, effects, inbox_rows, make_envelope
+from tests.support.services import require_port
 
 
 class Crash(Exception):
@@ -44,7 +44,9 @@ def _broker(name: str) -> Broker:
     return broker
 
 
-WORKER = Path(__file__).with_name("storm_worker.py")
+#: run as a module from the repository root, so it imports the tests' helpers as a package
+WORKER = "tests.inbox.storm_worker"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Workers:
@@ -90,10 +92,12 @@ async def _start_worker(broker: Broker, url: str, instance: int, fail_once: uuid
     arg = {"broker": broker.spec(), "url": url, "instance": instance, "fail_once": [str(fail_once)]}
     return await asyncio.create_subprocess_exec(
         sys.executable,
-        str(WORKER),
+        "-m",
+        WORKER,
         json.dumps(arg),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
+        cwd=ROOT,
     )
 
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from inbox_helpers import Flaky, make_envelope
 from psycopg_pool import ConnectionPool
 
 from inbox import HandlerRunner, Outcome
+from tests.inbox.inbox_helpers import Flaky, make_envelope
 
 
 def _counts(url: str, msg_id: Any) -> tuple[str, int, int]:

@@ -10,26 +10,18 @@ import uuid
 from typing import Any
 
 import pytest
-from broker_fixtures import BROKERS
 from click.testing import CliRunner
-from flavours import Flavour
-from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
-from test_inbox_brokers import _broker
 
-from inbox import (
-    AsyncHandlerRunner,
-    HandlerRunner,
-    HeldFilter,
-    Outcome,
-    dead_audit,
-    dead_purge,
-    dead_retry,
-    held_keys,
-)
+from inbox import AsyncHandlerRunner, HandlerRunner, Outcome
+from inbox.admin import HeldFilter, dead_audit, dead_purge, dead_retry, held_keys
 from inbox.cli import commands
 from inbox.testing import ResultLog, wait_until_processed
 from outbox import ConfigurationError
+from tests.inbox.broker_fixtures import BROKERS
+from tests.inbox.inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
+from tests.inbox.test_inbox_brokers import _broker
+from tests.support.flavours import Flavour
 
 
 class Parser:

@@ -22,11 +22,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from broker_fixtures import Broker
-from inbox_helpers import effects, inbox_rows, make_envelope
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
-from test_inbox_brokers import _broker
 
 from inbox import AsyncHandlerRunner, Batching, InboxMetrics
 from inbox.testing import ResultLog, wait_until_processed
@@ -39,6 +36,9 @@ from outbox.envelope import (
     HEADER_TOPIC,
     Envelope,
 )
+from tests.inbox.broker_fixtures import Broker
+from tests.inbox.inbox_helpers import effects, inbox_rows, make_envelope
+from tests.inbox.test_inbox_brokers import _broker
 
 #: the consumers' max_payload_bytes here (small, so an oversized body is cheap to send)
 LIMIT = 64 * 1024
@@ -182,7 +182,7 @@ async def settled_at_broker(broker: Broker) -> bool:
     if broker.name == "kafka":
         return await asyncio.to_thread(_kafka_committed_to_end, b)
     if broker.name == "amqp1":
-        from amqp1_broker import node
+        from tests.support.amqp1_broker import node
 
         listing = await asyncio.to_thread(node().ctl, "list_queues", "name", "messages",
                                           "--no-table-headers", "-q")  # fmt: skip

@@ -8,13 +8,13 @@ import asyncio
 from collections import defaultdict
 
 import pytest
-from broker_fixtures import Kafka
-from inbox_helpers import FailOnce, effects, make_envelope
 from psycopg_pool import AsyncConnectionPool
 
 from inbox import AsyncHandlerRunner, Outcome
 from inbox.testing import ResultLog, wait_until_processed
 from outbox.envelope import Envelope
+from tests.inbox.broker_fixtures import Kafka
+from tests.inbox.inbox_helpers import FailOnce, effects, make_envelope
 
 KEYS = 12
 

@@ -11,13 +11,14 @@ import uuid
 from typing import Any
 
 import pytest
-from inbox_helpers import effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool
-from test_inbox_brokers import _broker
 
-from inbox import AsyncHandlerRunner, Outcome, blocked_keys
+from inbox import AsyncHandlerRunner, Outcome
+from inbox.admin import blocked_keys
 from inbox.testing import ResultLog, wait_until_processed
 from outbox.envelope import HEADER_CREATED_AT, HEADER_SEQ
+from tests.inbox.inbox_helpers import effects, inbox_rows, make_envelope
+from tests.inbox.test_inbox_brokers import _broker
 
 BAD_HEADERS = [  # (headers, the reason recorded, whether the seq can be read)
     ({HEADER_SEQ: "two"}, "not a positive integer", False),

@@ -6,11 +6,11 @@ import asyncio
 import datetime as dt
 from typing import Any
 
-from inbox_helpers import Flaky, apply_effect, make_envelope
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from inbox import AsyncHandlerRunner, HandlerRunner, InboxMetrics, Outcome
+from tests.inbox.inbox_helpers import Flaky, apply_effect, make_envelope
 
 
 def _count(registry: CollectorRegistry, outcome: str, consumer: str = "c") -> float:

@@ -7,12 +7,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from flavours import Conn, Flavour
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 
 from inbox import OutOfOrderError, Verdict, record
+from tests.inbox.inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
+from tests.support.flavours import Conn, Flavour
 
 _EFFECT = "INSERT INTO effects (consumer, message_id, key, seq) VALUES (%s, %s, %s, %s)"
 

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 from psycopg_pool import ConnectionPool
 
-from inbox import HandlerRunner, blocked_keys
+from inbox import HandlerRunner
+from inbox.admin import blocked_keys
+from tests.inbox.inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 
 _MAX_ATTEMPTS = 2
 

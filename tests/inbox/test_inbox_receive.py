@@ -12,8 +12,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from flavours import Flavour
-from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
@@ -22,6 +20,8 @@ from sqlalchemy.pool import NullPool
 from inbox import ConcurrentDeliveryError, Verdict, receive, receive_async
 from outbox import InvalidMessageError, TransactionRequiredError
 from outbox._migrate import sqlalchemy_url
+from tests.inbox.inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
+from tests.support.flavours import Flavour
 
 
 def _deliver_psycopg(url: str, consumer: str, msg: Any) -> bool:

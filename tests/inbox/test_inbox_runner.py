@@ -10,18 +10,19 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from flavours import Flavour
-from inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import NullPool
 
-from inbox import AsyncHandlerRunner, HandlerRunner, Outcome, purge
+from inbox import AsyncHandlerRunner, HandlerRunner, Outcome
+from inbox.admin import purge_finished
 from inbox.cli import commands
 from outbox import ConfigurationError
 from outbox._migrate import sqlalchemy_url
+from tests.inbox.inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
+from tests.support.flavours import Flavour
 
 
 def _fail_first(failures: int) -> Any:
@@ -215,7 +216,7 @@ def test_purge_deletes_old_finished_records_in_batches(effects_url: str) -> None
             "INSERT INTO inbox_messages (consumer, message_id, topic, key) "
             "VALUES ('c', gen_random_uuid(), 't', 'k'), ('other', gen_random_uuid(), 't', 'k')"
         )
-    assert purge(effects_url, older_than=dt.timedelta(days=7), batch_size=2) == 4
+    assert purge_finished(effects_url, older_than=dt.timedelta(days=7), batch_size=2) == 4
     left = sorted(status for status, *_ in inbox_rows(effects_url, "c").values())
     assert left == ["dead", "processed", "processing"]  # dead, in-flight, and recent kept
     result = CliRunner().invoke(
@@ -225,7 +226,7 @@ def test_purge_deletes_old_finished_records_in_batches(effects_url: str) -> None
     assert result.exit_code == 0, result.output
     assert "deleted 1 inbox records" in result.output
     with pytest.raises(ConfigurationError, match="older_than"):
-        purge(effects_url, older_than=dt.timedelta(0))
+        purge_finished(effects_url, older_than=dt.timedelta(0))
 
 
 def test_key_positions_outlive_a_purge(flavour: Flavour, effects_url: str) -> None:
@@ -236,7 +237,7 @@ def test_key_positions_outlive_a_purge(flavour: Flavour, effects_url: str) -> No
     assert [runner.handle(m).outcome for m in (first, second)] == [Outcome.PROCESSED] * 2
     with psycopg.connect(effects_url) as conn:
         conn.execute("UPDATE inbox_messages SET received_at = now() - interval '30 days'")
-    assert purge(effects_url, older_than=dt.timedelta(days=7)) == 2
+    assert purge_finished(effects_url, older_than=dt.timedelta(days=7)) == 2
     assert inbox_rows(effects_url, "c") == {}
     assert runner.handle(first).outcome is Outcome.STALE  # no record, but behind the position
     assert [row[3] for row in effects(effects_url, "c")] == [1, 2]

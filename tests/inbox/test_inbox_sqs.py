@@ -10,15 +10,15 @@ import time
 from typing import Any
 
 import pytest
-from broker_fixtures import Sqs
-from inbox_helpers import effects, inbox_rows, make_envelope
 from psycopg_pool import AsyncConnectionPool
-from services import import_or_missing
 
 from inbox import AsyncHandlerRunner, Batching, SqsConsumer
 from inbox.testing import ResultLog
 from outbox.exceptions import ConfigurationError
 from outbox.wire import sqs as wire
+from tests.inbox.broker_fixtures import Sqs
+from tests.inbox.inbox_helpers import effects, inbox_rows, make_envelope
+from tests.support.services import import_or_missing
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,6 @@ import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from inbox_helpers import effects, make_envelope
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
@@ -19,6 +18,7 @@ from inbox import AsyncHandlerRunner, Outcome
 from inbox.testing import InMemoryBroker, ResultLog, wait_until_processed
 from outbox import make_metadata
 from outbox._migrate import downgrade, sqlalchemy_url, upgrade
+from tests.inbox.inbox_helpers import effects, make_envelope
 
 
 def test_in_memory_broker_and_waiters(effects_url: str) -> None:

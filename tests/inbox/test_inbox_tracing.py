@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from inbox_helpers import Flaky, make_envelope
 from psycopg_pool import ConnectionPool
 
 from inbox import HandlerRunner, Outcome
+from tests.inbox.inbox_helpers import Flaky, make_envelope
 
 PRODUCER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{PRODUCER_TRACE}-00f067aa0ba902b7-01"

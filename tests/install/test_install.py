@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import tarfile
 import textwrap
@@ -26,9 +25,10 @@ from typing import Any
 
 import httpx
 import pytest
-from services import missing
 
 from outbox._migrate import sqlalchemy_url
+from tests.support.server_process import free_port
+from tests.support.services import missing
 
 #: a clean virtualenv with the wheel (conftest.py's ``Env``)
 Env = Any
@@ -381,18 +381,12 @@ def test_the_pages_name_their_install_lines() -> None:
 # ---- the operator pages' commands, from their own install lines ----------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_the_console_serves_with_only_its_extra(
     installed: Callable[[str], Env], project: Path, database_url: str
 ) -> None:
     # docs/how-to/console.md: pip install 'outbox-inbox[console]', then `outbox console`
     env = installed(_page_extras("docs/how-to/console.md"))
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [str(env.bin / "outbox"), "console", "--url", database_url, "--port", str(port)],
         cwd=project,

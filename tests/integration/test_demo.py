@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from services import import_or_missing, missing
+
+from tests.support.services import import_or_missing, missing
 
 DEMO = Path(__file__).resolve().parents[2] / ".ci" / "demo.py"
 

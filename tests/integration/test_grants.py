@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -20,16 +18,15 @@ from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
-from inbox import HandlerRunner, HeldFilter, Outcome, dead_retry, held_keys
+from inbox import HandlerRunner, Outcome
+from inbox.admin import HeldFilter, dead_retry, held_keys
 from outbox import Message, publish, publish_batch
 from outbox.cli import main as outbox_cli
 from outbox.envelope import Envelope
 from relay import Relay
 from relay._statements import relay_statements
 from relay.brokers.memory import MemoryPublisher
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "relay"))
-from relay_helpers import await_for, config, running
+from tests.relay.relay_helpers import await_for, config, running
 
 KINDS = ("producer", "relay", "consumer")
 
@@ -197,7 +194,7 @@ def _dead_and_held(url: str) -> tuple[list[uuid.UUID], uuid.UUID]:
 def test_the_console_role_reads_and_makes_the_audited_changes_only(
     database_url: str, operator_urls: dict[str, str]
 ) -> None:
-    from inbox import dead_audit, dead_purge
+    from inbox.admin import dead_audit, dead_purge
     from outbox.console._statements import console_statements
     from relay._admin import DeadFilter, audit_log, dead_list, relay_status
     from relay._admin import dead_purge as outbox_purge

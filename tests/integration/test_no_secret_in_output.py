@@ -12,7 +12,6 @@ import contextlib
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
+
+from tests.support.server_process import free_port
 
 OUTBOX = [sys.executable, "-m", "outbox.cli"]
 SENTINEL = "Sntl" + uuid.uuid4().hex[:12] + "pw"
@@ -164,12 +165,6 @@ def test_a_secret_in_a_usage_error_is_masked() -> None:
     assert "Traceback" not in done.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _process(args: Sequence[str], rest: list[str]) -> Iterator[subprocess.Popen[str]]:
     """``outbox ARGS`` running until the block ends (then SIGTERM); what it printed after the
@@ -281,7 +276,7 @@ BROKER_URLS["amqp1"] = f"amqp1://relay:{SENTINEL}@127.0.0.1:{{port}}"
 
 def test_every_broker_unreachable_logs_no_secret(database_url: str) -> None:
     pytest.importorskip("nats")
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     jobs = {
         name: (
             lambda broker=broker: _relay_output(
@@ -300,7 +295,7 @@ def test_every_broker_unreachable_logs_no_secret(database_url: str) -> None:
 def test_a_broker_that_refuses_the_login_logs_no_secret(database_url: str) -> None:
     """Real servers that answer: RabbitMQ refuses the login; Redis, without a password set,
     refuses the AUTH. Their clients' errors quote neither the password nor the URL."""
-    from services import reachable
+    from tests.support.services import reachable
 
     jobs: dict[str, Callable[[], tuple[str, int]]] = {}
     if reachable(5672):
@@ -314,7 +309,7 @@ def test_a_broker_that_refuses_the_login_logs_no_secret(database_url: str) -> No
             "connecting to the broker failed",
         )
     if importlib.util.find_spec("proton") is not None:  # AMQP 1.0: the private node refuses
-        from amqp1_broker import node
+        from tests.support.amqp1_broker import node
 
         amqp1 = f"amqp1://relay:{SENTINEL}@127.0.0.1:{node().port}"
         jobs["amqp1"] = lambda: _relay_output(
@@ -346,7 +341,7 @@ def test_the_console_on_an_unreachable_database_shows_no_secret() -> None:
     pytest.importorskip("uvicorn")
 
     def one(form: Callable[[str, str, str], str]) -> tuple[str, str]:
-        port = _free_port()
+        port = free_port()
         url = form("127.0.0.1", "1", "x")
         rest: list[str] = []
         with _process(["console", "--url", url, "--port", str(port)], rest) as proc:

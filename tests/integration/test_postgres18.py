@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from harness import PgServer, embedded_server
-from services import missing
-from tests_shared import assert_schema_matches
 
 from outbox import publish
 from outbox._migrate import upgrade
+from tests.support.harness import PgServer, embedded_server
+from tests.support.schema import assert_schema_matches
+from tests.support.services import missing
 
 
 @pytest.fixture(scope="module")

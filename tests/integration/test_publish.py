@@ -12,7 +12,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from flavours import FLAVOURS, Flavour, flavour_of
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
@@ -21,6 +20,7 @@ from sqlalchemy.pool import NullPool
 import outbox
 from outbox import Message, publish, publish_async, publish_batch_async
 from outbox._migrate import sqlalchemy_url, upgrade
+from tests.support.flavours import FLAVOURS, Flavour, flavour_of
 
 
 @pytest.fixture(params=FLAVOURS)

@@ -6,10 +6,8 @@ wrote, and a trigger that publishes with the business row."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import uuid
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,9 +19,7 @@ from outbox import publish
 from outbox._ids import id_from_idempotency_key
 from relay import Relay
 from relay.brokers.memory import MemoryPublisher
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "relay"))
-from relay_helpers import await_for, config, running
+from tests.relay.relay_helpers import await_for, config, running
 
 
 def _one(conn: psycopg.Connection[Any], statement: str, *params: Any) -> Any:

@@ -14,7 +14,6 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from harness import PgServer
 from psycopg_pool import ConnectionPool
 
 from inbox import HandlerRunner, Outcome
@@ -30,6 +29,7 @@ from outbox.cli import main
 from outbox.envelope import Envelope
 from relay import PermanentPublishError, Relay, RelayConfig
 from relay.brokers.base import BrokerFeatures
+from tests.support.harness import PgServer
 
 
 class Recorder:

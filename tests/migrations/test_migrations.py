@@ -14,10 +14,10 @@ import pytest
 from alembic import command
 from alembic.config import Config
 from click.testing import CliRunner
-from tests_shared import assert_schema_matches
 
 from outbox._migrate import current, downgrade, sql, sqlalchemy_url, upgrade
 from outbox.cli import main
+from tests.support.schema import assert_schema_matches
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
-from services import missing
 
 from inbox import InboxMetrics
 from relay import RelayMetrics
+from tests.support.services import missing
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]

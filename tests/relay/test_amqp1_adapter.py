@@ -1,7 +1,7 @@
-"""The AMQP 1.0 adapter's connection options, live on the private node (tests/amqp1_broker.py):
-SASL PLAIN and ANONYMOUS, a wrong password (refused, and not in the error), TLS with the
-server's certificate checked against a CA (and refused without it); and how each disposition
-and link error is classified (pure logic)."""
+"""The AMQP 1.0 adapter's connection options, live on the private node
+(tests/support/amqp1_broker.py): SASL PLAIN and ANONYMOUS, a wrong password (refused, and not
+in the error), TLS with the server's certificate checked against a CA (and refused without it);
+and how each disposition and link error is classified (pure logic)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import uuid
 from typing import Any
 
 import pytest
-from amqp1_broker import node
-from services import import_or_missing
 
 from outbox.envelope import Envelope
 from relay.exceptions import (
@@ -21,6 +19,8 @@ from relay.exceptions import (
     PermanentPublishError,
     RetryablePublishError,
 )
+from tests.support.amqp1_broker import node
+from tests.support.services import import_or_missing
 
 
 def _env() -> Envelope:
@@ -106,9 +106,8 @@ def test_a_broker_that_stops_answering_fails_the_batch_within_the_timeout() -> N
     import signal
     import time
 
-    from amqp1_broker import Node
-
     from relay.brokers.amqp1 import Amqp1Publisher
+    from tests.support.amqp1_broker import Node
 
     broker = Node()
     try:

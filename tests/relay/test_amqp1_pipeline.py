@@ -1,5 +1,5 @@
 """The whole pipeline on a real AMQP 1.0 broker (a private RabbitMQ node with its AMQP 1.0
-plugin, tests/amqp1_broker.py): rows committed with the outbox, relayed with ``amqp1://``,
+plugin, tests/support/amqp1_broker.py): rows committed with the outbox, relayed with ``amqp1://``,
 applied by an ordered, batched ``inbox.Amqp1Consumer``. Every message is applied once, each key
 in order, a poison message recorded dead; and the same across a ``kill -9`` of the broker in
 the middle of the stream, with the broker restarted (nothing lost at the inbox)."""
@@ -14,15 +14,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from amqp1_broker import Node, node
 from psycopg_pool import AsyncConnectionPool
-from relay_helpers import config, running, statuses, write
-from services import import_or_missing
 
 from inbox import Amqp1Consumer, AsyncHandlerRunner, Batching
 from inbox.testing import wait_until_processed
 from relay import Relay, TopicPolicy
 from relay.brokers import publisher_for_url
+from tests.relay.relay_helpers import config, running, statuses, write
+from tests.support.amqp1_broker import Node, node
+from tests.support.services import import_or_missing
 
 KEYS, PER_KEY = 12, 20
 

@@ -8,15 +8,15 @@ import asyncio
 import uuid
 from typing import Any
 
-import kafka_broker
 import psycopg
-from broker_helpers import MqttSubscriber, Proxy, nats_stream, need, stream_seqs
-from broker_helpers import kafka_records as kafka_broker_records
-from relay_helpers import FakePublisher, await_for, config, running, statuses, write
-from services import import_or_missing
 
 from relay import BrokerUnreachableError, Relay, RetryablePublishError, TopicPolicy
 from relay.brokers import publisher_for_url
+from tests.relay.broker_helpers import MqttSubscriber, Proxy, nats_stream, need, stream_seqs
+from tests.relay.broker_helpers import kafka_records as kafka_broker_records
+from tests.relay.relay_helpers import FakePublisher, await_for, config, running, statuses, write
+from tests.support import kafka_broker
+from tests.support.services import import_or_missing
 
 
 def _rows(url: str) -> list[tuple[str, int, str, int]]:

@@ -9,13 +9,13 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from relay_helpers import FakePublisher, config, db_clock_past, write
 
 import relay._claim as _claim_module
 from outbox import Message, publish_batch
 from relay import Relay
 from relay._claim import Claim, Outcome, claim_batch, mark_batch, resume_point
 from relay._statements import relay_statements
+from tests.relay.relay_helpers import FakePublisher, config, db_clock_past, write
 
 S = relay_statements(None)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from relay_helpers import write
+
+from tests.relay.relay_helpers import write
 
 OUTBOX = [sys.executable, "-m", "outbox.cli"]
 

@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
-from relay_helpers import ClaimRounds, FakePublisher, await_for, config, running
 
 from outbox import Message, publish, publish_batch
 from relay import Relay
+from tests.relay.relay_helpers import ClaimRounds, FakePublisher, await_for, config, running
 
 
 def _relay(url: str) -> tuple[Relay, FakePublisher, ClaimRounds]:

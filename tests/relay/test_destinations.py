@@ -12,14 +12,14 @@ import json
 from typing import Any
 
 import psycopg
-from broker_helpers import need
 from click.testing import CliRunner
-from relay_helpers import await_for, config, running, write
 
 from relay import Relay
 from relay._metrics import RelayMetrics
 from relay.brokers import publisher_for_url
 from relay.cli import status_cmd
+from tests.relay.broker_helpers import need
+from tests.relay.relay_helpers import await_for, config, running, write
 
 
 def _pending_bad(url: str) -> list[tuple[str, int, int]]:

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import psycopg
-from relay_helpers import statuses, wait_for, write
+
+from tests.relay.relay_helpers import statuses, wait_for, write
 
 PROC = str(Path(__file__).with_name("relay_proc.py"))
 

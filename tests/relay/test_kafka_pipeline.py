@@ -11,15 +11,15 @@ from collections import defaultdict
 from typing import Any
 
 import psycopg
-from kafka_broker import bootstrap
 from psycopg_pool import AsyncConnectionPool
-from relay_helpers import config, running, write
-from services import import_or_missing
 
 from inbox import AsyncHandlerRunner, KafkaConsumer
 from inbox.testing import wait_until_processed
 from relay import Relay
 from relay.brokers import publisher_for_url
+from tests.relay.relay_helpers import config, running, write
+from tests.support.kafka_broker import bootstrap
+from tests.support.services import import_or_missing
 
 KEYS, PER_KEY = 20, 25
 

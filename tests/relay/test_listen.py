@@ -11,12 +11,12 @@ import logging
 
 import psycopg
 import pytest
-from broker_helpers import Proxy
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from relay_helpers import FakePublisher, await_for, config, running, write
 
 from outbox._statements import WAKEUP_CHANNEL
 from relay import Relay
+from tests.relay.broker_helpers import Proxy
+from tests.relay.relay_helpers import FakePublisher, await_for, config, running, write
 
 
 def _write_and_notify(url: str, key: str) -> None:

@@ -12,12 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from relay_helpers import FakePublisher, await_for, config, running, statuses, write
 
 from outbox.cli import main
 from outbox.exceptions import ConfigurationError
 from relay import PermanentPublishError, Relay, RelayConfig, RelayMetrics, TopicPolicy
 from relay._metrics import MetricsServer
+from tests.relay.relay_helpers import FakePublisher, await_for, config, running, statuses, write
 
 
 def test_config_merges_file_env_flags_and_validates(tmp_path: Path) -> None:
@@ -37,7 +37,11 @@ def test_config_merges_file_env_flags_and_validates(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("toml", "env", "message"),
     [
-        ('database_url = "x"\nbatch_sise = 5\n', {}, "unknown setting(s)"),
+        (
+            'database_url = "x"\nbatch_sise = 5\n',
+            {},
+            "relay.toml: unknown setting 'batch_sise' (did you mean 'batch_size'",
+        ),
         ('database_url = "x"\n[topics.t]\nsemantics = "exactly-once"\n', {}, "topic 't'"),
         ('database_url = "x"\n', {"OUTBOX_RELAY_BATCH_SIZE": "many"}, "OUTBOX_RELAY_BATCH_SIZE"),
         ('database_url = "x"\nlease_seconds = 5\npublish_timeout = 9\n', {}, "shorter than"),

@@ -9,7 +9,11 @@ from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
-from relay_helpers import (
+
+from outbox import Message, publish_batch
+from outbox.envelope import Envelope
+from relay import PermanentPublishError, Relay, RetryablePublishError, TopicPolicy
+from tests.relay.relay_helpers import (
     ClaimRounds,
     FakePublisher,
     await_for,
@@ -19,10 +23,6 @@ from relay_helpers import (
     statuses,
     write,
 )
-
-from outbox import Message, publish_batch
-from outbox.envelope import Envelope
-from relay import PermanentPublishError, Relay, RetryablePublishError, TopicPolicy
 
 KEYS = [f"k{i}" for i in range(8)]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from relay_helpers import FakePublisher, await_for, config, running, write
 
 from relay import Relay, RelayIdInUseError
+from tests.relay.relay_helpers import FakePublisher, await_for, config, running, write
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
 

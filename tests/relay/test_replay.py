@@ -15,10 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from harness import PgServer
 from psycopg_pool import AsyncConnectionPool
-from relay_helpers import FakePublisher, config, running
-from services import require_port
 
 from inbox import AsyncHandlerRunner, Batching, BrokerConsumer, NatsConsumer, RedisStreamConsumer
 from outbox import ConfigurationError, Message, publish_batch
@@ -26,6 +23,9 @@ from outbox.cli import main
 from outbox.envelope import Envelope
 from relay import Relay, ReplayError, RetryablePublishError, replay
 from relay.brokers import publisher_for_url
+from tests.relay.relay_helpers import FakePublisher, config, running
+from tests.support.harness import PgServer
+from tests.support.services import require_port
 
 TOPIC = "orders"
 KEYS = 200

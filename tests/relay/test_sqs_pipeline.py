@@ -27,14 +27,14 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from relay_helpers import config, running, write
-from services import import_or_missing
 
 from inbox import AsyncHandlerRunner, Batching, Outcome, SqsConsumer
 from inbox.testing import ResultLog
 from outbox.envelope import Envelope
 from relay import Relay
 from relay.brokers import publisher_for_url
+from tests.relay.relay_helpers import config, running, write
+from tests.support.services import import_or_missing
 
 KEYS, PER_KEY = 6, 10
 
@@ -88,8 +88,7 @@ def _resend(sqs: Any, url: str, fifo: bool, copies: list[Envelope]) -> None:
 @pytest.mark.parametrize("kind", ["sqs-fifo", "sns-fifo", "sqs-standard"])
 def test_outbox_relay_sqs_inbox_each_message_once_in_key_order(url: str, kind: str) -> None:
     import_or_missing("boto3", "aws")
-    import aws_server
-
+    from tests.support import aws_server
     fifo = kind.endswith("fifo")
     suffix = ".fifo" if fifo else ""
     tag = uuid.uuid4().hex[:10]
@@ -187,8 +186,7 @@ def test_outbox_relay_cli_publishes_a_backlog_to_sqs(url: str, fifo: bool) -> No
     arrives once per message, each key in order (a FIFO queue; moto keeps a standard queue's
     order too, which AWS would not promise)."""
     import_or_missing("boto3", "aws")
-    import aws_server
-
+    from tests.support import aws_server
     suffix = ".fifo" if fifo else ""
     tag = uuid.uuid4().hex[:8]
     sqs = aws_server.client("sqs")
@@ -237,9 +235,10 @@ def test_moto_killed_mid_stream_the_inbox_still_applies_each_message_once_in_ord
     is down are sent after; the consumer, polling through the outage, applies each message
     once, each key in order."""
     import_or_missing("boto3", "aws")
-    import aws_server
     import boto3
     from broker_helpers import Proxy
+
+    import tests.support.aws_server as aws_server
 
     aws_server.aws_env()
     ports = [aws_server._free_port()]

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from relay_helpers import await_for, config, running, statuses, write
-from services import import_or_missing
 
 from outbox._redact import redact
 from relay import Relay
 from relay.brokers import publisher_for_url
 from relay.cli import status_cmd
+from tests.relay.relay_helpers import await_for, config, running, statuses, write
+from tests.support.services import import_or_missing
 
 
 def _status(url: str, *args: str) -> Any:
@@ -71,7 +71,7 @@ def _check(doc: dict[str, Any], text: str, kind: str, broker: str, destination: 
 @pytest.mark.parametrize("service", ["sqs", "sns"])
 def test_status_shows_an_aws_destination_paused_and_the_broker(url: str, service: str) -> None:
     import_or_missing("boto3", "aws")
-    import aws_server
+    import tests.support.aws_server as aws_server
 
     endpoint = aws_server.endpoint()
     tag = uuid.uuid4().hex[:10]
@@ -110,7 +110,8 @@ def test_status_shows_an_aws_destination_paused_and_the_broker(url: str, service
 def test_status_shows_an_amqp1_destination_paused_without_the_password(url: str) -> None:
     import_or_missing("proton", "amqp1")
     import aio_pika
-    from amqp1_broker import node
+
+    from tests.support.amqp1_broker import node
 
     broker_node = node()
     exchange = f"status-{uuid.uuid4().hex[:10]}"

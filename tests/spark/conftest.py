@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from harness import PgServer
-from services import import_or_missing, missing
-from spark_plant import RECON_PASSWORD_ENV
-from spark_standalone import ClusterError, StandaloneCluster, spark_class, standalone
+
+from tests.spark.spark_plant import RECON_PASSWORD_ENV
+from tests.support.harness import PgServer
+from tests.support.services import import_or_missing, missing
+from tests.support.spark_standalone import ClusterError, StandaloneCluster, spark_class, standalone
 
 import_or_missing("pyspark", "spark")
 
@@ -56,7 +57,7 @@ def inbox_urls(pg_server: PgServer, template_db: str) -> Iterator[tuple[str, str
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     """A standalone master and two workers (1 core, 1 GiB each) on free ports of 127.0.0.1
-    (tests/spark_standalone.py)."""
+    (tests/support/spark_standalone.py)."""
     from spark_ingest import find_jdbc_jar
     from spark_ingest._errors import JdbcDriverNotFoundError
 

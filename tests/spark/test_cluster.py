@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from conftest import StandaloneCluster
-from spark_plant import RECON_PASSWORD_ENV, Msg, insert_outbox, new_id
 
 import spark_ingest
+from tests.spark.spark_plant import RECON_PASSWORD_ENV, Msg, insert_outbox, new_id
+from tests.support.spark_standalone import StandaloneCluster
 
 H = dt.timedelta(hours=1)
 M = dt.timedelta(minutes=1)

@@ -93,7 +93,7 @@ def test_load_toml_reads_the_documented_job_file(tmp_path: Path) -> None:
         ("[outbox]\nurl = 'jdbc:postgresql://127.0.0.1:99999/x'", r"Port out of range"),
         ("[outbox]\nurl = 'jdbc:postgresql://127.0.0.1:0/x'", r"port from 1 to 65535"),
         ("[outbox]\nurl = 'jdbc:postgresql://[::1/x'", r"invalid URL"),
-        ("sla = ", r"cannot read job file"),
+        ("sla = ", r"job file .* is not valid TOML"),
     ],
 )
 def test_load_toml_rejects_a_bad_job_file_naming_the_key(
@@ -296,8 +296,8 @@ def test_source_max_connections_must_be_a_whole_number_from_1(value: object) -> 
     with pytest.raises(ConfigurationError) as err:
         Source("billing", URL, max_connections=value)  # type: ignore[arg-type]
     assert str(err.value) == (
-        f"source 'billing': max_connections = {value!r}: must be a whole number >= 1 "
-        "(e.g. max_connections = 4)"
+        "source 'billing': max_connections must be a whole number >= 1 "
+        f"(e.g. max_connections = 4), got {value!r}"
     )
     assert err.value.key == "max_connections"
 
@@ -305,11 +305,11 @@ def test_source_max_connections_must_be_a_whole_number_from_1(value: object) -> 
 @pytest.mark.parametrize(
     ("overrides", "error"),
     [
-        ({"partitions": 0}, r"job: partitions = 0: must be a whole number >= 1"),
-        ({"partitions": -2}, r"partitions = -2: must be a whole number >= 1"),
-        ({"rows_per_partition": 0}, r"job: rows_per_partition = 0: must be a whole number >= 1"),
-        ({"rows_per_partition": True}, r"rows_per_partition = True: must be a whole number"),
-        ({"rows_per_partition": 1e5}, r"rows_per_partition = 100000\.0: must be a whole number"),
+        ({"partitions": 0}, r"job: partitions must be a whole number >= 1 .*, got 0$"),
+        ({"partitions": -2}, r"partitions must be a whole number >= 1 .*, got -2$"),
+        ({"rows_per_partition": 0}, r"job: rows_per_partition must be a whole number .*, got 0$"),
+        ({"rows_per_partition": True}, r"rows_per_partition must be a whole number .*, got True$"),
+        ({"rows_per_partition": 1e5}, r"rows_per_partition must be .*, got 100000\.0$"),
         (
             {
                 "outbox": Source("outbox", "jdbc:postgresql://h/app", max_connections=1),
@@ -349,15 +349,15 @@ def test_load_toml_reads_max_connections_and_rows_per_partition(tmp_path: Path) 
     [
         (
             f'[outbox]\nurl = "{URL}"\nmax_connections = 0',
-            r"\[outbox\]: max_connections = 0: must be a whole number >= 1",
+            r"\[outbox\]: max_connections must be a whole number >= 1 .*, got 0$",
         ),
         (
             f'[[inbox]]\nurl = "{URL}"\nmax_connections = "4"',
-            r"\[\[inbox\]\] #1: max_connections = '4': must be a whole number >= 1",
+            r"\[\[inbox\]\] #1: max_connections must be a whole number >= 1 .*, got '4'$",
         ),
-        ("rows_per_partition = -5", r"job file .*: rows_per_partition = -5: must be a whole"),
-        ('rows_per_partition = "big"', r"rows_per_partition = 'big': must be a whole number"),
-        ("rows_per_partition = 1.5", r"rows_per_partition = 1\.5: must be a whole number"),
+        ("rows_per_partition = -5", r"job file .*: rows_per_partition must be a whole .*, got -5$"),
+        ('rows_per_partition = "big"', r"rows_per_partition must be a whole number .*, got 'big'$"),
+        ("rows_per_partition = 1.5", r"rows_per_partition must be a whole number .*, got 1\.5$"),
     ],
 )
 def test_load_toml_rejects_bad_read_sizing(tmp_path: Path, text: str, error: str) -> None:
@@ -382,7 +382,8 @@ def test_cli_bad_read_sizing_in_the_job_file_is_exit_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["reconcile", "--config", str(job), "--no-record"])
     assert result.exit_code == 2, result.output
     (line,) = result.output.strip().splitlines()
-    assert re.search(r"^error: job file .*: rows_per_partition = 0: must be a whole", line), line
+    expected = r"^error: job file .*: rows_per_partition must be a whole.*, got 0$"
+    assert re.search(expected, line), line
 
 
 TLS_URL = (

@@ -12,7 +12,6 @@ import psycopg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from click.testing import CliRunner
-from spark_plant import Msg, insert_inbox, insert_outbox, new_id
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
@@ -20,6 +19,7 @@ from outbox._migrate import sqlalchemy_url
 from outbox.cli import main
 from outbox.schema import RECONCILIATION_RUNS, make_metadata
 from spark_ingest import Source, ingest, read_lake
+from tests.spark.spark_plant import Msg, insert_inbox, insert_outbox, new_id
 
 H = dt.timedelta(hours=1)
 

@@ -33,11 +33,11 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from conftest import StandaloneCluster
-from harness import PgServer
-from spark_plant import Msg, insert_outbox, new_id
 
 from spark_ingest._sources import _CLOCK_MARGIN, _ranges
+from tests.spark.spark_plant import Msg, insert_outbox, new_id
+from tests.support.harness import PgServer
+from tests.support.spark_standalone import StandaloneCluster
 
 H = dt.timedelta(hours=1)
 US = dt.timedelta(microseconds=1)

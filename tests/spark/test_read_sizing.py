@@ -8,10 +8,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from spark_plant import Msg, insert_inbox, insert_outbox, new_id
-
 from spark_ingest import JobConfig, Source, Window
 from spark_ingest._job import read_sources
+from tests.spark.spark_plant import Msg, insert_inbox, insert_outbox, new_id
 
 H = dt.timedelta(hours=1)
 

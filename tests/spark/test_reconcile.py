@@ -13,9 +13,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from spark_plant import Msg, insert_inbox, insert_outbox, new_id
 
 from spark_ingest import JobConfig, Source, Window, reconcile
+from tests.spark.spark_plant import Msg, insert_inbox, insert_outbox, new_id
 
 H = dt.timedelta(hours=1)
 M = dt.timedelta(minutes=1)

@@ -8,9 +8,8 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from spark_plant import Msg, insert_inbox, insert_outbox, new_id
-
 from spark_ingest import JobConfig, Source, Window, reconcile
+from tests.spark.spark_plant import Msg, insert_inbox, insert_outbox, new_id
 
 H = dt.timedelta(hours=1)
 M = dt.timedelta(minutes=1)

@@ -16,13 +16,13 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from services import missing
-from spark_plant import Msg, insert_inbox, insert_outbox, new_id
 
 from outbox.cli import main
 from outbox.exceptions import ConfigurationError
 from spark_ingest import JobConfig, Source, SourceError, Window, find_jdbc_jar, reconcile
 from spark_ingest._errors import JdbcDriverNotFoundError
+from tests.spark.spark_plant import Msg, insert_inbox, insert_outbox, new_id
+from tests.support.services import missing
 
 H = dt.timedelta(hours=1)
 

@@ -9,10 +9,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from spark_plant import Msg, insert_inbox, insert_outbox, new_id
-
 from spark_ingest import JobConfig, Source, Window, reconcile
 from spark_ingest._outputs import report_rows
+from tests.spark.spark_plant import Msg, insert_inbox, insert_outbox, new_id
 
 H = dt.timedelta(hours=1)
 # Planted ages are whole hours plus this much, so each reads "<n> h 0 min" however long the

@@ -11,9 +11,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from spark_plant import Msg, insert_outbox, new_id
 
 from spark_ingest import JobConfig, Source, SourceError, Window, reconcile
+from tests.spark.spark_plant import Msg, insert_outbox, new_id
 
 H = dt.timedelta(hours=1)
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from harness import PgServer
 from psycopg import sql
-from spark_plant import Msg, insert_inbox, insert_outbox, new_id
 
 from spark_ingest import JobConfig, Source, SourceError, Window, reconcile
+from tests.spark.spark_plant import Msg, insert_inbox, insert_outbox, new_id
+from tests.support.harness import PgServer
 
 H = dt.timedelta(hours=1)
 S = dt.timedelta(seconds=1)

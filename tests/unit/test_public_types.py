@@ -57,3 +57,58 @@ def test_mypy_reports_each_wrong_target(tmp_path: Path) -> None:
     flagged = {int(line.split(":")[1]) for line in out.splitlines() if ": error:" in line}
     assert flagged == {8, 9, 10, 11}, out
     assert 'Argument 1 to "publish" has incompatible type' in out
+
+
+_HANDLERS_GOOD = """
+from typing import Any
+import psycopg
+from sqlalchemy.orm import Session, sessionmaker
+from psycopg_pool import ConnectionPool
+from inbox import AsyncHandler, BatchHandler, Handler, TransactionSource
+from outbox.envelope import Envelope
+
+def apply(session: Session, envelope: Envelope) -> None: ...
+async def apply_async(conn: psycopg.AsyncConnection[Any], envelope: Envelope) -> None: ...
+def apply_all(conn: psycopg.Connection[Any], envelopes: list[Envelope]) -> int: return 0
+def anything(target: object, message: object) -> None: ...
+
+h: Handler[Session] = apply
+a: AsyncHandler[psycopg.AsyncConnection[Any]] = apply_async
+b: BatchHandler[psycopg.Connection[Any]] = apply_all
+loose: Handler[Session] = anything
+
+def sources(pool: ConnectionPool[Any], make: sessionmaker[Session]) -> list[TransactionSource]:
+    return [pool, make, make.begin]
+"""
+
+_HANDLERS_BAD = """
+from typing import Any
+import psycopg
+from sqlalchemy.orm import Session
+from inbox import AsyncHandler, BatchHandler, Handler, TransactionSource
+from outbox.envelope import Envelope
+
+def apply(session: Session, envelope: Envelope) -> None: ...
+async def apply_async(session: Session, envelope: Envelope) -> None: ...
+def one_arg(envelope: Envelope) -> None: ...
+def of_dicts(session: Session, message: dict[str, Any]) -> None: ...
+
+h: Handler[psycopg.Connection[Any]] = apply           # a Session handler, psycopg target
+a: AsyncHandler[Session] = apply                      # not a coroutine function
+b: BatchHandler[Session] = apply                      # one envelope, not a list
+o: Handler[Session] = one_arg                         # no target
+d: Handler[Session] = of_dicts                        # not an Envelope
+s: TransactionSource = "postgresql://"                # a URL opens no transaction
+"""
+
+
+def test_mypy_accepts_handlers_of_the_transactions_target(tmp_path: Path) -> None:
+    out, status = _mypy(tmp_path, _HANDLERS_GOOD)
+    assert status == 0, out
+
+
+def test_mypy_reports_each_handler_that_does_not_fit(tmp_path: Path) -> None:
+    out, status = _mypy(tmp_path, _HANDLERS_BAD)
+    assert status == 1, out
+    flagged = {int(line.split(":")[1]) for line in out.splitlines() if ": error:" in line}
+    assert flagged == {13, 14, 15, 16, 17, 18}, out

@@ -1,5 +1,5 @@
 """A missing service skips a test locally and fails it under CI, naming the service and what
-to do (tests/services.py), so a CI run with a broker down cannot pass by testing nothing."""
+to do (tests/support/services.py), so a CI run with a broker down cannot pass by testing nothing."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
-from services import require_port
+from tests.support.services import require_port
 
 def test_needs_a_broker():
     require_port(1, "Widget broker", "start it with `widgetd --port 1`")
@@ -29,7 +29,7 @@ def _run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={**clean, "PYTHONPATH": str(TESTS), **env},
+        env={**clean, "PYTHONPATH": str(ROOT), **env},
         timeout=120,
     )
 

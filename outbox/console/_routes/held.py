@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from inbox._dead import HeldFilter
+from inbox.admin import HeldFilter
 from outbox.console._data import INBOX_HELD
 from outbox.console._routes.changes import change
 from outbox.console._routes.forms import message_ids

@@ -8,15 +8,12 @@ stays where a test needs to inject faults a real broker cannot.
 
 from __future__ import annotations
 
-import atexit
 import importlib.resources
 import os
-import socket
 import subprocess
-import tempfile
-import time
 
-from services import missing
+from tests.support.server_process import free_port, start_server, stop
+from tests.support.services import missing
 
 __all__ = ["bootstrap", "free_port", "launch", "stop"]
 
@@ -39,42 +36,14 @@ def launch(port: int, advertised_port: int | None = None) -> subprocess.Popen[by
     with :func:`stop`; it is stopped at exit in any case."""
     url = f"tcp://127.0.0.1:{port}"
     advertised = f"tcp://127.0.0.1:{advertised_port or port}"
-    log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(
+    return start_server(
         [_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
          "--storage-engine", "memory://tansu/"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn"},
+        port=port,
+        service="Kafka (tansu)",
+        timeout=20,
+        env={**os.environ, "RUST_LOG": "warn"},
     )  # fmt: skip
-    log.close()
-    atexit.register(stop, proc)
-    deadline = time.monotonic() + 20
-    while True:
-        with socket.socket() as sock:
-            sock.settimeout(0.5)
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return proc
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            with open(log.name, "rb") as f:
-                tail = f.read()[-2000:].decode("utf-8", "replace")
-            missing("Kafka (tansu)", f"the broker did not start on port {port}: {tail}")
-        time.sleep(0.05)  # nothing to wait on but the listening socket
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def bootstrap() -> str:

@@ -17,32 +17,20 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from services import missing
+from tests.support.server_process import free_port, listening
+from tests.support.services import missing
 
 __all__ = ["Node", "node"]
 
 SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 CTL = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
 HOW = "install Debian's rabbitmq-server (3.8+; it bundles the rabbitmq_amqp1_0 plugin)"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 class Node:
@@ -54,9 +42,9 @@ class Node:
         if shutil.which("openssl") is None:  # the TLS listener's certificates
             missing("openssl", "install openssl (Debian: apt-get install openssl)")
         self.name = f"outbox_amqp1_{os.getpid()}_{uuid.uuid4().hex[:6]}@localhost"
-        self.port = _free_port()
-        self.tls_port = _free_port()
-        self.dist_port = _free_port()
+        self.port = free_port()
+        self.tls_port = free_port()
+        self.dist_port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="outbox-amqp1-"))
         self._user = "rabbitmq" if os.geteuid() == 0 else None
         self.ca = self._certificates()
@@ -133,7 +121,7 @@ class Node:
         )  # fmt: skip
         out.close()
         deadline = time.monotonic() + 60
-        while not _listening(self.port):
+        while not listening(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 tail = (self.dir / "server.out").read_bytes()[-2000:].decode("utf-8", "replace")
                 self.stop()
@@ -153,7 +141,7 @@ class Node:
         os.kill(pid, signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait(30)
-        while _listening(self.port):
+        while listening(self.port):
             time.sleep(0.05)
 
     def restart(self) -> None:

@@ -9,17 +9,14 @@ below hold dummy values, so no test can sign a request with a developer's real k
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from typing import Any
 
-from services import missing
+from tests.support.server_process import free_port, start_server, stop
+from tests.support.services import missing
 
 __all__ = ["REGION", "aws_env", "client", "endpoint", "launch", "put_back", "stop"]
 
@@ -41,41 +38,11 @@ def launch(port: int) -> subprocess.Popen[bytes]:
     """A moto server on 127.0.0.1:``port``; stopped at exit in any case."""
     if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
         missing("moto server (SQS, SNS)", "pip install 'moto[server]' (part of the 'test' extra)")
-    log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(
+    return start_server(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    log.close()
-    atexit.register(stop, proc)
-    deadline = time.monotonic() + 30
-    while True:
-        with socket.socket() as sock:
-            sock.settimeout(0.5)
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return proc
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            with open(log.name, "rb") as f:
-                tail = f.read()[-2000:].decode("utf-8", "replace")
-            missing("moto server (SQS, SNS)", f"it did not start on port {port}: {tail}")
-        time.sleep(0.05)  # nothing to wait on but the listening socket
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        port=port,
+        service="moto server (SQS, SNS)",
+    )
 
 
 def endpoint() -> str:
@@ -83,7 +50,7 @@ def endpoint() -> str:
     global _started
     aws_env()
     if _started is None or _started[0].poll() is not None:
-        port = _free_port()
+        port = free_port()
         _started = (launch(port), f"http://127.0.0.1:{port}")
     return _started[1]
 
