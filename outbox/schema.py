@@ -441,7 +441,11 @@ def _relay_tables(md: MetaData) -> None:
         ),
         Index(None, "message_id"),
     )
+    _replay_cursors_table(md)
 
+
+def _replay_cursors_table(md: MetaData) -> None:
+    """Where each ``outbox replay`` stands; see migration outbox_0016."""
     Table(
         OUTBOX_REPLAY_CURSORS,
         md,
