@@ -8,17 +8,14 @@ where the rest of the package imports them from.
 
 from __future__ import annotations
 
+from inbox._handler import AsyncBatchHandler, AsyncHandler, BatchHandler, Handler
 from inbox._runner_async import AsyncHandlerRunner
 from inbox._runner_common import (
     ON_DEAD,
     Also,
     AsyncAlso,
     AsyncBatchAlso,
-    AsyncBatchHandler,
-    AsyncHandler,
     BatchAlso,
-    BatchHandler,
-    Handler,
     Outcome,
     Result,
     _is_transient,

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from inbox._batch import Plan, batch_steps
+from inbox._handler import AsyncBatchHandler, AsyncHandler
 from inbox._hold import (
     held_envelope,
     release_done_steps,
@@ -22,6 +23,7 @@ from inbox._hold import (
     release_steps,
     runner_actor,
 )
+from inbox._metrics import InboxMetrics
 from inbox._receive import (
     MessageRef,
     Verdict,
@@ -33,7 +35,6 @@ from inbox._runner_common import (
     _FROM_VERDICT,
     AsyncAlso,
     AsyncBatchAlso,
-    AsyncHandler,
     HeldRow,
     Outcome,
     Result,
@@ -50,7 +51,7 @@ from inbox._runner_common import (
     _RunnerBase,
     log,
 )
-from inbox._transactions import AsyncTransactions, async_transactions
+from inbox._transactions import AsyncTransactions, AsyncTransactionSource, async_transactions
 from outbox._connections import resolve_async
 
 __all__ = ["AsyncHandlerRunner"]
@@ -73,8 +74,33 @@ class AsyncHandlerRunner(_RunnerBase):
     """
 
     _factory = staticmethod(async_transactions)
-    _handler: AsyncHandler
+    _handler: AsyncHandler[Any]
     _transactions: AsyncTransactions
+
+    def __init__(
+        self,
+        transactions: AsyncTransactionSource,
+        handler: AsyncHandler[Any] | None = None,
+        *,
+        consumer: str,
+        ordered: bool = False,
+        max_attempts: int | None = 5,
+        schema: str | None = None,
+        on_dead: str = "skip",
+        metrics: InboxMetrics | None = None,
+        batch_handler: AsyncBatchHandler[Any] | None = None,
+    ) -> None:
+        super().__init__(
+            transactions,
+            handler,
+            consumer=consumer,
+            ordered=ordered,
+            max_attempts=max_attempts,
+            schema=schema,
+            on_dead=on_dead,
+            metrics=metrics,
+            batch_handler=batch_handler,
+        )
 
     @property  # async-only: the broker consumers open their own transactions with it
     def transactions(self) -> AsyncTransactions:

@@ -33,11 +33,7 @@ __all__ = [
     "Also",
     "AsyncAlso",
     "AsyncBatchAlso",
-    "AsyncBatchHandler",
-    "AsyncHandler",
     "BatchAlso",
-    "BatchHandler",
-    "Handler",
     "HeldRow",
     "Outcome",
     "Result",
@@ -45,16 +41,9 @@ __all__ = [
 
 log = logging.getLogger("inbox.runner")
 
-#: ``handler(target, message)``: apply the effect through ``target`` (the transaction's
-#: Session, Connection or psycopg connection). Raise to fail the delivery.
-Handler = Callable[[Any, Any], object]
-AsyncHandler = Callable[[Any, Any], Awaitable[object]]
 #: ``also(target)``: extra work committed with every acknowledged outcome (Kafka offsets).
 Also = Callable[[Any], object]
 AsyncAlso = Callable[[Any], Awaitable[object]]
-#: ``batch_handler(target, messages)``: apply the effects of a whole batch (a list) at once.
-BatchHandler = Callable[[Any, list[Any]], object]
-AsyncBatchHandler = Callable[[Any, list[Any]], Awaitable[object]]
 #: ``also(target, acks)``, committed with a batch: ``acks[i]`` says whether the batch's i-th
 #: message will be acknowledged (Kafka offsets).
 BatchAlso = Callable[[Any, list[bool]], object]

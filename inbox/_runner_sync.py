@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from inbox._batch import Plan, batch_steps
+from inbox._handler import BatchHandler, Handler
 from inbox._hold import (
     held_envelope,
     release_done_steps,
@@ -23,6 +24,7 @@ from inbox._hold import (
     release_steps,
     runner_actor,
 )
+from inbox._metrics import InboxMetrics
 from inbox._receive import (
     MessageRef,
     Verdict,
@@ -34,7 +36,6 @@ from inbox._runner_common import (
     _FROM_VERDICT,
     Also,
     BatchAlso,
-    Handler,
     HeldRow,
     Outcome,
     Result,
@@ -51,7 +52,7 @@ from inbox._runner_common import (
     _RunnerBase,
     log,
 )
-from inbox._transactions import Transactions, sync_transactions
+from inbox._transactions import Transactions, TransactionSource, sync_transactions
 from outbox._connections import resolve_sync
 
 __all__ = ["HandlerRunner"]
@@ -74,8 +75,33 @@ class HandlerRunner(_RunnerBase):
     """
 
     _factory = staticmethod(sync_transactions)
-    _handler: Handler
+    _handler: Handler[Any]
     _transactions: Transactions
+
+    def __init__(
+        self,
+        transactions: TransactionSource,
+        handler: Handler[Any] | None = None,
+        *,
+        consumer: str,
+        ordered: bool = False,
+        max_attempts: int | None = 5,
+        schema: str | None = None,
+        on_dead: str = "skip",
+        metrics: InboxMetrics | None = None,
+        batch_handler: BatchHandler[Any] | None = None,
+    ) -> None:
+        super().__init__(
+            transactions,
+            handler,
+            consumer=consumer,
+            ordered=ordered,
+            max_attempts=max_attempts,
+            schema=schema,
+            on_dead=on_dead,
+            metrics=metrics,
+            batch_handler=batch_handler,
+        )
 
     def handle(self, message: Any, *, also: Also | None = None) -> Result:
         """Process one delivery of ``message``; never raises for a handler failure."""

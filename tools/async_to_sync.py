@@ -56,6 +56,7 @@ NAMES = {
     "AsyncBatchHandler": "BatchHandler",
     "AsyncBatchAlso": "BatchAlso",
     "AsyncTransactions": "Transactions",
+    "AsyncTransactionSource": "TransactionSource",
     "async_transactions": "sync_transactions",
     # the inbox calls
     "receive_async": "receive",
