@@ -317,3 +317,43 @@ def test_browser_follows_the_dead_letter_listing_to_the_message_page(
         )
         assert '"amount": "1.00"' not in browser.find_element(By.ID, "payload").text
         assert "9.99" in browser.find_element(By.ID, "payload").text
+
+
+@pytest.mark.parametrize(
+    ("given", "name", "url"),
+    [
+        ("billing=postgresql://ops:pw@db/billing", "billing", "postgresql://ops:pw@db/billing"),
+        ("b.2=jdbc:postgresql://db/b?sslmode=require", "b.2", "jdbc:postgresql://db/b?sslmode=require"),
+        ("postgresql://db/shipping?sslmode=require", "inbox3", "postgresql://db/shipping?sslmode=require"),
+        ("host=db dbname=shipping", "inbox3", "host=db dbname=shipping"),
+    ],
+)  # fmt: skip
+def test_inbox_option_is_name_equals_url_or_a_bare_url(given: str, name: str, url: str) -> None:
+    from outbox.console._settings import inbox_source
+
+    source = inbox_source(given, 3, "messaging")
+    assert (source.name, source.url, source.schema) == (name, url, "messaging")
+    assert "pw" not in repr(source)
+
+
+def test_two_inboxes_of_one_name_are_refused(database_url: str) -> None:
+    from outbox.console import create_app
+    from outbox.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="two inboxes are named billing"):
+        create_app(database_url, inboxes=["billing=postgresql://a/x", "billing=postgresql://b/y"])
+
+
+def test_console_command_takes_inboxes_and_the_job_file(tmp_path: Any) -> None:
+    from outbox.console.cli import console_cmd
+
+    usage = CliRunner().invoke(console_cmd, ["--help"]).output
+    assert "--inbox NAME=URL" in usage
+    assert "--config" in usage
+    job = tmp_path / "job.toml"
+    job.write_text('[[inbox]]\nname = "billing"\n')  # no url: refused before serving
+    refused = CliRunner().invoke(
+        console_cmd, ["--url", "postgresql://db/app", "--config", str(job)]
+    )
+    assert refused.exit_code == 2
+    assert "needs url" in refused.output
