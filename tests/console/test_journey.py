@@ -281,6 +281,15 @@ def test_malformed_or_unknown_lookups_are_said_plainly(
 
 def test_the_page_keeps_the_consoles_gates(database_url: str, console: Any) -> None:
     [message_id] = seed(database_url)["timeout"]
+    with psycopg.connect(database_url) as conn:
+        odd = publish(conn, topic="orders", key="<script>alert(1)</script>", payload={},
+                      headers={"x": "<b>bold</b>"}, wakeup=False)  # fmt: skip
+        conn.commit()
+    with console(database_url) as base:
+        page = httpx.get(f"{base}/messages/{odd}").text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+        assert "<script>" not in page
+        assert "&lt;b&gt;bold&lt;/b&gt;" in page
     with console(database_url, token=TOKEN) as base:
         anonymous = httpx.get(f"{base}/messages/{message_id}", follow_redirects=False)
         assert anonymous.status_code == 303

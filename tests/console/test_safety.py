@@ -308,6 +308,10 @@ def test_listings_read_no_payloads(database_url: str, console: Any) -> None:
             page = client.get(f"/dead/{dead['timeout'][0]}")  # the one page that reads it
             assert page.status_code == 503
             assert "permission denied" in page.text
+            # the journey shows no payload, but reads its size and the headers: refused alike
+            journey = client.get(f"/messages/{dead['timeout'][0]}")
+            assert journey.status_code == 503
+            assert "permission denied" in journey.text
     finally:
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {role}")
