@@ -18,7 +18,7 @@ import httpx
 import psycopg
 import pytest
 from click.testing import CliRunner
-from conftest import TOKEN, seed
+from conftest import TOKEN, screenshot, seed
 from harness import PgServer
 from psycopg_pool import ConnectionPool
 
@@ -313,6 +313,7 @@ def test_browser_follows_the_dead_letter_listing_to_the_message_page(
             lambda d: d.find_elements(By.ID, "summary"), message="the message page"
         )
         assert browser.current_url == f"{base}/messages/{target}"
+        screenshot(browser, "journey")
         assert browser.find_element(By.ID, "summary").text == "dead at the relay after 3 attempt(s)"
         record = browser.find_element(By.ID, "outbox-record").text
         assert "RetryablePublishError: no PubAck within 8 s" in record
@@ -366,3 +367,16 @@ def test_console_command_takes_inboxes_and_the_job_file(tmp_path: Any) -> None:
     )
     assert refused.exit_code == 2
     assert "needs url" in refused.output
+
+
+def test_an_unreachable_inbox_is_said_without_its_password(database_url: str, console: Any) -> None:
+    [message_id] = seed(database_url)["timeout"]
+    down = f"down=postgresql://ops:{PASSWORD}@127.0.0.1:1/billing"
+    with console(database_url, inboxes=[down]) as base:
+        page = httpx.get(f"{base}/messages/{message_id}")
+    assert page.status_code == 200, page.text
+    [row] = _tables(page.text)["consumers"][1:]
+    assert row[:3] == ["down", "-", "unreachable"]
+    assert "127.0.0.1" in row[8]
+    assert PASSWORD not in page.text
+    assert "inbox down could not be read" in page.text
