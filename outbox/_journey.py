@@ -26,8 +26,9 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.rows import DictRow, dict_row
 
-from outbox._errors import describe_database_error
+from outbox._errors import describe_database_error, one_line
 from outbox._ids import id_from_idempotency_key
 from outbox._redact import redact, remember_secrets
 from outbox._trace_statements import TraceStatements, trace_statements
@@ -137,7 +138,7 @@ def load_trace_sources(path: str | Path) -> tuple[TraceSource | None, tuple[Trac
 
     def source(where: str, default_name: str, raw: Any) -> TraceSource:
         if not isinstance(raw, dict) or not isinstance(raw.get("url"), str):
-            raise ConfigurationError(f"job file {path}: {where} needs url = \"postgresql://...\"")
+            raise ConfigurationError(f'job file {path}: {where} needs url = "postgresql://..."')
         known = {k: v for k, v in raw.items() if k in _SOURCE_KEYS}
         known.setdefault("name", default_name)
         return TraceSource(**known)
@@ -327,10 +328,15 @@ class Journey:
 # ------------------------------------------------------------------------------------------
 
 
+#: a row read by column name
+Row = DictRow
+
+
 @contextmanager
-def _read_only(source: TraceSource) -> Iterator[psycopg.Connection[Any]]:
-    """A connection in one read-only, repeatable-read transaction (one snapshot)."""
-    with psycopg.connect(**source.connect_kwargs()) as conn:
+def _read_only(source: TraceSource) -> Iterator[psycopg.Connection[Row]]:
+    """A connection in one read-only, repeatable-read transaction (one snapshot); its rows are
+    read by column name."""
+    with psycopg.connect(**source.connect_kwargs(), row_factory=dict_row) as conn:
         conn.read_only = True
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         try:
@@ -340,26 +346,27 @@ def _read_only(source: TraceSource) -> Iterator[psycopg.Connection[Any]]:
             conn.rollback()
 
 
-def _outbox_record(row: Sequence[Any]) -> OutboxRecord:
+def _outbox_record(row: Row) -> OutboxRecord:
+    pending = row["status"] == "pending"
     return OutboxRecord(
-        status=row[4],
-        attempts=row[5],
-        last_error=row[6],
-        created_at=row[7],
-        available_at=row[8],
-        published_at=row[9],
-        leased_by=row[10] if row[4] == "pending" else None,
-        lease_until=row[11] if row[4] == "pending" else None,
-        content_type=row[12],
-        headers=row[13] or {},
-        payload_bytes=row[14],
+        status=row["status"],
+        attempts=row["attempts"],
+        last_error=row["last_error"],
+        created_at=row["created_at"],
+        available_at=row["available_at"],
+        published_at=row["published_at"],
+        leased_by=row["lease_owner"] if pending else None,
+        lease_until=row["lease_until"] if pending else None,
+        content_type=row["content_type"],
+        headers=row["headers"] or {},
+        payload_bytes=row["payload_bytes"],
     )
 
 
-def _neighbour(row: Sequence[Any]) -> KeyNeighbour:
+def _neighbour(row: Row) -> KeyNeighbour:
     return KeyNeighbour(
-        seq=row[1], id=row[0], status=row[2], attempts=row[3], last_error=row[4],
-        published_at=row[5],
+        seq=row["seq"], id=row["id"], status=row["status"], attempts=row["attempts"],
+        last_error=row["last_error"], published_at=row.get("published_at"),
     )  # fmt: skip
 
 
@@ -383,9 +390,7 @@ def _lookup_id(
             ) from exc
     if idempotency_key is not None:
         if topic is None:
-            raise ConfigurationError(
-                "--idempotency-key needs --topic: the id is derived from both"
-            )
+            raise ConfigurationError("--idempotency-key needs --topic: the id is derived from both")
         return id_from_idempotency_key(topic, idempotency_key), None
     if topic is not None and key is not None and seq is not None:
         return None, (topic, key, seq)
@@ -416,7 +421,44 @@ def trace_message(
     verdict for this message is looked up.
     """
     wanted_id, by_seq = _lookup_id(message_id, idempotency_key, topic, key, seq)
-    ob = sources.outbox
+    found = _read_outbox(sources.outbox, wanted_id, by_seq)
+    ident = found.ident
+    inboxes = _read_inboxes(sources.inboxes, wanted_id, by_seq, ident)
+    if ident is None:
+        ident = _ident_from_inboxes(inboxes, wanted_id, by_seq)
+    records = tuple(r for r, _ in inboxes)
+    if ident is None:
+        raise MessageNotFoundError(_not_found_text(wanted_id, by_seq, sources, records))
+    verdict = (
+        _verdict(found.last_run, ident[0], reports_dir) if found.last_run is not None else None
+    )
+    return _journey(
+        ident, found.record, records, found.previous, found.next, found.blocker, found.relays,
+        verdict, sources,
+    )  # fmt: skip
+
+
+#: a message's identity: id, topic, key, seq
+Ident = tuple[uuid.UUID, str, str, int]
+
+
+@dataclass(frozen=True)
+class _OutboxFindings:
+    """What the outbox database says: the row (None: deleted, or never committed), its key's
+    neighbours, the relays and the reconciliation run that judged it."""
+
+    ident: Ident | None = None
+    record: OutboxRecord | None = None
+    relays: tuple[RelaySeen, ...] = ()
+    previous: KeyNeighbour | None = None
+    next: KeyNeighbour | None = None
+    blocker: KeyNeighbour | None = None
+    last_run: Row | None = None
+
+
+def _read_outbox(
+    ob: TraceSource, wanted_id: uuid.UUID | None, by_seq: tuple[str, str, int] | None
+) -> _OutboxFindings:
     stmts = trace_statements(ob.schema)
     with _read_only(ob) as conn:
         if wanted_id is not None:
@@ -428,44 +470,45 @@ def trace_message(
         if len(rows) > 1:
             raise AmbiguousMessageError(
                 f"{len(rows)} outbox rows have topic {by_seq[0]!r}, key {by_seq[1]!r}, seq "  # type: ignore[index]
-                f"{by_seq[2]}: trace each by id: " + ", ".join(str(r[0]) for r in rows)  # type: ignore[index]
+                f"{by_seq[2]}: trace each by id: " + ", ".join(str(r["id"]) for r in rows)  # type: ignore[index]
             )
-        row = rows[0] if rows else None
-        record = _outbox_record(row) if row is not None else None
         relays = tuple(
-            RelaySeen(r[0], r[1], r[3], r[2], r[4]) for r in conn.execute(stmts.relays)
+            RelaySeen(
+                relay_id=r["relay_id"],
+                hostname=r["hostname"],
+                broker=r["broker"],
+                heartbeat_at=r["heartbeat_at"],
+                silent_for=r["silent_for"],
+            )
+            for r in conn.execute(stmts.relays)
         )
-        ident: tuple[uuid.UUID, str, str, int] | None = (
-            (row[0], row[1], row[2], row[3]) if row is not None else None
+        if not rows:
+            return _OutboxFindings(relays=relays)
+        row = rows[0]
+        ident: Ident = (row["id"], row["topic"], row["key"], row["seq"])
+        record = _outbox_record(row)
+        params = {"topic": ident[1], "key": ident[2], "seq": ident[3]}
+        previous = nxt = None
+        for n in conn.execute(stmts.neighbours, params):
+            if n["seq"] < ident[3]:
+                previous = _neighbour(n)
+            else:
+                nxt = _neighbour(n)
+        b = conn.execute(stmts.key_blocker, params).fetchone()
+        return _OutboxFindings(
+            ident=ident,
+            record=record,
+            relays=relays,
+            previous=previous,
+            next=nxt,
+            blocker=_neighbour(b) if b else None,
+            last_run=_last_run(conn, stmts, record.created_at),
         )
-        previous = nxt = blocker = None
-        verdict_row: Sequence[Any] | None = None
-        if ident is not None and record is not None:
-            params = {"topic": ident[1], "key": ident[2], "seq": ident[3]}
-            for n in conn.execute(stmts.neighbours, params):
-                if n[1] < ident[3]:
-                    previous = _neighbour(n)
-                else:
-                    nxt = _neighbour(n)
-            b = conn.execute(stmts.key_blocker, params).fetchone()
-            blocker = KeyNeighbour(b[1], b[0], b[2], b[3], b[4], None) if b else None
-            verdict_row = _last_run(conn, stmts, record.created_at)
-
-    inboxes = _read_inboxes(sources.inboxes, wanted_id, by_seq, ident)
-    if ident is None:
-        ident = _ident_from_inboxes(inboxes, wanted_id, by_seq)
-    records = tuple(r for r, _ in inboxes)
-    if ident is None:
-        raise MessageNotFoundError(_not_found_text(wanted_id, by_seq, sources, records))
-    verdict = (
-        _verdict(verdict_row, ident[0], reports_dir) if verdict_row is not None else None
-    )
-    return _journey(ident, record, records, previous, nxt, blocker, relays, verdict, sources)
 
 
 def _last_run(
-    conn: psycopg.Connection[Any], stmts: TraceStatements, created_at: dt.datetime
-) -> Sequence[Any] | None:
+    conn: psycopg.Connection[Row], stmts: TraceStatements, created_at: dt.datetime
+) -> Row | None:
     try:
         with conn.transaction():  # a savepoint: a role that may not read the runs goes on
             return conn.execute(stmts.last_run, {"created_at": created_at}).fetchone()
@@ -473,13 +516,17 @@ def _last_run(
         return None
 
 
+#: one consumer's record, and the message it is a record of
+Found = tuple[InboxRecord, Ident | None]
+
+
 def _read_inboxes(
     sources: Sequence[TraceSource],
     wanted_id: uuid.UUID | None,
     by_seq: tuple[str, str, int] | None,
-    ident: tuple[uuid.UUID, str, str, int] | None,
-) -> list[tuple[InboxRecord, tuple[uuid.UUID, str, str, int] | None]]:
-    out: list[tuple[InboxRecord, tuple[uuid.UUID, str, str, int] | None]] = []
+    ident: Ident | None,
+) -> list[Found]:
+    out: list[Found] = []
     for src in sources:
         try:
             out.extend(_read_inbox(src, wanted_id, by_seq, ident))
@@ -495,94 +542,93 @@ def _read_inbox(
     src: TraceSource,
     wanted_id: uuid.UUID | None,
     by_seq: tuple[str, str, int] | None,
-    ident: tuple[uuid.UUID, str, str, int] | None,
-) -> list[tuple[InboxRecord, tuple[uuid.UUID, str, str, int] | None]]:
+    ident: Ident | None,
+) -> list[Found]:
     stmts = trace_statements(src.schema)
     with _read_only(src) as conn:
-        if ident is not None:
-            rows = conn.execute(stmts.inbox_records, {"id": ident[0]}).fetchall()
-        elif wanted_id is not None:
-            rows = conn.execute(stmts.inbox_records, {"id": wanted_id}).fetchall()
+        if ident is not None or wanted_id is not None:
+            wanted = ident[0] if ident is not None else wanted_id
+            rows = conn.execute(stmts.inbox_records, {"id": wanted}).fetchall()
         else:
             assert by_seq is not None
             t, k, s = by_seq
             rows = conn.execute(
                 stmts.inbox_records_by_seq, {"topic": t, "key": k, "seq": s}
             ).fetchall()
-        ids = {r[1] for r in rows}
+        ids = {r["message_id"] for r in rows}
         if len(ids) > 1:
             raise AmbiguousMessageError(
                 f"inbox {src.name!r} has {len(ids)} messages with that topic, key and seq "
                 "(retention deleted the outbox row): trace each by id: "
                 + ", ".join(sorted(map(str, ids)))
             )
-        found: tuple[uuid.UUID, str, str, int] | None = ident or (
-            (rows[0][1], rows[0][2], rows[0][3], rows[0][4]) if rows else None
+        first = rows[0] if rows else None
+        found: Ident | None = ident or (
+            (first["message_id"], first["topic"], first["key"], first["seq"]) if first else None
         )
         if found is None:
             return []
         topic, key = found[1], found[2]
         positions = _positions(conn, stmts, topic, key)
-        held = {
-            h[0]: h for h in conn.execute(stmts.inbox_held, {"id": found[0]})
-        }
-        consumers = [c for (c,) in conn.execute(stmts.inbox_consumers, {"topic": topic})]
-    seen = {r[0]: r for r in rows}
-    out: list[tuple[InboxRecord, tuple[uuid.UUID, str, str, int] | None]] = []
-    for consumer in sorted(set(consumers) | set(seen) | set(positions)):
-        pos = positions.get(consumer)
-        where: dict[str, Any] = {
-            "key_applied_seq": pos[1] if pos else None,
-            "key_waiting_seq": pos[2] if pos else None,
-            "key_blocked_since": pos[3] if pos else None,
-        }
-        r = seen.get(consumer)
-        if r is None:
-            out.append((InboxRecord(src.name, consumer, "absent", **where), found))
-            continue
-        h = held.get(consumer)
-        status = r[5]
-        state = {"processed": "applied", "processing": "retrying"}.get(status, status)
-        out.append(
-            (
-                InboxRecord(
-                    src.name,
-                    consumer,
-                    state,
-                    attempts=r[6],
-                    duplicates=r[7],
-                    last_error=r[8],
-                    received_at=r[9],
-                    processed_at=r[10],
-                    held=bool(h and h[1] == "dead"),
-                    decision=h[3] if h else None,
-                    held_by=h[4] if h and h[1] == "parked" else None,
-                    held_by_seq=h[5] if h and h[1] == "parked" else None,
-                    **where,
-                ),
-                found,
-            )
-        )
-    return out
+        held = {h["consumer"]: h for h in conn.execute(stmts.inbox_held, {"id": found[0]})}
+        consumers = [c["consumer"] for c in conn.execute(stmts.inbox_consumers, {"topic": topic})]
+    seen = {r["consumer"]: r for r in rows}
+    return [
+        (_inbox_record(src.name, consumer, seen.get(consumer), held.get(consumer),
+                       positions.get(consumer)), found)
+        for consumer in sorted(set(consumers) | set(seen) | set(positions))
+    ]  # fmt: skip
+
+
+def _inbox_record(
+    inbox: str, consumer: str, r: Row | None, h: Row | None, pos: Row | None
+) -> InboxRecord:
+    """One consumer's record (``r``; None: absent), its held row and its position on the key."""
+    where: dict[str, Any] = {
+        "key_applied_seq": pos["last_seq"] if pos else None,
+        "key_waiting_seq": pos["waiting_seq"] if pos else None,
+        "key_blocked_since": pos["blocked_since"] if pos else None,
+    }
+    if r is None:
+        return InboxRecord(inbox, consumer, "absent", **where)
+    status: str = r["status"]
+    state = {"processed": "applied", "processing": "retrying"}.get(status, status)
+    parked = bool(h and h["role"] == "parked")
+    return InboxRecord(
+        inbox,
+        consumer,
+        state,
+        attempts=r["attempts"],
+        duplicates=r["duplicates"],
+        last_error=r["last_error"],
+        received_at=r["received_at"],
+        processed_at=r["processed_at"],
+        held=bool(h and h["role"] == "dead"),
+        decision=h["decision"] if h else None,
+        held_by=h["dead_id"] if h and parked else None,
+        held_by_seq=h["dead_seq"] if h and parked else None,
+        **where,
+    )
 
 
 def _positions(
-    conn: psycopg.Connection[Any], stmts: TraceStatements, topic: str, key: str
-) -> dict[str, Sequence[Any]]:
+    conn: psycopg.Connection[Row], stmts: TraceStatements, topic: str, key: str
+) -> dict[str, Row]:
     try:
         with conn.transaction():  # a role without SELECT on the positions still traces
             return {
-                p[0]: p for p in conn.execute(stmts.inbox_position, {"topic": topic, "key": key})
+                p["consumer"]: p
+                for p in conn.execute(stmts.inbox_position, {"topic": topic, "key": key})
             }
     except pg_errors.InsufficientPrivilege:
         return {}
 
 
 def _ident_from_inboxes(
-    inboxes: Sequence[tuple[InboxRecord, tuple[uuid.UUID, str, str, int] | None]],
+    inboxes: Sequence[Found],
     wanted_id: uuid.UUID | None,
     by_seq: tuple[str, str, int] | None,
-) -> tuple[uuid.UUID, str, str, int] | None:
+) -> Ident | None:
     found = {ident for _, ident in inboxes if ident is not None}
     if len({i[0] for i in found}) > 1:
         raise AmbiguousMessageError(
@@ -621,13 +667,13 @@ def _not_found_text(
     return text
 
 
-def _verdict(row: Sequence[Any], message_id: uuid.UUID, reports_dir: str | Path | None) -> (
-    ReconciliationVerdict
-):
-    run_id, _, finished_at, _, _, outcome, discrepancies, files, covers = row
+def _verdict(
+    row: Row, message_id: uuid.UUID, reports_dir: str | Path | None
+) -> ReconciliationVerdict:
+    run_id, files, covers = row["run_id"], row["files"], row["covers"]
     base = dict(
-        run_id=run_id, finished_at=finished_at, outcome=outcome,
-        discrepancies=discrepancies, judged=bool(covers),
+        run_id=run_id, finished_at=row["finished_at"], outcome=row["outcome"],
+        discrepancies=row["discrepancies"], judged=bool(covers),
     )  # fmt: skip
     if not covers:
         return ReconciliationVerdict(
@@ -676,7 +722,7 @@ def _run_files(
 
 
 def _journey(
-    ident: tuple[uuid.UUID, str, str, int],
+    ident: Ident,
     record: OutboxRecord | None,
     records: tuple[InboxRecord, ...],
     previous: KeyNeighbour | None,
@@ -800,104 +846,112 @@ def _actions(
             )
         )
     elif record is not None and record.status == "pending":
-        if blocker is not None and blocker.status == "pending" and not blocker.attempts:
-            notes.append(
-                f"seq {blocker.seq} of its key ({blocker.id}) is pending too: the relay "
-                "publishes a key's messages in order, that one first"
-            )
-        elif blocker is not None:
-            status = blocker.status
-            cmd = (
-                f"outbox dead retry --id {blocker.id} --reason '...'{ob}"
-                if status == "dead"
-                else f"outbox trace {blocker.id}{ob}"
-            )
-            actions.append(
-                Action(
-                    f"it waits behind seq {blocker.seq} of its key ({blocker.id}, {status}): "
-                    "the relay publishes a key's messages in order",
-                    cmd,
-                )
-            )
-        live = [r for r in relays if r.silent_for < dt.timedelta(minutes=1)]
-        if not live:
-            actions.append(
-                Action(
-                    "no relay has heartbeated in the last minute: start one (see "
-                    "docs/how-to/run-the-relay.md), then check",
-                    f"outbox status{ob}",
-                )
-            )
-        if record.attempts and record.last_error:
-            notes.append(
-                f"attempt {record.attempts} failed ({record.last_error}); the relay retries "
-                f"it from {record.available_at.isoformat()}"
-            )
+        _pending_actions(record, blocker, relays, ob, actions, notes)
     for r in records:
-        inbox_url = inbox_flags.get(r.inbox, "")
-        if r.state == "unreachable":
-            actions.append(Action(f"inbox {r.inbox} could not be read (see above)"))
-            continue
-        consumer = r.consumer or ""
-        if r.state == "dead" and r.held:
-            decided = (
-                f" (decided: {r.decision}; the consumer applies it next)" if r.decision else ""
-            )
-            actions.append(
-                Action(
-                    f"consumer {consumer} gave up on it after {r.attempts} attempt(s) "
-                    f"({r.last_error or 'no error recorded'}) and holds its key{decided}: fix "
-                    "the handler, then retry it (or purge it to move the key on without it)",
-                    f"outbox inbox dead retry --consumer {consumer} --id {mid} --reason '...'"
-                    f"{inbox_url}",
-                )
-            )
-        elif r.state == "dead":
-            actions.append(
-                Action(
-                    f"consumer {consumer} gave up on it after {r.attempts} attempt(s) "
-                    f"({r.last_error or 'no error recorded'}); on_dead='skip': its key moved "
-                    "on without it. Apply its effect by hand if it matters"
-                )
-            )
-        elif r.state == "parked":
-            actions.append(
-                Action(
-                    f"consumer {consumer} keeps it parked behind dead seq {r.held_by_seq} of "
-                    f"its key ({r.held_by}): retry (or purge) that one and this one follows",
-                    f"outbox inbox dead retry --consumer {consumer} --id {r.held_by} "
-                    f"--reason '...'{inbox_url}",
-                )
-            )
-        elif r.state == "retrying":
-            actions.append(
-                Action(
-                    f"consumer {consumer}'s handler failed {r.attempts} time(s) "
-                    f"({r.last_error or 'no error recorded'}); the broker redelivers it"
-                )
-            )
-        elif r.state == "absent" and record is not None and record.status == "published":
-            waiting = r.key_applied_seq is not None and r.key_applied_seq < seq - 1
-            if waiting:
-                nxt = (r.key_applied_seq or 0) + 1
-                actions.append(
-                    Action(
-                        f"consumer {consumer} has applied the key up to seq "
-                        f"{r.key_applied_seq}: it waits for seq {nxt} first",
-                        f"outbox trace --topic {topic} --key {key} --seq {nxt}{ob}",
-                    )
-                )
-            else:
-                actions.append(
-                    Action(
-                        f"published at {_t(record.published_at)} but consumer {consumer} has "
-                        "no record of it: check that it runs and "
-                        "reads the topic's destination; if the broker lost it, re-publish it "
-                        "(same id: a consumer that has it drops the copy)",
-                        f"echo {mid} > ids.txt && outbox redrive ids.txt --reason '...'{ob}",
-                    )
-                )
+        action = _inbox_action(r, mid, (topic, key, seq), record, ob, inbox_flags.get(r.inbox, ""))
+        if action is not None:
+            actions.append(action)
     return actions, notes
+
+
+def _pending_actions(
+    record: OutboxRecord,
+    blocker: KeyNeighbour | None,
+    relays: Sequence[RelaySeen],
+    ob: str,
+    actions: list[Action],
+    notes: list[str],
+) -> None:
+    """What a pending message waits for: an earlier message of its key, a relay, a retry."""
+    if blocker is not None and blocker.status == "pending" and not blocker.attempts:
+        notes.append(
+            f"seq {blocker.seq} of its key ({blocker.id}) is pending too: the relay "
+            "publishes a key's messages in order, that one first"
+        )
+    elif blocker is not None:
+        status = blocker.status
+        cmd = (
+            f"outbox dead retry --id {blocker.id} --reason '...'{ob}"
+            if status == "dead"
+            else f"outbox trace {blocker.id}{ob}"
+        )
+        actions.append(
+            Action(
+                f"it waits behind seq {blocker.seq} of its key ({blocker.id}, {status}): "
+                "the relay publishes a key's messages in order",
+                cmd,
+            )
+        )
+    live = [r for r in relays if r.silent_for < dt.timedelta(minutes=1)]
+    if not live:
+        actions.append(
+            Action(
+                "no relay has heartbeated in the last minute: start one (see "
+                "docs/how-to/run-the-relay.md), then check",
+                f"outbox status{ob}",
+            )
+        )
+    if record.attempts and record.last_error:
+        notes.append(
+            f"attempt {record.attempts} failed ({record.last_error}); the relay retries "
+            f"it from {record.available_at.isoformat()}"
+        )
+
+
+def _inbox_action(
+    r: InboxRecord,
+    mid: uuid.UUID,
+    where: tuple[str, str, int],
+    record: OutboxRecord | None,
+    ob: str,
+    inbox_url: str,
+) -> Action | None:
+    """What to do about one consumer's record (None: nothing)."""
+    topic, key, seq = where
+    if r.state == "unreachable":
+        return Action(f"inbox {r.inbox} could not be read (see above)")
+    consumer = r.consumer or ""
+    error = r.last_error or "no error recorded"
+    if r.state == "dead" and r.held:
+        decided = f" (decided: {r.decision}; the consumer applies it next)" if r.decision else ""
+        return Action(
+            f"consumer {consumer} gave up on it after {r.attempts} attempt(s) ({error}) and "
+            f"holds its key{decided}: fix the handler, then retry it (or purge it to move the "
+            "key on without it)",
+            f"outbox inbox dead retry --consumer {consumer} --id {mid} --reason '...'{inbox_url}",
+        )
+    if r.state == "dead":
+        return Action(
+            f"consumer {consumer} gave up on it after {r.attempts} attempt(s) ({error}); "
+            "on_dead='skip': its key moved on without it. Apply its effect by hand if it matters"
+        )
+    if r.state == "parked":
+        return Action(
+            f"consumer {consumer} keeps it parked behind dead seq {r.held_by_seq} of its key "
+            f"({r.held_by}): retry (or purge) that one and this one follows",
+            f"outbox inbox dead retry --consumer {consumer} --id {r.held_by} "
+            f"--reason '...'{inbox_url}",
+        )
+    if r.state == "retrying":
+        return Action(
+            f"consumer {consumer}'s handler failed {r.attempts} time(s) ({error}); the broker "
+            "redelivers it"
+        )
+    if r.state != "absent" or record is None or record.status != "published":
+        return None
+    if r.key_applied_seq is not None and r.key_applied_seq < seq - 1:
+        nxt = r.key_applied_seq + 1
+        return Action(
+            f"consumer {consumer} has applied the key up to seq {r.key_applied_seq}: it waits "
+            f"for seq {nxt} first",
+            f"outbox trace --topic {topic} --key {key} --seq {nxt}{ob}",
+        )
+    return Action(
+        f"published at {_t(record.published_at)} but consumer {consumer} has no record of it: "
+        "check that it runs and reads the topic's destination; if the broker lost it, "
+        "re-publish it (same id: a consumer that has it drops the copy)",
+        f"echo {mid} > ids.txt && outbox redrive ids.txt --reason '...'{ob}",
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -925,15 +979,45 @@ def _t(at: dt.datetime | None) -> str:
 def render_text(journey: Journey) -> str:
     """The journey as lines for a terminal; every value from the database on one line of its
     own (control characters escaped)."""
-    from outbox._errors import one_line
-
     j = journey
     seq = j.seq if j.seq is not None else "?"
     lines = [
         f"message {j.id}  topic {one_line(j.topic)}  key {one_line(j.key)}  seq {seq}",
         f"state: {j.summary}",
         "",
+        *_outbox_lines(j),
+        "",
     ]
+    for r in j.inboxes:
+        lines.extend(_inbox_lines(r))
+    v = j.reconciliation
+    if v is not None:
+        verdict = ", ".join(v.kinds) if v.kinds else ("not lost" if v.files_read else "-")
+        judged = "judged it" if v.judged else "did not judge it"
+        lines.append(
+            f"reconciliation: run {v.run_id} ({v.outcome}, {_t(v.finished_at)}) {judged}: "
+            f"{verdict}" + (f"  [{v.note}]" if v.note else "")
+        )
+    if j.timeline:
+        lines.append("")
+        lines.append("timeline:")
+        for s in j.timeline:
+            lines.append(f"  {_t(s.at)}  {s.what:<16} {one_line(s.where):<24} {_gap(s.after)}")
+    for note in j.notes:
+        lines.append(f"note: {one_line(redact(note))}")
+    if j.actions:
+        lines.append("")
+        lines.append("what to do:")
+        for a in j.actions:
+            lines.append(f"  - {one_line(redact(a.why))}")
+            if a.command:
+                lines.append(f"    {a.command}")
+    return "\n".join(lines)
+
+
+def _outbox_lines(j: Journey) -> list[str]:
+    """The outbox row, the relays, the key's neighbours."""
+    lines: list[str] = []
     ob = j.outbox
     if ob is None:
         lines.append("outbox: no row (deleted by retention after publication)")
@@ -958,48 +1042,28 @@ def render_text(journey: Journey) -> str:
     if j.blocked_by is not None:
         b = j.blocked_by
         lines.append(f"  waits behind: seq {b.seq} {b.id} {b.status}")
-    lines.append("")
-    for r in j.inboxes:
-        where = f"{one_line(r.inbox)}/{one_line(r.consumer or '-')}"
-        if r.state == "unreachable":
-            lines.append(f"inbox {where}: unreachable: {r.error}")
-            continue
-        detail = f"  attempts {r.attempts}" if r.attempts else ""
-        if r.duplicates:
-            detail += f"  duplicates {r.duplicates}"
-        if r.processed_at:
-            detail += f"  at {_t(r.processed_at)}"
-        if r.since_published is not None:
-            detail += f"  ({_gap(r.since_published)} after publication)"
-        if r.held:
-            detail += "  holds its key" + (f" (decision: {r.decision})" if r.decision else "")
-        if r.held_by:
-            detail += f"  behind dead seq {r.held_by_seq} {r.held_by}"
-        if r.key_applied_seq is not None:
-            detail += f"  key applied up to seq {r.key_applied_seq}"
-        lines.append(f"inbox {where}: {r.state}{detail}")
-        if r.last_error and r.state in ("dead", "retrying", "parked"):
-            lines.append(f"  last error: {one_line(redact(r.last_error))}")
-    v = j.reconciliation
-    if v is not None:
-        verdict = ", ".join(v.kinds) if v.kinds else ("not lost" if v.files_read else "-")
-        judged = "judged it" if v.judged else "did not judge it"
-        lines.append(
-            f"reconciliation: run {v.run_id} ({v.outcome}, {_t(v.finished_at)}) {judged}: "
-            f"{verdict}" + (f"  [{v.note}]" if v.note else "")
-        )
-    if j.timeline:
-        lines.append("")
-        lines.append("timeline:")
-        for s in j.timeline:
-            lines.append(f"  {_t(s.at)}  {s.what:<16} {one_line(s.where):<24} {_gap(s.after)}")
-    for note in j.notes:
-        lines.append(f"note: {one_line(redact(note))}")
-    if j.actions:
-        lines.append("")
-        lines.append("what to do:")
-        for a in j.actions:
-            lines.append(f"  - {one_line(redact(a.why))}")
-            if a.command:
-                lines.append(f"    {a.command}")
-    return "\n".join(lines)
+    return lines
+
+
+def _inbox_lines(r: InboxRecord) -> list[str]:
+    """One consumer's record."""
+    where = f"{one_line(r.inbox)}/{one_line(r.consumer or '-')}"
+    if r.state == "unreachable":
+        return [f"inbox {where}: unreachable: {r.error}"]
+    detail = f"  attempts {r.attempts}" if r.attempts else ""
+    if r.duplicates:
+        detail += f"  duplicates {r.duplicates}"
+    if r.processed_at:
+        detail += f"  at {_t(r.processed_at)}"
+    if r.since_published is not None:
+        detail += f"  ({_gap(r.since_published)} after publication)"
+    if r.held:
+        detail += "  holds its key" + (f" (decision: {r.decision})" if r.decision else "")
+    if r.held_by:
+        detail += f"  behind dead seq {r.held_by_seq} {r.held_by}"
+    if r.key_applied_seq is not None:
+        detail += f"  key applied up to seq {r.key_applied_seq}"
+    lines = [f"inbox {where}: {r.state}{detail}"]
+    if r.last_error and r.state in ("dead", "retrying", "parked"):
+        lines.append(f"  last error: {one_line(redact(r.last_error))}")
+    return lines

@@ -5,7 +5,8 @@
 -- One message's outbox row, by primary key. The payload is not read, only
 -- its size: a trace shows where a message is, not what it says.
 SELECT id, topic, key, seq, status, attempts, last_error, created_at, available_at,
-       published_at, lease_owner, lease_until, content_type, headers, octet_length(payload)
+       published_at, lease_owner, lease_until, content_type, headers,
+       octet_length(payload) AS payload_bytes
 FROM {messages} WHERE id = %(id)s
 
 -- name: message_by_seq
@@ -15,7 +16,8 @@ FROM {messages} WHERE id = %(id)s
 -- them out): the scan is bounded by the key's rows through that index or, for a published row,
 -- by the table; a trace is an operator's one-off question, never a hot path.
 SELECT id, topic, key, seq, status, attempts, last_error, created_at, available_at,
-       published_at, lease_owner, lease_until, content_type, headers, octet_length(payload)
+       published_at, lease_owner, lease_until, content_type, headers,
+       octet_length(payload) AS payload_bytes
 FROM {messages} WHERE topic = %(topic)s AND key = %(key)s AND seq = %(seq)s
 LIMIT 2
 

@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
+from outbox._journey import TraceSource
 from outbox._redact import redact
 from outbox.console._middleware import middleware
 from outbox.console._routes import routes
@@ -41,6 +42,7 @@ def create_app(
     secure_cookie: bool = False,
     trusted_proxy: Iterable[str] = (),
     pool_size: int = 4,
+    inboxes: Iterable[str | TraceSource] = (),
 ) -> Starlette:
     """The console for the outbox and inbox tables at ``url``, to be served on ``host``.
 
@@ -51,8 +53,10 @@ def create_app(
     in their Host header. Reconciliation reports are served from ``reports_dir`` only.
     ``secure_cookie`` marks the session cookie Secure (a TLS proxy in front); with
     ``trusted_proxy`` (addresses or networks), such a proxy's X-Forwarded-Proto and
-    X-Forwarded-For are believed. Raises ConfigurationError for a token, host or directory
-    that will not do.
+    X-Forwarded-For are believed. ``inboxes``: the inbox databases the message page
+    (``/messages/{id}``) looks in besides ``url``, each ``NAME=URL``, a bare URL (named
+    ``inbox1``, ``inbox2``... as ``outbox trace --inbox`` names them) or a TraceSource.
+    Raises ConfigurationError for a token, host, directory or inbox that will not do.
     """
     console = Console.of(
         settings(
@@ -66,6 +70,7 @@ def create_app(
             secure_cookie=secure_cookie,
             trusted_proxy=trusted_proxy,
             pool_size=pool_size,
+            inboxes=inboxes,
         )
     )
     app = Starlette(

@@ -14,6 +14,7 @@ import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import psycopg
@@ -21,6 +22,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolClosed
 
 import inbox._dead as inbox_dead
+from outbox._journey import Journey, TraceSource, TraceSources, trace_message
 from outbox._redact import redact
 from outbox.console._statements import ConsoleStatements, console_statements
 from relay._admin import (
@@ -75,8 +77,18 @@ def _rows(conn: psycopg.Connection[Any], sql: bytes, params: dict[str, Any]) -> 
 class ConsoleData:
     """The console's reads and changes for the tables in ``schema`` at ``url``."""
 
-    def __init__(self, url: str, schema: str | None, pool_size: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        schema: str | None,
+        pool_size: int,
+        inboxes: tuple[TraceSource, ...] = (),
+        reports: Path | None = None,
+    ) -> None:
         self.url, self.schema, self.pool_size = url, schema, pool_size
+        #: where the message page looks: this database, then the inbox databases
+        self.sources = TraceSources(TraceSource("outbox", url, schema=schema), inboxes)
+        self.reports = reports
         self.statements: ConsoleStatements = console_statements(schema)
         self._pool: ConnectionPool | None = None
 
@@ -150,6 +162,14 @@ class ConsoleData:
         """One dead letter, payload and headers included; None if it is not dead."""
         found = await self.run(dead_list, DeadFilter(ids=[message_id]), limit=1, schema=self.schema)
         return found[0] if found else None
+
+    async def trace(self, message_id: uuid.UUID | None = None, **lookup: Any) -> Journey:
+        """One message's journey (``outbox trace``): by id, or ``lookup`` (idempotency_key and
+        topic, or topic, key and seq). Read-only, on connections of its own (one per database,
+        each in one read-only transaction), not the pool's."""
+        return await asyncio.to_thread(
+            trace_message, self.sources, message_id, reports_dir=self.reports, **lookup
+        )
 
     async def held_keys(self, where: inbox_dead.HeldFilter) -> list[inbox_dead.HeldKey]:
         return await self.run(inbox_dead.held_keys, where, limit=LIST_LIMIT, schema=self.schema)

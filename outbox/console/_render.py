@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from starlette.templating import Jinja2Templates
 from outbox._redact import redact
 from outbox.console._security import csrf_token, may_read
 
-__all__ = ["PAYLOAD_SHOWN", "Pages", "ago", "payload_text"]
+__all__ = ["PAYLOAD_SHOWN", "Pages", "ago", "gap", "payload_text"]
 
 #: the most of a payload the message page shows (the rest is counted, not sent)
 PAYLOAD_SHOWN = 64 * 1024
@@ -32,6 +33,21 @@ def ago(seconds: float | None) -> str:
     if seconds < 86400:
         return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:.0f} min"
     return f"{seconds // 86400:.0f} d {seconds % 86400 // 3600:.0f} h"
+
+
+def gap(delta: dt.timedelta | None) -> str:
+    """A gap between two steps of a message's journey: ``+12 ms``, ``+3.4 s``, ``+2.5 min``,
+    ``+1.2 h`` (empty: unknown)."""
+    if delta is None:
+        return ""
+    ms = delta.total_seconds() * 1000
+    if abs(ms) < 1000:
+        return f"+{ms:.0f} ms"
+    if abs(ms) < 120_000:
+        return f"+{ms / 1000:.1f} s"
+    if abs(ms) < 7_200_000:
+        return f"+{ms / 60_000:.1f} min"
+    return f"+{ms / 3_600_000:.1f} h"
 
 
 def payload_text(payload: bytes) -> str:
@@ -57,6 +73,8 @@ class Pages:
         self._url, self._token = url, token
         self._templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
         self._templates.env.filters["ago"] = ago
+        self._templates.env.filters["gap"] = gap
+        self._templates.env.filters["redact"] = lambda text: redact(text) if text else ""
 
     def render(
         self, request: Request, name: str, status_code: int = 200, **context: Any

@@ -27,7 +27,9 @@ class Console:
 
     @classmethod
     def of(cls, settings: Settings) -> Console:
-        data = ConsoleData(settings.url, settings.schema, settings.pool_size)
+        data = ConsoleData(
+            settings.url, settings.schema, settings.pool_size, settings.inboxes, settings.reports
+        )
         return cls(
             settings=settings,
             data=data,

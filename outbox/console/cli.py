@@ -55,6 +55,23 @@ def _wildcard(host: str) -> bool:
     "output directory); without it, no report is served.",
 )
 @click.option(
+    "--inbox",
+    "inbox",
+    multiple=True,
+    metavar="NAME=URL",
+    help="An inbox database the message page looks in (repeatable): NAME=postgresql://..., "
+    "or a bare URL (named inbox1, inbox2... as `outbox trace --inbox` names them). Put the "
+    "password in ~/.pgpass or PGPASSFILE rather than the URL; the page masks it.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The reconciliation's TOML job file: the message page looks in its [[inbox]] "
+    "databases (as `outbox trace --config`); --inbox adds to them.",
+)
+@click.option(
     "--secure-cookie",
     is_flag=True,
     help="Mark the session cookie Secure: the console is reached through a TLS proxy.",
@@ -83,6 +100,8 @@ def console_cmd(
     token: str | None,
     allowed_host: tuple[str, ...],
     reports_dir: Path | None,
+    inbox: tuple[str, ...],
+    config_file: str | None,
     secure_cookie: bool,
     trusted_proxy: tuple[str, ...],
     sample_seconds: float,
@@ -90,6 +109,7 @@ def console_cmd(
     """Serve the operator console (the `console` extra)."""
     import uvicorn
 
+    from outbox._journey import load_trace_sources
     from outbox.cli import database_url
     from outbox.console._app import create_app
     from outbox.exceptions import ConfigurationError
@@ -100,6 +120,7 @@ def console_cmd(
             "the console by with --allowed-host (repeatable); other Host headers are refused"
         )
     try:
+        _, from_file = load_trace_sources(config_file) if config_file else (None, ())
         app = create_app(
             database_url(url),
             token=token,
@@ -110,6 +131,7 @@ def console_cmd(
             reports_dir=reports_dir,
             secure_cookie=secure_cookie,
             trusted_proxy=trusted_proxy,
+            inboxes=[*from_file, *inbox],
         )
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc

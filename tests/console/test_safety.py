@@ -308,6 +308,10 @@ def test_listings_read_no_payloads(database_url: str, console: Any) -> None:
             page = client.get(f"/dead/{dead['timeout'][0]}")  # the one page that reads it
             assert page.status_code == 503
             assert "permission denied" in page.text
+            # the journey shows no payload, but reads its size and the headers: refused alike
+            journey = client.get(f"/messages/{dead['timeout'][0]}")
+            assert journey.status_code == 503
+            assert "permission denied" in journey.text
     finally:
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {role}")
@@ -458,10 +462,17 @@ def test_the_console_role_of_outbox_grants_serves_every_page_and_change(
     assert granted.exit_code == 0, granted.output
     try:
         url = database_url.replace("postgres@", f"{role}@", 1)
-        with console(url, token=TOKEN) as base, httpx.Client(base_url=base) as client:
+        # the message page reads this database as an inbox database too, as the same role
+        with (
+            console(url, token=TOKEN, inboxes=[url]) as base,
+            httpx.Client(base_url=base) as client,
+        ):
             csrf = http_login(client, "gil")
-            for page in ("/", "/dead", f"/dead/{dead['timeout'][0]}", "/held", "/audit"):
+            one = dead["timeout"][0]
+            for page in ("/", "/dead", f"/dead/{one}", "/held", "/audit", "/messages",
+                         f"/messages/{one}"):  # fmt: skip
                 assert client.get(page).status_code == 200, page
+            assert "unreachable" not in client.get(f"/messages/{one}").text
             for action, target in (("retry", dead["timeout"][0]), ("purge", dead["too_large"][0])):
                 form = {"csrf": csrf, "action": action, "scope": "one", "id": str(target)}
                 answer = client.post("/dead/change", data={**form, "reason": "ops"})

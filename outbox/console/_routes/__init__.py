@@ -7,7 +7,7 @@ from pathlib import Path
 from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 
-from outbox.console._routes import audit, dead, held, login, overview, reports
+from outbox.console._routes import audit, dead, held, login, messages, overview, reports
 
 __all__ = ["routes"]
 
@@ -18,6 +18,7 @@ def routes(static: Path) -> list[BaseRoute]:
         *overview.routes,
         *dead.routes,
         *held.routes,
+        *messages.routes,
         *audit.routes,
         *reports.routes,
         *login.routes,
