@@ -160,18 +160,22 @@ class NatsPublisher:
         batch = Batch(envelopes, self._destination)
         pending: dict[int, asyncio.Future[Any]] = {}
         deadline = asyncio.get_running_loop().time() + self._timeout
+        publish = self._js.publish_async
+        # publishes that fit before max_in_flight is reached: the pending count is read again
+        # (and waited on) only when they are used up, not per message
+        room = self._max_in_flight - self._js.publish_async_pending()
         for i, env, dest in batch.items():
-            if batch.skip_if_blocked(i):
+            if batch.blocking and batch.skip_if_blocked(i):
                 continue
             message = wire.encode(env)
             err = self._refusal(env, dest, message.headers)
-            if err is None:
+            if err is None and room <= 0:
                 err = await self._room(env, dest, pending, deadline)
+                room = self._max_in_flight - self._js.publish_async_pending()
             if err is None:
                 try:
-                    pending[i] = await self._js.publish_async(
-                        dest, message.data, headers=message.headers
-                    )
+                    pending[i] = await publish(dest, message.data, headers=message.headers)
+                    room -= 1
                     continue
                 except Exception as exc:
                     err = self._classify(env, dest, exc)
