@@ -48,10 +48,12 @@ class Batching:
     ``size``: at most this many messages per transaction (``runner.handle_batch``); a worker
     takes what has arrived, waiting up to ``wait`` seconds for more once it has one.
     ``workers``: tasks applying batches side by side; a message goes to the worker of its
-    (topic, key) hash, so one key's messages stay in order while other keys proceed. Each
-    worker buffers at most two fetches' worth of messages (push brokers: two messages) beside
-    the batch in hand: when a key is slow, its worker's buffer fills and the consumer stops
-    taking messages from the broker (bounded memory).
+    (topic, key) hash, so one key's messages stay in order while other keys proceed. The
+    consumers that fetch (NATS, Redis) fetch ``size * workers`` messages at a time and the push
+    brokers' prefetch or credit scales alike, so each worker still fills its batches. Each
+    worker buffers at most two fetches' worth of its keys' messages (push brokers: two
+    messages) beside the batch in hand: when a key is slow, its worker's buffer fills and the
+    consumer stops taking messages from the broker (bounded memory).
     """
 
     size: int = 100
