@@ -59,6 +59,8 @@ log = logging.getLogger("relay")
 RECHECK_SECONDS = 1.0
 #: the longest a capturing relay waits for a transaction before confirming the idle stream
 IDLE_WAIT_SECONDS = 0.5
+#: how often a batch's recording looks whether a whole next batch has arrived to read ahead
+_READ_AHEAD_POLL = 0.002
 #: how often a slot that cannot capture this database is logged again while it lasts
 REPORT_EVERY_SECONDS = 300.0
 
@@ -220,8 +222,16 @@ class WalCapture:
         try:
             while not self._state.stopping:
                 lease.check()
-                wait = IDLE_WAIT_SECONDS if recording is None else 0.0
-                transactions = await stream.transactions(limit, wait)
+                if recording is None:
+                    transactions = await stream.transactions(limit, IDLE_WAIT_SECONDS)
+                else:
+                    # Read ahead once a whole batch is waiting (a backlog); else take what came
+                    # while the batch was recorded, as one batch (at a trickle, batches grow
+                    # with the load instead of splitting into one transaction each).
+                    task = recording[0]
+                    while not task.done() and stream.buffered < limit:
+                        await asyncio.wait({task}, timeout=_READ_AHEAD_POLL)
+                    transactions = await stream.transactions(limit, 0.0)
                 batch = _decode(transactions)
                 if recording is not None:
                     task, end_lsn = recording
@@ -229,6 +239,9 @@ class WalCapture:
                     await task
                     lease.check()  # a takeover may have started while the batch was recorded
                     await stream.confirm(end_lsn)
+                    if not transactions:
+                        await stream.keepalive()  # nothing taken and not recorded: safe
+                        continue
                 if transactions:
                     recording = (
                         asyncio.create_task(self._record(conn, lease, batch)),
