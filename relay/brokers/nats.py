@@ -252,7 +252,9 @@ class NatsPublisher:
         nc.stats["out_msgs"] += len(frames)
         nc.stats["out_bytes"] += len(out)
         await nc._send_command(out)
-        await nc._flush_pending()
+        queue = getattr(nc, "_flush_queue", None)
+        if queue is not None and queue.empty():  # as the client's publish: one kick is enough
+            await nc._flush_pending()
 
     async def _on_ack(self, msg: Any) -> None:
         """A PubAck (or the server's refusal) for a publish of :meth:`_publish_frames`."""
