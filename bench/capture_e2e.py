@@ -17,9 +17,11 @@ the machine's own server is never reconfigured) and the machine's nats-server:
   at once (nothing leaves the process): each one's database side alone, the floor of its
   time per message whatever the broker client costs.
 
-Rounds alternate the eight; medians are reported with the ratios the issue asks for (wal / raw,
-wal / naive). Then commit -> broker latency at a steady 1,000 msg/s in both modes (one message
-per transaction, 4 producer threads; relay_e2e.latency).
+Each round runs the eight; the three drains to NATS, and then their database sides, go in an
+order rotated from round to round; medians are reported with the ratios the issue asks for
+(wal / raw, wal / naive, polling / naive) and the floors. Then commit -> broker latency at a
+steady 1,000 msg/s in both modes (one message per transaction, 4 producer threads;
+relay_e2e.latency).
 Run: ``python bench/capture_e2e.py [--messages N] [--rounds R] [--latency-seconds S]``.
 """
 
@@ -82,29 +84,23 @@ async def _measure(n: int, rounds: int, latency_seconds: float) -> dict[str, Any
         for r in range(rounds):
             runs["raw"].append(round(await _raw(n, stream)))
             runs["adapter"].append(round(await _adapter(n, stream)))
-            naive = await asyncio.to_thread(
-                relay_e2e.naive_drain, NATS, f"{stream}.naive{r}", n, keys=1000
-            )
-            polling = await asyncio.to_thread(
-                relay_e2e.drain, NATS, f"{stream}.poll{r}", n, keys=1000
-            )
-            wal = await asyncio.to_thread(
-                relay_e2e.drain, NATS, f"{stream}.wal{r}", n, keys=1000, capture=True
-            )
-            naive_db = await asyncio.to_thread(
-                relay_e2e.naive_drain, relay_e2e.NOOP, f"{stream}.naivedb{r}", n, keys=1000
-            )
-            polling_db = await asyncio.to_thread(
-                relay_e2e.drain, relay_e2e.NOOP, f"{stream}.polldb{r}", n, keys=1000
-            )
-            wal_db = await asyncio.to_thread(
-                relay_e2e.drain, relay_e2e.NOOP, f"{stream}.waldb{r}", n, keys=1000, capture=True
-            )
-            for name, row in (("naive", naive), ("polling", polling), ("wal", wal),
-                              ("naive_db", naive_db), ("polling_db", polling_db),
-                              ("wal_db", wal_db)):  # fmt: skip
-                runs[name].append(row["msg_per_s"])
-                details[name].append(row)
+            # the three drains to NATS, then their database sides alone, each group's order
+            # rotated from round to round
+            for group in (drains[:3], drains[3:]):
+                for name in group[r % 3 :] + group[: r % 3]:
+                    broker = relay_e2e.NOOP if name.endswith("_db") else NATS
+                    subject = f"{stream}.{name.replace('_', '')}{r}"
+                    if name.startswith("naive"):
+                        row = await asyncio.to_thread(
+                            relay_e2e.naive_drain, broker, subject, n, keys=1000
+                        )
+                    else:
+                        row = await asyncio.to_thread(
+                            relay_e2e.drain, broker, subject, n, keys=1000,
+                            capture=name.startswith("wal"),
+                        )  # fmt: skip
+                    runs[name].append(row["msg_per_s"])
+                    details[name].append(row)
             print({"round": r, **{k: v[-1] for k, v in runs.items()}}, flush=True)
         latency = {}
         for mode, capture in (("polling", False), ("wal", True)):
@@ -122,6 +118,8 @@ async def _measure(n: int, rounds: int, latency_seconds: float) -> dict[str, Any
         "messages": n,
         "keys": 1000,
         "rounds": rounds,
+        "order": "raw, adapter, then naive/polling/wal rotated by one each round, then "
+        "naive_db/polling_db/wal_db rotated alike",
         "msg_per_s": runs,
         "medians_msg_per_s": med,
         "ratio_wal_over_raw": round(med["wal"] / med["raw"], 3),
