@@ -300,6 +300,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--io-ms", type=float, default=5.0,
                         help="the I/O-bound batch handler's wait per batch (ms)")  # fmt: skip
+    parser.add_argument("--name", default="consumer_batch",
+                        help="the results file: bench/results/NAME.json")  # fmt: skip
     args = parser.parse_args()
     rounds = []
     for i in range(args.rounds):
@@ -331,7 +333,7 @@ def main() -> None:
             c["once_each"] and c["in_order"] for r in rounds for c in r["checks"]
         ),
     }
-    print(write_result("consumer_batch", result))
+    print(write_result(args.name, result))
     print({k: v for k, v in result.items() if k.startswith(("median", "ratio", "every"))})
 
 
