@@ -218,8 +218,12 @@ class BrokerConsumer:
     async def _work(self, index: int) -> None:
         queue, loop = self._queues[index], asyncio.get_running_loop()
         size = self.batching.size
+        #: what the last batch could not take (over ``size``): it starts the next batch, which
+        #: fills up from the buffer, instead of going out as a small batch of its own
+        carry: Chunk = []
         while True:
-            batch = await queue.get()
+            batch = carry or await queue.get()
+            carry = []
             deadline = loop.time() + self.batching.wait
             while len(batch) < size:
                 try:
@@ -234,10 +238,10 @@ class BrokerConsumer:
                     batch = batch + await asyncio.wait_for(queue.get(), remaining)
                 except TimeoutError:
                     break
+            batch, carry = batch[:size], batch[size:]
             async with self._busy[index]:
                 try:
-                    for start in range(0, len(batch), size):
-                        await self._settle_batch(batch[start : start + size])
+                    await self._settle_batch(batch)
                 except Exception as exc:  # not a handler failure (a broker ack): stop, surface
                     log.error("inbox: consumer worker failed: %s", exc)
                     self._crash = self._crash or exc
