@@ -1,7 +1,7 @@
 """Consumers at pipeline speed: batched ordered consumers with the inbox against the relay
-alone and against the batched consumer a user would write by hand.
+alone and against the batched consumer a user would write by hand, at 1 and 4 workers.
 
-    python bench/consumer_batch.py [--messages 20000] [--keys 200] [--rounds 5]
+    python bench/consumer_batch.py [--messages 20000] [--keys 200] [--rounds 5] [--io-ms 5]
 
 One run, NATS JetStream on 127.0.0.1:4222, PostgreSQL on 127.0.0.1:5432, one consumer process
 (this one), every variant in each round on a fresh database and stream:
@@ -13,15 +13,20 @@ One run, NATS JetStream on 127.0.0.1:4222, PostgreSQL on 127.0.0.1:5432, one con
     ``NatsConsumer`` with ``Batching(size=100)`` and the inbox running together (a batch
     handler writes the effect rows in the inbox's transaction); rate = messages / (last
     effect committed - start), the commit seen by the consumer's ``on_result``.
-(c) naive batched consumer draining the stream (b) left: fetch 100, one transaction that
-    inserts the effects and the ids ``ON CONFLICT DO NOTHING`` (no order guard), commit, ack.
-(d) our batched consumer draining the same stream on its own (no relay beside it).
-(c) and (d) are timed alike: from the consumer's subscription to its last commit, with
-nothing polling the database meanwhile.
-(c) goes first in even rounds, (d) in odd ones.
+Then drains of the stream (b) left, each with its own durable consumer:
+(c) naive batched consumer: fetch 100, one transaction that inserts the effects and the ids
+    ``ON CONFLICT DO NOTHING`` (no order guard), commit, ack.
+(d) our batched ordered consumer, ``Batching(size=100, workers=1)``, and (d4) the same with
+    ``workers=4``.
+(e) the I/O-bound case: the same three, with a batch handler that also waits ``--io-ms``
+    milliseconds per batch (an HTTP call): (e-naive) the hand-written one waits as long per
+    fetch, (e1) ours with one worker, (e4) with four.
+The drains are timed as a user would: from the start of the consumer (``run()``, or the naive
+loop's subscription) to its last commit, with nothing polling the database meanwhile. Their
+order rotates from round to round.
 
 The bench checks in every run that each message was applied once and each key in seq order.
-Writes bench/results/consumer_batch.json with medians and the ratios (b)/(a) and (d)/(c).
+Writes bench/results/consumer_batch.json with medians and the ratios.
 """
 
 from __future__ import annotations
@@ -60,6 +65,16 @@ async def _apply(conn: psycopg.AsyncConnection[Any], messages: list[Any]) -> Non
             "INSERT INTO effects (message_id, key, seq) VALUES (%s, %s, %s)",
             [(m.id, m.key, m.seq) for m in messages],
         )
+
+
+def _slow(io_seconds: float) -> Any:
+    """A batch handler that writes the effects and then waits on I/O (an HTTP call)."""
+
+    async def apply(conn: psycopg.AsyncConnection[Any], messages: list[Any]) -> None:
+        await _apply(conn, messages)
+        await asyncio.sleep(io_seconds)
+
+    return apply
 
 
 async def _stream(js: Any, subject: str) -> str:
@@ -127,34 +142,52 @@ class _Settled:
 
 
 def _ours(
-    pool: AsyncConnectionPool, stream: str, durable: str, consumer: str, settled: _Settled
+    pool: AsyncConnectionPool,
+    stream: str,
+    durable: str,
+    consumer: str,
+    settled: _Settled,
+    workers: int = 1,
+    io_seconds: float = 0.0,
 ) -> NatsConsumer:
-    runner = AsyncHandlerRunner(pool, batch_handler=_apply, consumer=consumer, ordered=True)
+    handler = _slow(io_seconds) if io_seconds else _apply
+    runner = AsyncHandlerRunner(pool, batch_handler=handler, consumer=consumer, ordered=True)
     settled.consumer = NatsConsumer(
         runner, stream=stream, durable=durable, servers=NATS, batch=100, fetch_timeout=0.2,
-        batching=Batching(size=100, wait=0.005), on_result=settled,
+        batching=Batching(size=100, wait=0.005, workers=workers), on_result=settled,
     )  # fmt: skip
     return settled.consumer
 
 
+#: the drains of (c), (d) and (e): name -> (ours?, workers, I/O-bound?)
+DRAINS: dict[str, tuple[bool, int, bool]] = {
+    "naive_batched": (False, 1, False),
+    "ours_batched": (True, 1, False),
+    "ours_batched_w4": (True, 4, False),
+    "naive_batched_io": (False, 1, True),
+    "ours_batched_io": (True, 1, True),
+    "ours_batched_io_w4": (True, 4, True),
+}
+
+
 async def _pipeline(
-    url: str, n: int, keys: int, topic: str, ours_first: bool
-) -> tuple[float, float, float, list[Any]]:
-    """(b), then (c) and (d) on the stream it filled: their three rates and the checks of
-    (b) and (d)."""
+    url: str, n: int, keys: int, topic: str, turn: int, io_seconds: float
+) -> tuple[float, dict[str, float], list[Any]]:
+    """(b), then the drains on the stream it filled, in an order rotated by ``turn``: the
+    rate of (b), each drain's rate and the checks of (b) and of our drains."""
     import nats
-    from nats.js.api import ConsumerConfig
+    from nats.js.api import AckPolicy, ConsumerConfig
 
     nc = await nats.connect(NATS)
     js = nc.jetstream()
     stream = await _stream(js, topic)
-    for durable in ("ours", "naive", "ours_alone"):
+    for durable in ("ours", *DRAINS):
         config = ConsumerConfig(
-            durable_name=durable, ack_policy="explicit", ack_wait=60, max_ack_pending=20_000
+            durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=60, max_ack_pending=20_000
         )
         await js.add_consumer(stream, config)
     try:
-        async with AsyncConnectionPool(url, min_size=2, max_size=4) as pool:
+        async with AsyncConnectionPool(url, min_size=2, max_size=6) as pool:
             settled = _Settled(n)
             consumer = _ours(pool, stream, "ours", "bench", settled)
             started = time.time()
@@ -165,43 +198,44 @@ async def _pipeline(
             await _stop(relay)
             checks = [await asyncio.to_thread(_check, url, n, keys)]
 
-            async def ours_alone() -> float:
+            async def ours(durable: str, workers: int, io: bool) -> float:
                 async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
                     await conn.execute("TRUNCATE effects")
                 settled = _Settled(n)
-                alone = _ours(pool, stream, "ours_alone", "bench-alone", settled)
-                task = asyncio.create_task(alone.run())
-                # from its subscription, as the naive consumer's clock starts after its own
-                await asyncio.wait_for(alone.ready.wait(), 60)
-                began = time.time()
-                await asyncio.wait_for(task, 600)
+                drain = _ours(pool, stream, durable, f"bench-{durable}", settled, workers,
+                              io_seconds if io else 0.0)  # fmt: skip
+                began = time.time()  # as a user times it: from run()
+                await asyncio.wait_for(drain.run(), 600)
                 assert settled.at is not None
-                rate = n / (settled.at - began)
                 checks.append(await asyncio.to_thread(_check, url, n, keys))
-                return rate
+                return n / (settled.at - began)
 
-            # (c) and (d) take turns at going first, so neither always meets the other's
-            # leftovers (autovacuum, dirty pages) or the machine's drift within a round
-            if ours_first:
-                ours = await ours_alone()
-                naive = n / await _naive(url, js, stream, n)
-            else:
-                naive = n / await _naive(url, js, stream, n)
-                ours = await ours_alone()
-        return pipeline, naive, ours, checks
+            names = list(DRAINS)
+            names = names[turn % len(names) :] + names[: turn % len(names)]
+            rates: dict[str, float] = {}
+            for name in names:
+                is_ours, workers, io = DRAINS[name]
+                if is_ours:
+                    rates[name] = await ours(name, workers, io)
+                else:
+                    rates[name] = n / await _naive(url, js, stream, n, name,
+                                                   io_seconds if io else 0.0)  # fmt: skip
+        return pipeline, rates, checks
     finally:
         await js.delete_stream(stream)
         await nc.close()
 
 
-async def _naive(url: str, js: Any, stream: str, n: int) -> float:
+async def _naive(url: str, js: Any, stream: str, n: int, durable: str, io_seconds: float) -> float:
     """The batched consumer a user writes by hand; returns its seconds for ``n`` messages."""
     from nats.errors import TimeoutError as NatsTimeout
 
-    sub = await js.pull_subscribe("", durable="naive", stream=stream)
-    done = 0
     started = committed = time.monotonic()
+    sub = await js.pull_subscribe("", durable=durable, stream=stream)
+    done = 0
     async with await psycopg.AsyncConnection.connect(url) as conn:
+        await conn.execute("TRUNCATE naive_inbox, naive_effects")
+        await conn.commit()
         while done < n:
             try:
                 msgs = await sub.fetch(100, timeout=0.2)
@@ -217,10 +251,13 @@ async def _naive(url: str, js: Any, stream: str, n: int) -> float:
                 await cur.executemany(
                     "INSERT INTO naive_effects (message_id, key, seq) VALUES (%s, %s, %s)", rows
                 )
+                if io_seconds:
+                    await asyncio.sleep(io_seconds)
             done += len(msgs)
             committed = time.monotonic()  # the clock stops at the last commit, as for ours
             for m in msgs:
                 await m.ack()
+    await sub.unsubscribe()
     return committed - started
 
 
@@ -236,7 +273,7 @@ def _check(url: str, n: int, keys: int) -> dict[str, Any]:
             "once_each": len(rows) == n and len(seqs) == keys}  # fmt: skip
 
 
-async def _round(n: int, keys: int, ours_first: bool) -> dict[str, Any]:
+async def _round(n: int, keys: int, turn: int, io_seconds: float) -> dict[str, Any]:
     name, url = create_db()
     try:
         topic = f"cb{uuid.uuid4().hex[:8]}"
@@ -250,11 +287,10 @@ async def _round(n: int, keys: int, ours_first: bool) -> dict[str, Any]:
             conn.execute(EFFECTS)
         topic = f"cb{uuid.uuid4().hex[:8]}"
         await asyncio.to_thread(fill, url, topic, n, keys)
-        pipeline, naive, ours, checks = await _pipeline(url, n, keys, topic, ours_first)
+        pipeline, rates, checks = await _pipeline(url, n, keys, topic, turn, io_seconds)
     finally:
         drop_db(name)
-    return {"relay_alone": relay_alone, "pipeline": pipeline, "naive_batched": naive,
-            "ours_batched": ours, "checks": checks}  # fmt: skip
+    return {"relay_alone": relay_alone, "pipeline": pipeline, **rates, "checks": checks}
 
 
 def main() -> None:
@@ -262,30 +298,43 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--keys", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--io-ms", type=float, default=5.0,
+                        help="the I/O-bound batch handler's wait per batch (ms)")  # fmt: skip
+    parser.add_argument("--name", default="consumer_batch",
+                        help="the results file: bench/results/NAME.json")  # fmt: skip
     args = parser.parse_args()
-    rounds = [
-        asyncio.run(_round(args.messages, args.keys, ours_first=i % 2 == 1))
-        for i in range(args.rounds)
-    ]
-    for r in rounds:
-        print({k: (round(v) if isinstance(v, float) else v) for k, v in r.items()})
-    med = {k: statistics.median(r[k] for r in rounds)
-           for k in ("relay_alone", "pipeline", "naive_batched", "ours_batched")}  # fmt: skip
+    rounds = []
+    for i in range(args.rounds):
+        rounds.append(asyncio.run(_round(args.messages, args.keys, i, args.io_ms / 1000)))
+        print({k: (round(v) if isinstance(v, float) else v) for k, v in rounds[-1].items()
+               if k != "checks"}, flush=True)  # fmt: skip
+    names = ("relay_alone", "pipeline", *DRAINS)
+    med = {k: statistics.median(r[k] for r in rounds) for k in names}
     result = {
-        "order": "(c) before (d) in even rounds, (d) before (c) in odd ones",
+        "order": "the drains' order rotates by one each round",
         "messages": args.messages,
         "keys": args.keys,
+        "io_ms_per_batch": args.io_ms,
+        "timed": "drains: from the consumer's start (run(), or the naive loop's subscription) "
+        "to its last commit",
         "rounds": rounds,
         "median_msg_per_s": {k: round(v) for k, v in med.items()},
         "ratio_pipeline_to_relay_alone": round(med["pipeline"] / med["relay_alone"], 3),
         "ratio_ours_to_naive_batched": round(med["ours_batched"] / med["naive_batched"], 3),
+        "ratio_ours_w4_to_naive_batched": round(
+            med["ours_batched_w4"] / med["naive_batched"], 3
+        ),
+        "ratio_ours_w4_to_w1": round(med["ours_batched_w4"] / med["ours_batched"], 3),
+        "ratio_io_ours_w4_to_w1": round(med["ours_batched_io_w4"] / med["ours_batched_io"], 3),
+        "ratio_io_ours_w1_to_naive": round(
+            med["ours_batched_io"] / med["naive_batched_io"], 3
+        ),
         "every_run_once_each_and_in_order": all(
             c["once_each"] and c["in_order"] for r in rounds for c in r["checks"]
         ),
     }
-    print(write_result("consumer_batch", result))
-    print(result["median_msg_per_s"], result["ratio_pipeline_to_relay_alone"],
-          result["ratio_ours_to_naive_batched"])  # fmt: skip
+    print(write_result(args.name, result))
+    print({k: v for k, v in result.items() if k.startswith(("median", "ratio", "every"))})
 
 
 if __name__ == "__main__":

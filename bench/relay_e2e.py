@@ -39,6 +39,8 @@ from relay.brokers.base import BrokerFeatures
 ADMIN = os.environ.get("OUTBOX_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 PAYLOAD = {"order": 123, "amount": "19.99", "note": "x" * 150}
 _CTX = mp.get_context("spawn")
+#: the broker "URL" of a relay (or naive relay) that publishes nothing: its database side alone
+NOOP = "noop"
 
 
 # ---- databases -------------------------------------------------------------------------------
@@ -146,7 +148,10 @@ async def _relay_main(
     from relay._metrics import RelayMetrics
     from relay.brokers import publisher_for_url
 
-    pub = _Counting(publisher_for_url(broker, **(options or {})))
+    # "noop": a publisher that acknowledges at once, the relay's database side alone
+    pub = _Counting(
+        NoopPublisher() if broker == NOOP else publisher_for_url(broker, **(options or {}))
+    )
     await pub.start()  # connecting is not part of the measured time
     registry = CollectorRegistry()
     relay = Relay(RelayConfig(database_url=url, **settings), pub, metrics=RelayMetrics(registry))
@@ -351,8 +356,9 @@ WHERE id = ANY(%s)
 async def _naive_main(url: str, nats_url: str, batch: int, go: MpEvent, out: Any) -> None:
     import nats
 
-    nc = await nats.connect(nats_url)
-    js = nc.jetstream()
+    noop = nats_url == NOOP  # the naive relay's database side alone
+    nc = None if noop else await nats.connect(nats_url)
+    js = None if nc is None else nc.jetstream()
     conn = await psycopg.AsyncConnection.connect(url)
     out.put(("ready", os.getpid()))
     await asyncio.to_thread(go.wait)
@@ -364,6 +370,10 @@ async def _naive_main(url: str, nats_url: str, batch: int, go: MpEvent, out: Any
                 if not rows:
                     break
                 acks = []
+                if js is None:
+                    acked += len(rows)
+                    await conn.execute(_NAIVE_MARK, [[r[0] for r in rows]])
+                    continue
                 for id_, topic, key, seq, payload, ctype, headers, tparent, created in rows:
                     env = Envelope(id_, topic, key, seq, bytes(payload), ctype, headers or {},
                                    tparent, created)  # fmt: skip
@@ -375,7 +385,8 @@ async def _naive_main(url: str, nats_url: str, batch: int, go: MpEvent, out: Any
                 await conn.execute(_NAIVE_MARK, [[r[0] for r in rows]])
     finally:
         await conn.close()
-        await nc.close()
+        if nc is not None:
+            await nc.close()
     out.put(("done", {"acked": acked, "failed": 0, "fenced": 0}))
 
 

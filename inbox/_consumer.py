@@ -48,10 +48,12 @@ class Batching:
     ``size``: at most this many messages per transaction (``runner.handle_batch``); a worker
     takes what has arrived, waiting up to ``wait`` seconds for more once it has one.
     ``workers``: tasks applying batches side by side; a message goes to the worker of its
-    (topic, key) hash, so one key's messages stay in order while other keys proceed. Each
-    worker buffers at most two fetches' worth of messages (push brokers: two messages) beside
-    the batch in hand: when a key is slow, its worker's buffer fills and the consumer stops
-    taking messages from the broker (bounded memory).
+    (topic, key) hash, so one key's messages stay in order while other keys proceed. The
+    consumers that fetch (NATS, Redis) fetch ``size * workers`` messages at a time and the push
+    brokers' prefetch or credit scales alike, so each worker still fills its batches. Each
+    worker buffers at most two fetches' worth of its keys' messages (push brokers: two
+    messages) beside the batch in hand: when a key is slow, its worker's buffer fills and the
+    consumer stops taking messages from the broker (bounded memory).
     """
 
     size: int = 100
@@ -216,8 +218,12 @@ class BrokerConsumer:
     async def _work(self, index: int) -> None:
         queue, loop = self._queues[index], asyncio.get_running_loop()
         size = self.batching.size
+        #: what the last batch could not take (over ``size``): it starts the next batch, which
+        #: fills up from the buffer, instead of going out as a small batch of its own
+        carry: Chunk = []
         while True:
-            batch = await queue.get()
+            batch = carry or await queue.get()
+            carry = []
             deadline = loop.time() + self.batching.wait
             while len(batch) < size:
                 try:
@@ -232,10 +238,10 @@ class BrokerConsumer:
                     batch = batch + await asyncio.wait_for(queue.get(), remaining)
                 except TimeoutError:
                     break
+            batch, carry = batch[:size], batch[size:]
             async with self._busy[index]:
                 try:
-                    for start in range(0, len(batch), size):
-                        await self._settle_batch(batch[start : start + size])
+                    await self._settle_batch(batch)
                 except Exception as exc:  # not a handler failure (a broker ack): stop, surface
                     log.error("inbox: consumer worker failed: %s", exc)
                     self._crash = self._crash or exc

@@ -48,8 +48,8 @@ class NatsConsumer(BrokerConsumer):
         )
         self.stream, self.durable, self.subject = stream, durable, subject
         self.servers, self.fetch_timeout = servers, fetch_timeout
-        #: messages per fetch: at least a whole transaction batch
-        self.batch = max(batch, self.batching.size)
+        #: messages per fetch: at least a whole transaction batch for every worker
+        self.batch = max(batch, self.batching.size * self.batching.workers)
 
     async def _consume(self) -> None:
         import nats

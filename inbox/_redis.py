@@ -49,8 +49,8 @@ class RedisStreamConsumer(BrokerConsumer):
         )
         self.stream, self.group, self.name, self.url = stream, group, name, url
         self.block_ms, self.claim_idle_ms = block_ms, claim_idle_ms
-        #: entries per read: at least a whole transaction batch
-        self.batch = max(batch, self.batching.size)
+        #: entries per read: at least a whole transaction batch for every worker
+        self.batch = max(batch, self.batching.size * self.batching.workers)
 
     async def _consume(self) -> None:
         import redis.asyncio as aioredis

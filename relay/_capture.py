@@ -60,6 +60,8 @@ log = logging.getLogger("relay")
 RECHECK_SECONDS = 1.0
 #: the longest a capturing relay waits for a transaction before confirming the idle stream
 IDLE_WAIT_SECONDS = 0.5
+#: how often a batch's recording looks whether a whole next batch has arrived to read ahead
+_READ_AHEAD_POLL = 0.002
 #: how often a slot that cannot capture this database is logged again while it lasts
 REPORT_EVERY_SECONDS = 300.0
 
@@ -228,14 +230,39 @@ class WalCapture:
         """Record what the slot sends; when it goes idle, return if there is nothing more to
         wait for (draining, or the database switched back to polling meanwhile)."""
         limit = self._config.batch_size
-        while not self._state.stopping:
-            lease.check()
-            transactions = await stream.transactions(limit, IDLE_WAIT_SECONDS)
-            if transactions:
-                await self._record(conn, lease, transactions)
-                lease.check()  # a takeover may have started while the batch was recorded
-                await stream.confirm(transactions[-1].end_lsn)
-            else:
+        # One batch is recorded (numbered, sent, written, committed) while the next one is
+        # taken from the stream and decoded: its database work starts only once the batch
+        # before it has committed, so a batch that rolls back never leaves its seqs to another.
+        recording: tuple[asyncio.Task[None], int] | None = None
+        try:
+            while not self._state.stopping:
+                lease.check()
+                if recording is None:
+                    transactions = await stream.transactions(limit, IDLE_WAIT_SECONDS)
+                else:
+                    # Read ahead once a whole batch is waiting (a backlog); else take what came
+                    # while the batch was recorded, as one batch (at a trickle, batches grow
+                    # with the load instead of splitting into one transaction each).
+                    task = recording[0]
+                    while not task.done() and stream.buffered < limit:
+                        await asyncio.wait({task}, timeout=_READ_AHEAD_POLL)
+                    transactions = await stream.transactions(limit, 0.0)
+                batch = _decode(transactions)
+                if recording is not None:
+                    task, end_lsn = recording
+                    recording = None
+                    await task
+                    lease.check()  # a takeover may have started while the batch was recorded
+                    await stream.confirm(end_lsn)
+                    if not transactions:
+                        await stream.keepalive()  # nothing taken and not recorded: safe
+                        continue
+                if transactions:
+                    recording = (
+                        asyncio.create_task(self._record(conn, lease, batch)),
+                        transactions[-1].end_lsn,
+                    )
+                    continue  # nothing taken from the stream is confirmed before it is recorded
                 lease.check()
                 await stream.confirm()  # idle: nothing of ours up to the server's WAL end
                 if draining:
@@ -243,18 +270,27 @@ class WalCapture:
                 setting = await self._setting()
                 if setting is None or setting.draining:
                     return  # switched back to polling: drain in rounds from now on
-            await stream.keepalive()
+                await stream.keepalive()
+            if recording is not None:  # stopping: the batch in hand ends (recorded, confirmed)
+                task, end_lsn = recording
+                recording = None
+                await task
+                lease.check()
+                await stream.confirm(end_lsn)
+        finally:
+            if recording is not None:  # failed on the way: its transaction rolls back
+                recording[0].cancel()
+                await asyncio.gather(recording[0], return_exceptions=True)
 
     async def _record(
         self,
         conn: psycopg.AsyncConnection[Any],
         lease: CaptureLease,
-        transactions: list[CommittedTransaction],
+        batch: list[_Decoded],
     ) -> None:
-        """Number, send and record one batch, in one transaction on the lock's session
+        """Number, send and record one decoded batch, in one transaction on the lock's session
         (module docstring), under the lease."""
         started = time.perf_counter()
-        batch = _decode(transactions)
         if not batch:
             return
         stmts = self._stmts
@@ -264,16 +300,19 @@ class WalCapture:
             # first: the relay's sessions otherwise commit without waiting for the flush
             # (relay_session), and a slot position saved ahead of a lost commit would skip
             # the batch after a server crash.
-            await conn.execute(stmts.capture_durable)
-            await lease.check_in(conn)
-            ids = [d.record.id for d in batch]
-            cur = await conn.execute(stmts.capture_known, {"ids": ids})
-            known = {r[0] for r in await cur.fetchall()}
-            batch = [d for d in batch if d.record.id not in known]
-            if not batch:
-                return
-            await self._number(conn, batch)
-            waiting = await self._waiting_keys(conn, batch)
+            # The first three statements go in one round trip (a pipeline).
+            async with conn.pipeline():
+                await conn.execute(stmts.capture_durable)
+                checking = await lease.send_check_in(conn)
+                ids = [d.record.id for d in batch]
+                cur = await conn.execute(stmts.capture_known, {"ids": ids})
+                lease.checked_in(await checking.fetchone())
+                known = {r[0] for r in await cur.fetchall()}
+            if known:
+                batch = [d for d in batch if d.record.id not in known]
+                if not batch:
+                    return
+            waiting = await self._number(conn, batch)
             to_send = self._hold_back(batch, waiting)
             # The database and the broker overlap: the rows are written as if every send
             # succeeds while the broker confirms them; a failed send is put right below.
@@ -306,34 +345,37 @@ class WalCapture:
         if any(d.status == "pending" for d in batch):
             self._state.wake.set()  # the polling loop has work
 
-    async def _number(self, conn: psycopg.AsyncConnection[Any], batch: list[_Decoded]) -> None:
+    async def _number(
+        self, conn: psycopg.AsyncConnection[Any], batch: list[_Decoded]
+    ) -> set[tuple[str, str]]:
+        """Number the batch per key; return the keys with an earlier row the polling loop
+        must publish first. Both statements go in one round trip (a pipeline), the counters'
+        upsert first: once it holds the keys' counter rows, no writer adds a row to them."""
         counts: dict[tuple[str, str], int] = {}
         for d in batch:
             key = (d.record.topic, d.record.key)
             counts[key] = counts.get(key, 0) + 1
-        params = {
+        keys = sorted(counts)
+        bump = {
             "topics": [k[0] for k in counts],
             "keys": [k[1] for k in counts],
             "counts": list(counts.values()),
         }
-        cur = await conn.execute(self._stmts.capture_bump, params)
-        next_seq = {(t, k): last - counts[(t, k)] + 1 for t, k, last in await cur.fetchall()}
-        for d in batch:
-            key = (d.record.topic, d.record.key)
-            d.seq = next_seq[key]
-            next_seq[key] += 1
-
-    async def _waiting_keys(
-        self, conn: psycopg.AsyncConnection[Any], batch: list[_Decoded]
-    ) -> set[tuple[str, str]]:
-        keys = sorted({(d.record.topic, d.record.key) for d in batch})
-        params = {
+        waiting = {
             "topics": [k[0] for k in keys],
             "keys": [k[1] for k in keys],
             **self._config.dead_policy_params(),
         }
-        cur = await conn.execute(self._stmts.capture_waiting_keys, params)
-        return {(t, k) for t, k in await cur.fetchall()}
+        async with conn.pipeline():
+            bumped = await conn.execute(self._stmts.capture_bump, bump)
+            held = await conn.execute(self._stmts.capture_waiting_keys, waiting)
+            next_seq = {(t, k): last - counts[(t, k)] + 1 for t, k, last in await bumped.fetchall()}
+            waiting_keys = {(t, k) for t, k in await held.fetchall()}
+        for d in batch:
+            key = (d.record.topic, d.record.key)
+            d.seq = next_seq[key]
+            next_seq[key] += 1
+        return waiting_keys
 
     def _hold_back(
         self, batch: list[_Decoded], waiting: set[tuple[str, str]]

@@ -100,9 +100,17 @@ class CaptureLease:
     async def check_in(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """:meth:`check`, and in ``conn``'s transaction (the lock's session, where batches are
         recorded) that the lease row still names this epoch and this session."""
+        cur = await self.send_check_in(conn)
+        self.checked_in(await cur.fetchone())
+
+    async def send_check_in(self, conn: psycopg.AsyncConnection[Any]) -> Any:
+        """:meth:`check_in` in two steps, for a pipeline: send the check (after :meth:`check`)
+        and return its cursor; :meth:`checked_in` takes its row."""
         self.check()
         params = {"slot": self.slot, "epoch": self.epoch}
-        row = await (await conn.execute(self._stmts.capture_lease_check, params)).fetchone()
+        return await conn.execute(self._stmts.capture_lease_check, params)
+
+    def checked_in(self, row: Any) -> None:
         if row is None:
             self._lose("the lease row names another holder")
             self.check()

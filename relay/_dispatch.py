@@ -69,18 +69,24 @@ class Dispatcher:
 
     async def process(self, pool: AsyncConnectionPool[Any], claim: Claim) -> None:
         started = time.perf_counter()
-        amo_ids = {e.id for e in claim.envelopes if self.at_most_once(e.topic)}
-        if amo_ids:
-            # At-most-once: marked published *before* sending, never retried.
-            marked = await self.mark(
-                pool, claim, [Outcome(i, "published") for i in amo_ids], durable=True
-            )
-            amo_ids &= marked
-        to_send = [e for e in claim.envelopes if e.id in amo_ids or not self.at_most_once(e.topic)]
+        # The policy is looked up per topic of the claim, not per message: most claims hold
+        # one or a few topics, and none of them at-most-once.
+        topics = {e.topic for e in claim.envelopes}
+        amo_topics = {t for t in topics if self.at_most_once(t)}
+        if not amo_topics:
+            await self._process_at_least_once(pool, claim, topics, started)
+            return
+        amo_ids = {e.id for e in claim.envelopes if e.topic in amo_topics}
+        # At-most-once: marked published *before* sending, never retried.
+        marked = await self.mark(
+            pool, claim, [Outcome(i, "published") for i in amo_ids], durable=True
+        )
+        amo_ids &= marked
+        to_send = [e for e in claim.envelopes if e.id in amo_ids or e.topic not in amo_topics]
         results, unreachable = await self.publish(to_send, claim.deadline)
         by_id = dict(zip((e.id for e in to_send), results, strict=True))
         self._count_at_most_once(to_send, amo_ids, by_id)
-        keep = [i for i, e in enumerate(claim.envelopes) if not self.at_most_once(e.topic)]
+        keep = [i for i, e in enumerate(claim.envelopes) if e.topic not in amo_topics]
         alo = Claim(
             claim.token,
             [claim.envelopes[i] for i in keep],
@@ -88,6 +94,42 @@ class Dispatcher:
             claim.deadline,
         )
         alo_results = [by_id[e.id] for e in alo.envelopes]
+        await self._settle(pool, claim, alo, alo_results, to_send, results, unreachable, started)
+
+    async def _process_at_least_once(
+        self, pool: AsyncConnectionPool[Any], claim: Claim, topics: set[str], started: float
+    ) -> None:
+        """The common claim: every row at-least-once. When the broker took every message (a
+        drain's every batch) the outcomes need no per-row decision."""
+        results, unreachable = await self.publish(claim.envelopes, claim.deadline)
+        if unreachable or not all(r is None for r in results):
+            await self._settle(
+                pool, claim, claim, results, claim.envelopes, results, unreachable, started
+            )
+            return
+        self._failing_keys.clear()  # the broker acknowledged something: it is up
+        for topic in topics:
+            self.destinations.accepted(topic)
+        await self.mark(pool, claim, [Outcome(e.id, "published") for e in claim.envelopes])
+        published = collections.Counter(e.topic for e in claim.envelopes)
+        for topic, n in published.items():
+            self.metrics.published.labels(topic).inc(n)
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        self.broker_backoff.succeeded()
+
+    async def _settle(
+        self,
+        pool: AsyncConnectionPool[Any],
+        claim: Claim,
+        alo: Claim,
+        alo_results: list[BaseException | None],
+        to_send: list[Envelope],
+        results: list[BaseException | None],
+        unreachable: bool,
+        started: float,
+    ) -> None:
+        """Decide and mark the at-least-once rows ``alo`` of ``claim`` from the broker's
+        results (``results`` of ``to_send``: every row sent, at-most-once ones included)."""
         if any(r is None for r in results):
             self._failing_keys.clear()  # the broker acknowledged something: it is up
         self._note_destinations(to_send, results)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
-from outbox.envelope import Envelope
+from outbox.envelope import HEADER_ID, Envelope
 from outbox.wire._text import total
 
 __all__ = ["MSG_ID_HEADER", "NatsMessage", "decode", "encode"]
@@ -29,7 +29,7 @@ class NatsMessage:
 
 def encode(envelope: Envelope) -> NatsMessage:
     headers = envelope.to_headers()
-    headers[MSG_ID_HEADER] = str(envelope.id)
+    headers[MSG_ID_HEADER] = headers[HEADER_ID]  # the id's text, made once
     return NatsMessage(headers=headers, data=envelope.payload)
 
 

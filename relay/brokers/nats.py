@@ -15,6 +15,8 @@ BrokerUnreachableError.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -76,6 +78,14 @@ class NatsPublisher:
         self._nc: Any = None
         self._last_error: BaseException | None = None
         self._js: Any = None
+        #: the batch path's own PubAck inbox (see :meth:`_publish_frames`): its subject prefix,
+        #: and the futures of the publishes not acknowledged yet, by reply token
+        self._reply_prefix = ""
+        self._acks: dict[str, asyncio.Future[None]] = {}
+        self._tokens = itertools.count()
+        #: header names and subjects already found valid (they repeat from message to message)
+        self._good_names: set[str] = set()
+        self._good_subjects: set[str] = set()
         self.features = self._features(max_payload=1024 * 1024, window=duplicate_window)
 
     def _features(self, max_payload: int, window: float) -> BrokerFeatures:
@@ -100,6 +110,12 @@ class NatsPublisher:
         self._js = nc.jetstream(
             timeout=self._timeout, publish_async_max_pending=self._max_in_flight
         )
+        self._acks = {}
+        self._reply_prefix = ""
+        if _frames_supported(nc):
+            prefix = nc.new_inbox()
+            await nc.subscribe(f"{prefix}.*", cb=self._on_ack)
+            self._reply_prefix = f"{prefix}."
         window = self._duplicate_window
         if self._stream is not None:
             window = await self._ensure_stream()
@@ -158,33 +174,144 @@ class NatsPublisher:
             # relay sends them again: publish nothing (the relay releases the rows and pauses)
             raise _unreachable(self._servers, ConnectionError("not connected (reconnecting)"))
         batch = Batch(envelopes, self._destination)
+        if self._reply_prefix:
+            pending = await self._publish_frames(nc, batch)
+        else:
+            pending = await self._publish_async(batch)
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        try:
+            await batch.settle(
+                pending,
+                max(0.0, deadline - asyncio.get_running_loop().time()),
+                lambda i, exc: self._classify(envelopes[i], batch.destinations[i], exc),
+                "PubAck",
+            )
+        finally:
+            if self._reply_prefix:
+                for fut in pending.values():  # timed out or cancelled: forget their tokens
+                    if not fut.done():
+                        fut.cancel()
+        if not nc.is_connected:
+            batch.connection_lost(list(pending), "NATS connection lost")
+        return batch.results
+
+    async def _publish_frames(self, nc: Any, batch: Batch) -> dict[int, asyncio.Future[Any]]:
+        """Hand the batch to the connection as protocol frames, in input order, in as few
+        writes as ``max_in_flight`` allows; the futures of the PubAcks, by index.
+
+        nats-py's ``publish_async`` costs a semaphore wait, a task-free timeout, a token and a
+        header encoding per message, as much as the rest of the relay's work on a message; here
+        each message is one ``HPUB`` frame, headers encoded in one join, and the PubAcks arrive
+        on one inbox subscription (:meth:`_on_ack`). What the client would refuse (a bad
+        subject or header name, a payload over max_payload) is refused the same way first.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        pending: dict[int, asyncio.Future[Any]] = {}
+        frames: list[bytes] = []
+        acks, prefix, tokens = self._acks, self._reply_prefix, self._tokens
+        room = self._max_in_flight - len(acks)
+        for i, env, dest in batch.items():
+            if batch.blocking and batch.skip_if_blocked(i):
+                continue
+            message = wire.encode(env)
+            headers = message.headers
+            err = self._refusal(env, dest, headers) or self._invalid(env, dest, headers)
+            if err is None and room <= 0:
+                await self._write(nc, frames)
+                frames = []
+                err = await self._room(env, dest, pending, deadline)
+                room = self._max_in_flight - len(acks)
+            if err is not None:
+                batch.refuse(i, err)
+                continue
+            token = str(next(tokens))
+            pending[i] = acks[token] = loop.create_future()
+            room -= 1
+            parts = ["NATS/1.0\r\n"]
+            for name, value in headers.items():
+                if name:
+                    parts += (name, ": ", value.strip(), "\r\n")
+            parts.append("\r\n")
+            head = "".join(parts).encode()
+            data = message.data
+            frames.append(
+                f"HPUB {dest} {prefix}{token} {len(head)} {len(head) + len(data)}\r\n".encode()
+                + head
+                + data
+                + b"\r\n"
+            )
+        await self._write(nc, frames)
+        return pending
+
+    async def _write(self, nc: Any, frames: list[bytes]) -> None:
+        """One write of the frames (nats-py's own buffer and flusher carry it)."""
+        if not frames:
+            return
+        out = b"".join(frames)
+        nc.stats["out_msgs"] += len(frames)
+        nc.stats["out_bytes"] += len(out)
+        await nc._send_command(out)
+        queue = getattr(nc, "_flush_queue", None)
+        if queue is not None and queue.empty():  # as the client's publish: one kick is enough
+            await nc._flush_pending()
+
+    async def _on_ack(self, msg: Any) -> None:
+        """A PubAck (or the server's refusal) for a publish of :meth:`_publish_frames`."""
+        fut = self._acks.pop(msg.subject[len(self._reply_prefix) :], None)
+        if fut is None or fut.done():
+            return  # timed out already (its batch released it), or not ours
+        if msg.headers and msg.headers.get("Status") == "503":  # no stream for the subject
+            fut.set_exception(require("nats.js.errors", "nats").NoStreamResponseError())
+            return
+        data = msg.data
+        if b'"error"' in data:
+            error = _api_error(data)
+            if error is not None:
+                fut.set_exception(error)
+                return
+        fut.set_result(None)
+
+    def _invalid(self, env: Envelope, dest: str, headers: Mapping[str, str]) -> PublishError | None:
+        """What nats-py's publish would raise for the subject or a header name (checked once
+        per distinct name or subject)."""
+        if dest not in self._good_subjects:
+            if not dest or _BAD_SUBJECT.search(dest):
+                return permanent(f"invalid NATS subject {dest!r}", env, dest)
+            self._good_subjects.add(dest)
+        good = self._good_names
+        for name in headers:
+            if name not in good:
+                if name and not _HEADER_NAME.fullmatch(name):
+                    return permanent(f"invalid NATS header name {name!r}", env, dest)
+                good.add(name)
+        return None
+
+    async def _publish_async(self, batch: Batch) -> dict[int, asyncio.Future[Any]]:
+        """The batch through nats-py's ``publish_async`` (a client without the frame path)."""
         pending: dict[int, asyncio.Future[Any]] = {}
         deadline = asyncio.get_running_loop().time() + self._timeout
+        publish = self._js.publish_async
+        # publishes that fit before max_in_flight is reached: the pending count is read again
+        # (and waited on) only when they are used up, not per message
+        room = self._max_in_flight - self._js.publish_async_pending()
         for i, env, dest in batch.items():
-            if batch.skip_if_blocked(i):
+            if batch.blocking and batch.skip_if_blocked(i):
                 continue
             message = wire.encode(env)
             err = self._refusal(env, dest, message.headers)
-            if err is None:
+            if err is None and room <= 0:
                 err = await self._room(env, dest, pending, deadline)
+                room = self._max_in_flight - self._js.publish_async_pending()
             if err is None:
                 try:
-                    pending[i] = await self._js.publish_async(
-                        dest, message.data, headers=message.headers
-                    )
+                    pending[i] = await publish(dest, message.data, headers=message.headers)
+                    room -= 1
                     continue
                 except Exception as exc:
                     err = self._classify(env, dest, exc)
             batch.refuse(i, err)
-        await batch.settle(
-            pending,
-            max(0.0, deadline - asyncio.get_running_loop().time()),
-            lambda i, exc: self._classify(envelopes[i], batch.destinations[i], exc),
-            "PubAck",
-        )
-        if not nc.is_connected:
-            batch.connection_lost(list(pending), "NATS connection lost")
-        return batch.results
+        return pending
 
     async def _room(
         self,
@@ -197,13 +324,19 @@ class NatsPublisher:
 
         nats-py's own stall wait costs a task per message, and its futures never time out.
         """
-        while self._js.publish_async_pending() >= self._max_in_flight:
+        while self._in_flight() >= self._max_in_flight:
             waiting = [f for f in pending.values() if not f.done()][:1]
             remaining = deadline - asyncio.get_running_loop().time()
             if not waiting or remaining <= 0:
                 return retryable(f"{self._max_in_flight} publishes still unacked", env, dest)
             await asyncio.wait(waiting, timeout=remaining)
         return None
+
+    def _in_flight(self) -> int:
+        """Publishes sent and not acknowledged yet."""
+        if self._reply_prefix:
+            return len(self._acks)
+        return int(self._js.publish_async_pending())
 
     def _refusal(self, env: Envelope, dest: str, headers: Mapping[str, str]) -> PublishError | None:
         """Refuse what the server would reject by closing the connection (and so fail all).
@@ -254,6 +387,41 @@ class NatsPublisher:
         if isinstance(exc, js_errors.APIError) and 400 <= (exc.code or 0) < 500:
             return permanent(f"JetStream rejected the message: {exc.description}", env, dest, exc)
         return retryable(f"{type(exc).__name__}: {exc}", env, dest, exc)
+
+
+#: what nats-py accepts in a header name, and refuses in a published subject
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_SUBJECT = re.compile(r"[\s\x00]")
+
+
+def _frames_supported(nc: Any) -> bool:
+    """The client has the internals the frame path writes through (nats-py 2.x)."""
+    return (
+        callable(getattr(nc, "_send_command", None))
+        and callable(getattr(nc, "_flush_pending", None))
+        and isinstance(getattr(nc, "stats", None), dict)
+    )
+
+
+def _api_error(data: bytes) -> BaseException | None:
+    """The JetStream error in a PubAck's body, as nats-py raises it; None when it is an ack."""
+    js_errors = require("nats.js.errors", "nats")
+    error: BaseException
+    try:
+        body = json.loads(data)
+    except ValueError as exc:
+        error = js_errors.APIError(description=f"unreadable PubAck: {exc}")
+        return error
+    if not isinstance(body, dict) or "error" not in body:
+        return None
+    try:
+        js_errors.APIError.from_error(body["error"])  # raises the error's own class
+        error = js_errors.APIError(description="JetStream error")
+    except js_errors.APIError as exc:
+        error = exc
+    except Exception as exc:  # a malformed error object
+        error = js_errors.APIError(description=f"unreadable PubAck error: {exc}")
+    return error
 
 
 def _unreachable(servers: Sequence[str], exc: BaseException) -> BaseException:

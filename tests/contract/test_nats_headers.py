@@ -62,3 +62,40 @@ def test_nats_payload_limit_counts_the_headers() -> None:
         assert await harness.read(1) == [fits]
 
     run(harness, body)
+
+
+def test_nats_refuses_a_header_name_the_client_would_refuse() -> None:
+    """A name outside the HTTP token characters (nats-py's own check) is refused on its own by
+    the batch's frame path, as the client's publish would refuse it; the rest goes out."""
+    harness = NatsHarness()
+    bad = make_envelope(key="k", headers={"a/b": "v"})
+    good = make_envelope(key="good", headers={"tenant": "acme", "x-trace": " padded "})
+
+    async def body() -> None:
+        results = await publish(harness.publisher(), [bad, good])
+        assert isinstance(results[0], PermanentPublishError), results[0]
+        assert "'a/b'" in str(results[0])
+        assert results[1] is None
+        (received,) = await harness.read(1)
+        assert received.id == good.id
+        assert received.headers == {"tenant": "acme", "x-trace": "padded"}  # as nats-py strips
+
+    run(harness, body)
+
+
+def test_nats_without_the_frame_path_publishes_through_the_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client without the internals the frame path writes through: ``publish_async``."""
+    import relay.brokers.nats as nats_adapter
+
+    monkeypatch.setattr(nats_adapter, "_frames_supported", lambda nc: False)
+    harness = NatsHarness()
+    envelopes = [make_envelope(key=f"k{i % 3}", seq=i // 3 + 1) for i in range(9)]
+
+    async def body() -> None:
+        results = await publish(harness.publisher(), envelopes)
+        assert results == [None] * 9
+        assert await harness.read(9) == envelopes
+
+    run(harness, body)

@@ -4,6 +4,7 @@ message applied once, each key in seq order, a poison message isolated from its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from typing import Any
 
@@ -11,7 +12,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from inbox import AsyncHandlerRunner, Batching, Outcome
+from inbox import AsyncHandlerRunner, Batching, NatsConsumer, Outcome
 from inbox.testing import ResultLog
 from outbox import ConfigurationError
 from tests.inbox.broker_fixtures import BROKERS, Broker
@@ -102,3 +103,61 @@ def test_kafka_refuses_parallel_workers() -> None:
 def test_batching_is_validated(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         Batching(**kwargs)
+
+
+def test_nats_workers_fill_their_batches_side_by_side(effects_url: str) -> None:
+    """``workers=4`` with a batch handler that waits on I/O: the consumer fetches a batch for
+    every worker, so four batches are applied at once, none larger than ``size``, and each
+    message is applied once, each key in seq order."""
+    require_port(4222, "nats")
+    size, workers, keys, per_key = 25, 4, 16, 25
+    broker = BROKERS["nats"]()
+    broker.batching = Batching(size=size, wait=0.05, workers=workers)
+    sizes: list[int] = []
+    active, most = 0, 0
+    overlapped = asyncio.Event()
+
+    async def apply(conn: Any, messages: list[Any]) -> None:
+        nonlocal active, most
+        sizes.append(len(messages))
+        active += 1
+        most = max(most, active)
+        if active == workers:
+            overlapped.set()
+        try:
+            for msg in messages:
+                await _apply(conn, msg)
+            # an HTTP call: the other workers' batches go on meanwhile (until all overlapped)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(overlapped.wait(), 0.5)
+        finally:
+            active -= 1
+
+    stream = [make_envelope(key=f"k{k}", seq=n) for n in range(1, per_key + 1) for k in range(keys)]
+
+    async def run() -> None:
+        log = ResultLog()
+        await broker.setup()
+        try:
+            async with AsyncConnectionPool(effects_url, min_size=1, max_size=workers + 1,
+                                           open=False) as pool:  # fmt: skip
+                runner = AsyncHandlerRunner(pool, batch_handler=apply, consumer="svc",
+                                            ordered=True)  # fmt: skip
+                await broker.publish(stream)  # a backlog: every fetch comes back full
+                consumer = broker.consumer(runner, log, 0)
+                assert isinstance(consumer, NatsConsumer)
+                assert consumer.batch == size * workers
+                task = asyncio.create_task(consumer.run())
+                await log.wait_processed([m.id for m in stream], within=60)
+                consumer.stop()
+                await task
+        finally:
+            await broker.teardown()
+
+    asyncio.run(run())
+    assert most == workers
+    assert max(sizes) <= size
+    applied = effects(effects_url, "svc")
+    assert sorted(e[1] for e in applied) == sorted(m.id for m in stream)
+    for k in range(keys):
+        assert [e[3] for e in applied if e[2] == f"k{k}"] == list(range(1, per_key + 1))
