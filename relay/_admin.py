@@ -134,6 +134,10 @@ def relay_status(url: Database, *, schema: str | None = None) -> RelayStatus:
         broker = relay.get("broker")
         relay["broker"] = redact(broker) if broker else None
         relay["broker_kind"] = broker_kind(broker)
+        for pause in (relay.get("paused_destinations") or {}).values():
+            for text in ("destination", "reason", "error"):
+                if isinstance(pause.get(text), str):
+                    pause[text] = redact(pause[text])
     return RelayStatus(topics, relays, capture)
 
 

@@ -4,6 +4,7 @@ login or a bad CSRF token change nothing."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -348,3 +349,41 @@ def test_a_bad_change_is_refused_with_its_reason_and_changes_nothing(
     assert "Traceback" not in answer.text
     assert all(_row(database_url, i)[0] == "dead" for i in dead["too_large"] + dead["timeout"])  # type: ignore[index]
     assert _audit(database_url) == []
+
+
+def test_the_overview_names_each_relays_broker_and_a_paused_topics_destination(
+    database_url: str, console: Any
+) -> None:
+    """A relay on a cloud broker, as it registers itself (a password in its row, as an older
+    relay or a hand-written row might leave it): the overview shows the broker family, the
+    destination a paused topic maps to, and never the password."""
+    import httpx
+
+    seed(database_url)
+    secret = "s3cr3t-" + uuid.uuid4().hex[:8]
+    config = {
+        "broker": f"amqp1s://RelaySend:{secret}@my-ns.servicebus.windows.net",
+        "paused_destinations": {
+            "orders": {
+                "destination": "/queues/orders",
+                "reason": f"amqp:not-found from amqp1s://RelaySend:{secret}@my-ns.servicebus.windows.net",
+                "since": "2026-11-27T00:00:00+00:00",
+                "refusals": 3,
+            }
+        },
+    }
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox_relays (relay_id, hostname, pid, config) "
+            "VALUES ('relay-cloud', 'host-a', 4242, %s::jsonb)",
+            (json.dumps(config),),
+        )
+    with console(database_url) as base, httpx.Client(base_url=base) as client:
+        page = client.get("/")
+    assert page.status_code == 200, page.text
+    row = page.text.split('id="relays"', 1)[1].split("</table>", 1)[0]
+    assert "relay-cloud" in row
+    assert "AMQP 1.0" in row
+    assert "my-ns.servicebus.windows.net" in row
+    assert "/queues/orders" in row
+    assert secret not in page.text
