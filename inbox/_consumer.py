@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from inbox._receive import invalid_ref
+from inbox._receive import MessageRef, invalid_ref
 from inbox._runner import AsyncAlso, AsyncHandlerRunner, Outcome, Result, _is_transient
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
 from outbox._redact import redact_library_logs
@@ -94,9 +94,10 @@ class Invalid:
     error: Exception
 
 
-#: What a worker takes: envelopes to apply, and invalid messages to record dead, each with the
-#: broker delivery to settle, in the order they arrived.
-Chunk = list[tuple[Envelope | Invalid, Delivery]]
+#: What a worker takes: envelopes to apply (with what the runner's check returned of each), and
+#: invalid messages to record dead (no ref), each with the broker delivery to settle, in the
+#: order they arrived.
+Chunk = list[tuple[Envelope | Invalid, Delivery, MessageRef | None]]
 
 
 class BrokerConsumer:
@@ -194,23 +195,28 @@ class BrokerConsumer:
         here at once."""
         chunks: list[Chunk] = [[] for _ in self._queues]
         for delivery in deliveries:
-            item = self._decode(delivery.decode, delivery.where)
-            if isinstance(item, Invalid):
-                data = _data(item.error)
-                topic = getattr(item.envelope, "topic", data.get("topic"))
-                key = getattr(item.envelope, "key", data.get("key"))
+            checked = self._checked(delivery.decode, delivery.where)
+            item: Envelope | Invalid
+            ref: MessageRef | None = None
+            if isinstance(checked, Invalid):
+                item = checked
+                data = _data(checked.error)
+                topic = getattr(checked.envelope, "topic", data.get("topic"))
+                key = getattr(checked.envelope, "key", data.get("key"))
                 if not isinstance(topic, str) or not isinstance(key, str):
                     # no key to keep in order with: recorded (if it has an id) and settled now
-                    await self._settle_invalid(item.envelope, item.error, None)
+                    await self._settle_invalid(checked.envelope, checked.error, None)
                     await delivery.settle(None)
                     continue
                 # Its key's worker records it dead in turn, after the messages of the key
                 # before it: recorded earlier, while a predecessor was still being applied,
                 # it could not move the key on, and the key's later messages waited forever.
+            else:
+                item, ref = checked
             route = 0
             if len(chunks) > 1:
                 route = zlib.crc32(f"{topic_key(item)}".encode()) % len(chunks)
-            chunks[route].append((item, delivery))
+            chunks[route].append((item, delivery, ref))
         for queue, chunk in zip(self._queues, chunks, strict=True):
             if chunk:
                 await queue.put(chunk)
@@ -250,34 +256,34 @@ class BrokerConsumer:
 
     async def _settle_batch(self, batch: Chunk) -> None:
         """Apply the envelopes and record the invalid messages dead, in arrival order."""
-        run: list[tuple[Envelope, Delivery]] = []
-        for item, delivery in batch:
+        run: list[tuple[Envelope, Delivery, MessageRef]] = []
+        for item, delivery, ref in batch:
             if isinstance(item, Invalid):
                 await self._settle_envelopes(run)
                 run = []
                 await self._settle_invalid(item.envelope, item.error, None)
                 await delivery.settle(None)
-            else:
-                run.append((item, delivery))
+            else:  # a valid envelope comes with its ref
+                run.append((item, delivery, ref or self.runner.check(item)))
         await self._settle_envelopes(run)
 
-    async def _settle_envelopes(self, batch: list[tuple[Envelope, Delivery]]) -> None:
+    async def _settle_envelopes(self, batch: list[tuple[Envelope, Delivery, MessageRef]]) -> None:
         if not batch:
             return
-        envelopes = [envelope for envelope, _ in batch]
+        envelopes = [envelope for envelope, _, _ in batch]
         results: list[Result] | None = None
         if len(batch) > 1:
             try:
-                results = await self.runner.handle_batch(envelopes)
+                results = await self.runner._handle_checked(envelopes, [r for _, _, r in batch])
             except Exception as exc:  # a bug: each message on its own finds the one at fault
                 log.error("inbox: a batch of %d failed, one by one now: %s", len(batch),
                           described(exc))  # fmt: skip
         if results is None:
-            results = [await self._handle(e, None, d.where) for e, d in batch]
+            results = [await self._handle(e, None, d.where) for e, d, _ in batch]
         for envelope, result in zip(envelopes, results, strict=True):
             self._report(envelope, result)
         later = []
-        for (_, delivery), result in zip(batch, results, strict=True):
+        for (_, delivery, _), result in zip(batch, results, strict=True):
             if result.outcome.ack:
                 await delivery.settle(result)
             else:
@@ -344,14 +350,21 @@ class BrokerConsumer:
     ) -> Envelope | Invalid:
         """The envelope of a broker message, checked as the runner will record it; or, when
         it is refused (whatever was raised), what could be read of it, counted and logged."""
+        checked = self._checked(decode, where)
+        return checked if isinstance(checked, Invalid) else checked[0]
+
+    def _checked(
+        self, decode: Callable[[], Envelope], where: Callable[[], str]
+    ) -> tuple[Envelope, MessageRef] | Invalid:
+        """:meth:`_decode`, with what the runner's check returned of a valid envelope."""
         envelope: Envelope | None = None
         try:
             envelope = decode()
-            self.runner.check(envelope)
+            ref = self.runner.check(envelope)
         except Exception as exc:
             self._refused(exc, where)
             return Invalid(envelope, exc)
-        return envelope
+        return envelope, ref
 
     def _refused(self, exc: Exception, where: Callable[[], str]) -> None:
         """Count a refused message by reason and log it with its broker position; what is

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Invalid, ResultCallback, described
+from inbox._receive import MessageRef
 from inbox._runner import AsyncAlso, AsyncBatchAlso, AsyncHandlerRunner, Outcome, Result
 from outbox._connections import resolve_async
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
@@ -169,20 +170,22 @@ class KafkaConsumer(BrokerConsumer):
         acks = [True] * len(msgs)  # an invalid message is settled (recorded dead) at once
         valid: list[int] = []
         envelopes: list[Envelope] = []
+        refs: list[MessageRef] = []
         for i, msg in enumerate(msgs):
-            item = self._decode(
+            item = self._checked(
                 functools.partial(self._decode_msg, msg), functools.partial(_where, msg)
             )
             if isinstance(item, Invalid):
                 await self._settle_invalid(item.envelope, item.error, None)
                 continue
             valid.append(i)
-            envelopes.append(item)
+            envelopes.append(item[0])
+            refs.append(item[1])
         results: list[Result] | None = [] if not envelopes else None
         if envelopes:
             also = self._store_offsets(msgs, valid) if self.offsets_in_db else None
             try:
-                results = await self.runner.handle_batch(envelopes, also=also)
+                results = await self.runner._handle_checked(envelopes, refs, also)
             except Exception as exc:  # a bug: each message on its own finds the one at fault
                 log.error("inbox: a batch of %d failed, one by one now: %s", len(envelopes),
                           described(exc))  # fmt: skip

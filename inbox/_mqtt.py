@@ -52,6 +52,9 @@ class MqttConsumer(BrokerConsumer):
             raise ConfigurationError("client_id is required: it names the persistent session")
         self.topic, self.client_id, self.host, self.port = topic, client_id, host, port
         self.session_expiry, self.connect_timeout = session_expiry, connect_timeout
+        #: the broker sends at most this many unacknowledged messages (MQTT 5's receive
+        #: maximum, the local buffer's bound): a few whole transaction batches per worker
+        self.receive_maximum = 4 * self.batching.size * self.batching.workers + 16
 
     def _client(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> Any:
         import paho.mqtt.client as mqtt
@@ -87,8 +90,7 @@ class MqttConsumer(BrokerConsumer):
         client = self._client(loop, queue)
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = self.session_expiry
-        # the broker sends at most this many unacknowledged messages: the local buffer's bound
-        props.ReceiveMaximum = 4 * self.batching.size * self.batching.workers + 16
+        props.ReceiveMaximum = self.receive_maximum
         await loop.run_in_executor(
             None,
             lambda: client.connect(self.host, self.port, clean_start=False, properties=props),

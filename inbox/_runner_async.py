@@ -132,6 +132,19 @@ class AsyncHandlerRunner(_RunnerBase):
         cfg = self._cfg
         start_ns = time.time_ns()
         refs = [as_ref(cfg.consumer, m, ordered=cfg.ordered) for m in messages]
+        return await self._handle_checked(messages, refs, also, start_ns)
+
+    async def _handle_checked(
+        self,
+        messages: Sequence[Any],
+        refs: list[MessageRef],
+        also: AsyncBatchAlso | None = None,
+        start_ns: int | None = None,
+    ) -> list[Result]:
+        """:meth:`handle_batch` of messages whose refs :meth:`check` returned (the broker
+        consumers check each message as they decode it, and do not pay for it twice)."""
+        if start_ns is None:
+            start_ns = time.time_ns()
         results: dict[int, Result] = {}
         pending = list(range(len(messages)))
         while pending:
@@ -151,8 +164,7 @@ class AsyncHandlerRunner(_RunnerBase):
                 for j in pending:
                     results[j] = await self._handle(messages[j], None)
                 break
-        size = len(messages)
-        return [self._observed(results[i], m, start_ns, size) for i, m in enumerate(messages)]
+        return self._observed_batch(results, messages, start_ns)
 
     async def _batch(
         self,

@@ -13,7 +13,7 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -24,7 +24,7 @@ from inbox._batch import Plan
 from inbox._metrics import InboxMetrics
 from inbox._receive import MessageRef, Steps, Verdict, as_ref, held_params
 from inbox._statements import InboxStatements, inbox_statements
-from inbox._tracing import trace_delivery
+from inbox._tracing import trace_delivery, tracing
 from inbox.exceptions import ConcurrentDeliveryError
 from outbox.envelope import shown
 from outbox.exceptions import ConfigurationError
@@ -281,23 +281,43 @@ class _RunnerBase:
     def consumer(self) -> str:
         return self._cfg.consumer
 
-    def check(self, message: Any) -> None:
+    def check(self, message: Any) -> MessageRef:
         """Raise :class:`~outbox.InvalidMessageError` when this runner cannot record
         ``message`` (no UUID id, a blank or oversized topic or key, a bad or, when ordered,
-        missing seq)."""
-        as_ref(self._cfg.consumer, message, ordered=self._cfg.ordered)
+        missing seq); otherwise return what the inbox records of it."""
+        return as_ref(self._cfg.consumer, message, ordered=self._cfg.ordered)
 
     def _observed(
         self, result: Result, message: Any, start_ns: int | None = None, batch_size: int = 1
     ) -> Result:
         """Count the delivery in the metrics and record its span (from ``start_ns``)."""
-        self.metrics.delivered(
-            self._cfg.consumer, result.outcome.value, result.handler_seconds, message
-        )
+        if self.metrics.enabled:
+            self.metrics.delivered(
+                self._cfg.consumer, result.outcome.value, result.handler_seconds, message
+            )
         if start_ns is not None:
             trace_delivery(self._cfg.consumer, message, result.outcome.value, result.error,
                            start_ns, time.time_ns(), batch_size)  # fmt: skip
         return result
+
+    def _observed_batch(
+        self, results: dict[int, Result], messages: Sequence[Any], start_ns: int
+    ) -> list[Result]:
+        """The batch's results in order, each counted and traced as :meth:`_observed` does;
+        whether metrics and tracing are on is asked once per batch, not per message."""
+        ordered = [results[i] for i in range(len(messages))]
+        consumer = self._cfg.consumer
+        if self.metrics.enabled:
+            for result, message in zip(ordered, messages, strict=True):
+                self.metrics.delivered(
+                    consumer, result.outcome.value, result.handler_seconds, message
+                )
+        if tracing():
+            end_ns, size = time.time_ns(), len(messages)
+            for result, message in zip(ordered, messages, strict=True):
+                trace_delivery(consumer, message, result.outcome.value, result.error,
+                               start_ns, end_ns, size, check=False)  # fmt: skip
+        return ordered
 
     def _gauges(self, row: tuple[Any, ...] | None) -> tuple[int, int]:
         blocked, held = (int(row[0]), int(row[1])) if row else (0, 0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["trace_delivery"]
+__all__ = ["trace_delivery", "tracing"]
 
 try:
     from opentelemetry import trace
@@ -20,7 +20,9 @@ except ImportError:  # pragma: no cover - the otel extra is not installed
     trace = None  # type: ignore[assignment]
 
 
-def _enabled() -> bool:
+def tracing() -> bool:
+    """True when spans are recorded: opentelemetry-api installed and an SDK configured. A
+    batch asks once, then records its deliveries with ``check=False``."""
     return trace is not None and not isinstance(
         trace.get_tracer_provider(), trace.ProxyTracerProvider
     )
@@ -34,9 +36,12 @@ def trace_delivery(
     start_ns: int,
     end_ns: int,
     batch_size: int = 1,
+    *,
+    check: bool = True,
 ) -> None:
-    """Record the span ``<topic> process`` (kind CONSUMER) of one delivery."""
-    if not _enabled():
+    """Record the span ``<topic> process`` (kind CONSUMER) of one delivery; ``check=False``
+    when the caller has just seen :func:`tracing` return True."""
+    if check and not tracing():
         return
     traceparent = getattr(message, "traceparent", None)
     parent = (

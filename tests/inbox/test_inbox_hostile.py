@@ -330,12 +330,12 @@ def test_an_exception_escaping_the_runner_never_ends_run(
                     pool, handler, consumer="svc", ordered=True,
                     metrics=InboxMetrics.prometheus(registry),
                 )  # fmt: skip
-                check, handle, handle_batch = runner.check, runner.handle, runner.handle_batch
+                check, handle, handle_batch = runner.check, runner.handle, runner._handle_checked
 
-                def buggy_check(message: Any) -> None:
+                def buggy_check(message: Any) -> Any:
                     if message.id == check_bug:
                         raise KeyError("\x1b[2J a bug in a check")
-                    check(message)
+                    return check(message)
 
                 async def buggy_handle(message: Any, *, also: Any = None) -> Any:
                     if message.id == handle_bug:
@@ -345,14 +345,15 @@ def test_an_exception_escaping_the_runner_never_ends_run(
                         raise psycopg.OperationalError("the connection is lost")
                     return await handle(message, also=also)
 
-                async def buggy_batch(messages: Any, *, also: Any = None) -> Any:
+                async def buggy_batch(messages: Any, refs: Any, also: Any = None) -> Any:
                     if {m.id for m in messages} & {handle_bug, *lost_once}:
                         raise RuntimeError("a bug in the batch path")
-                    return await handle_batch(messages, also=also)
+                    return await handle_batch(messages, refs, also)
 
                 runner.check = buggy_check  # type: ignore[method-assign]
                 runner.handle = buggy_handle  # type: ignore[method-assign]
-                runner.handle_batch = buggy_batch  # type: ignore[method-assign]
+                # the consumers hand the batch path the refs that check returned
+                runner._handle_checked = buggy_batch  # type: ignore[method-assign, assignment]
                 consumer = broker.consumer(runner, ResultLog(), 0)
                 task = asyncio.create_task(consumer.run())
                 async with asyncio.timeout(30):

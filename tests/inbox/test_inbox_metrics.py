@@ -118,3 +118,19 @@ def test_a_runner_declares_its_counters_at_zero(pool: ConnectionPool) -> None:
         assert registry.get_sample_value(
             "inbox_refused_total", {"consumer": "c", "reason": reason}
         ) == 0
+
+
+def test_a_batch_counts_each_delivery(pool: ConnectionPool) -> None:
+    """handle_batch counts every message of the batch by its own outcome, as handle does."""
+    registry = CollectorRegistry()
+    runner = HandlerRunner(
+        pool, lambda conn, msg: apply_effect(conn, "c", msg), consumer="c", ordered=True,
+        metrics=InboxMetrics.prometheus(registry),
+    )  # fmt: skip
+    first, second, gap = (make_envelope(key="b", seq=s) for s in (1, 2, 4))
+    results = runner.handle_batch([first, second, first, gap])
+    assert [r.outcome for r in results] == [
+        Outcome.PROCESSED, Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.OUT_OF_ORDER,
+    ]  # fmt: skip
+    assert [_count(registry, o) for o in ("processed", "duplicate", "out_of_order")] == [2, 1, 1]
+    assert registry.get_sample_value("inbox_handler_seconds_count", {"consumer": "c"}) == 2
