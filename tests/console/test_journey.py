@@ -19,7 +19,6 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from conftest import TOKEN, screenshot, seed
-from harness import PgServer
 from psycopg_pool import ConnectionPool
 
 from inbox import HandlerRunner, Outcome
@@ -28,6 +27,7 @@ from outbox.cli import main
 from outbox.envelope import Envelope
 from relay import PermanentPublishError, Relay, RelayConfig
 from relay.brokers.base import BrokerFeatures
+from tests.support.harness import PgServer
 
 #: a password the inbox URLs carry (the test cluster trusts local connections and ignores it)
 PASSWORD = "pw-never-shown-1234"

@@ -236,9 +236,9 @@ def test_moto_killed_mid_stream_the_inbox_still_applies_each_message_once_in_ord
     once, each key in order."""
     import_or_missing("boto3", "aws")
     import boto3
-    from broker_helpers import Proxy
 
     import tests.support.aws_server as aws_server
+    from tests.relay.broker_helpers import Proxy
 
     aws_server.aws_env()
     ports = [aws_server._free_port()]
