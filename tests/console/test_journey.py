@@ -18,7 +18,6 @@ import httpx
 import psycopg
 import pytest
 from click.testing import CliRunner
-from conftest import TOKEN, screenshot, seed
 from psycopg_pool import ConnectionPool
 
 from inbox import HandlerRunner, Outcome
@@ -27,6 +26,7 @@ from outbox.cli import main
 from outbox.envelope import Envelope
 from relay import PermanentPublishError, Relay, RelayConfig
 from relay.brokers.base import BrokerFeatures
+from tests.console.console_helpers import TOKEN, screenshot, seed
 from tests.support.harness import PgServer
 
 #: a password the inbox URLs carry (the test cluster trusts local connections and ignores it)
