@@ -239,9 +239,10 @@ def test_moto_killed_mid_stream_the_inbox_still_applies_each_message_once_in_ord
 
     import tests.support.aws_server as aws_server
     from tests.relay.broker_helpers import Proxy
+    from tests.support.server_process import free_port
 
     aws_server.aws_env()
-    ports = [aws_server._free_port()]
+    ports = [free_port()]
     procs = [aws_server.launch(ports[0])]
     name = f"kill-{uuid.uuid4().hex[:8]}.fifo"
     with psycopg.connect(url, autocommit=True) as conn:
@@ -283,7 +284,7 @@ def test_moto_killed_mid_stream_the_inbox_still_applies_each_message_once_in_ord
                 ids.extend(await asyncio.to_thread(
                     write, url, [("orders", f"k{i % KEYS}") for i in range(KEYS)]))  # fmt: skip
                 await asyncio.sleep(1.0)  # the relay and the consumer meet the outage
-                ports.append(aws_server._free_port())
+                ports.append(free_port())
                 procs.append(await asyncio.to_thread(aws_server.launch, ports[1]))
                 direct = boto3.client("sqs", endpoint_url=f"http://127.0.0.1:{ports[1]}",
                                       region_name=aws_server.REGION)  # fmt: skip
