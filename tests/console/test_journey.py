@@ -24,38 +24,15 @@ from inbox import HandlerRunner, Outcome
 from outbox import publish
 from outbox.cli import main
 from outbox.envelope import Envelope
-from relay import PermanentPublishError, Relay, RelayConfig
-from relay.brokers.base import BrokerFeatures
+from relay import Relay, RelayConfig
 from tests.console.console_helpers import TOKEN, screenshot, seed
 from tests.support.harness import PgServer
+from tests.support.recorder import Recorder
 
 #: a password the inbox URLs carry (the test cluster trusts local connections and ignores it)
 PASSWORD = "pw-never-shown-1234"
 
 
-class Recorder:
-    """A broker adapter that keeps what it is given; refuses payloads marked poison."""
-
-    features = BrokerFeatures("recorder", 0.0, True, True, 0)
-
-    def __init__(self) -> None:
-        self.sent: list[Envelope] = []
-
-    async def start(self) -> None:
-        pass
-
-    async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:
-        out: list[BaseException | None] = []
-        for env in envelopes:
-            if b"relay-poison" in env.payload:
-                out.append(PermanentPublishError("rejected by the broker"))
-            else:
-                self.sent.append(env)
-                out.append(None)
-        return out
-
-    async def close(self) -> None:
-        pass
 
 
 def _settled(url: str) -> int:
