@@ -181,10 +181,10 @@ class Amqp1Consumer(BrokerConsumer):
     ``released`` after ``redeliver_delay`` (the broker delivers it again); one that is not an
     outbox message is ``rejected`` (to the queue's dead-letter queue, if it has one). An early
     one (out of its key's order) is set aside unsettled (up to ``credit`` of them, each lending
-    its credit to the next message): applied as soon as its key's previous message is
-    settled, or released after ``redeliver_delay``. RabbitMQ puts a released message back at
-    the head of its queue, so releasing each early message after a delay made a backlog behind
-    a failing message take minutes to drain.
+    its credit to the next message): applied as soon as its key's previous message is settled
+    here, released after 5 s otherwise (at least ``redeliver_delay``). RabbitMQ puts a
+    released message back at the head of its queue: releasing each early message after a
+    delay made a backlog behind a failing message take minutes to drain.
     When an established connection or its link is lost, its unsettled messages go back to the
     queue and the consumer connects again (``reconnect=False``: ``run()`` raises
     ConnectionError instead); the first connection failing raises ConnectionError.

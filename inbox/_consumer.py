@@ -103,10 +103,15 @@ class Invalid:
 Chunk = list[tuple[Envelope | Invalid, Delivery, MessageRef | None]]
 
 
+#: seconds an early message stays set aside (at least ``redeliver_delay``) when its key's
+#: previous message is not settled here meanwhile (another consumer of the queue had it)
+SET_ASIDE = 5.0
+
+
 @dataclass(eq=False)
 class _Aside:
-    """An early message kept unsettled until its key's previous message is settled here, or
-    until ``redeliver_delay`` has passed (then it is released to the broker)."""
+    """An early message kept unsettled until its key's previous message is settled here (then
+    it is applied), or for ``SET_ASIDE`` seconds at most (then it is released to the broker)."""
 
     envelope: Envelope
     delivery: Delivery
@@ -325,11 +330,12 @@ class BrokerConsumer:
     # ---- early messages set aside (brokers that requeue at the head of the queue) ----------
 
     def _defer(self, envelope: Envelope, delivery: Delivery, result: Result) -> None:
-        """Settle a message not applied after ``redeliver_delay``, without holding up its
-        worker. An early one (OUT_OF_ORDER) is set aside meanwhile, unsettled (a crash or a
-        lost connection gives it back to the broker), up to ``set_aside`` messages: it is
-        applied from memory as soon as its key's previous message is settled here, and the
-        broker is asked for another message in its place (``Delivery.lend``).
+        """Release a message not applied ``redeliver_delay`` later, without holding up its
+        worker meanwhile. An early one (OUT_OF_ORDER) is set aside instead, up to
+        ``set_aside`` of them: kept unsettled (a crash or a lost connection gives it back to
+        the broker), applied from memory as soon as its key's previous message is settled
+        here, released after ``SET_ASIDE`` seconds otherwise (at least ``redeliver_delay``);
+        the broker is asked for another message in its place (``Delivery.lend``).
 
         Why: a broker that puts a released message back at the head of its queue (RabbitMQ's
         classic queues) hands it straight back, so the messages of a key waiting on a failing
@@ -351,7 +357,8 @@ class BrokerConsumer:
     async def _release_later(
         self, delivery: Delivery, result: Result, entry: _Aside | None
     ) -> None:
-        await self._wait_stopping(self.redeliver_delay)
+        hold = self.redeliver_delay if entry is None else max(self.redeliver_delay, SET_ASIDE)
+        await self._wait_stopping(hold)
         if entry is not None:
             if entry.taken:
                 return  # applied from memory meanwhile
