@@ -165,6 +165,8 @@ class BrokerConsumer:
         self.redeliver_delay = redeliver_delay
         self.batching = batching or SINGLE
         self._queues: list[asyncio.Queue[Chunk]] = []
+        #: per worker: failed messages whose redelivery delay is over, to apply again
+        self._ready: list[Chunk] = []
         self._workers: list[asyncio.Task[None]] = []
         self._busy: list[asyncio.Lock] = []
         self._crash: BaseException | None = None
@@ -215,6 +217,7 @@ class BrokerConsumer:
         n = self.batching.workers
         # a worker's buffer holds at most two chunks (each one fetch's messages of its keys)
         self._queues = [asyncio.Queue(maxsize=2) for _ in range(n)]
+        self._ready = [[] for _ in range(n)]
         self._busy = [asyncio.Lock() for _ in range(n)]
         self._workers = [asyncio.create_task(self._work(i)) for i in range(n)]
 
@@ -257,8 +260,8 @@ class BrokerConsumer:
         #: fills up from the buffer, instead of going out as a small batch of its own
         carry: Chunk = []
         while True:
-            batch = carry or await queue.get()
-            carry = []
+            batch = carry or await queue.get()  # an empty chunk: only a wake-up (_retry_later)
+            batch, self._ready[index], carry = self._ready[index] + batch, [], []
             deadline = loop.time() + self.batching.wait
             while len(batch) < size:
                 try:
@@ -330,12 +333,14 @@ class BrokerConsumer:
     # ---- early messages set aside (brokers that requeue at the head of the queue) ----------
 
     def _defer(self, envelope: Envelope, delivery: Delivery, result: Result) -> None:
-        """Release a message not applied ``redeliver_delay`` later, without holding up its
-        worker meanwhile. An early one (OUT_OF_ORDER) is set aside instead, up to
-        ``set_aside`` of them: kept unsettled (a crash or a lost connection gives it back to
-        the broker), applied from memory as soon as its key's previous message is settled
-        here, released after ``SET_ASIDE`` seconds otherwise (at least ``redeliver_delay``);
-        the broker is asked for another message in its place (``Delivery.lend``).
+        """Deal with a message not applied without holding up its worker meanwhile; it stays
+        unsettled (a crash or a lost connection gives it back to the broker). A failed one is
+        applied again ``redeliver_delay`` later (:meth:`_retry_later`). An early one
+        (OUT_OF_ORDER) is set aside, up to ``set_aside`` of them: applied from memory as soon
+        as its key's previous message is settled here, released after ``SET_ASIDE`` seconds
+        otherwise (at least ``redeliver_delay``); the broker is asked for another message in
+        its place (``Delivery.lend``). Past ``set_aside``, it is released after
+        ``redeliver_delay``.
 
         Why: a broker that puts a released message back at the head of its queue (RabbitMQ's
         classic queues) hands it straight back, so the messages of a key waiting on a failing
@@ -350,15 +355,38 @@ class BrokerConsumer:
                 self._aside[where] = entry  # a copy set aside before is released by its task
                 if delivery.lend is not None:
                     delivery.lend()
-        task = asyncio.create_task(self._release_later(delivery, result, entry))
+        again = entry is None and result.outcome is Outcome.FAILED
+        task = asyncio.create_task(
+            self._retry_later(envelope, delivery, result)
+            if again
+            else self._release_later(delivery, result, entry)
+        )
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
+    async def _retry_later(self, envelope: Envelope, delivery: Delivery, result: Result) -> None:
+        """A failed message is applied again from memory after ``redeliver_delay`` (its worker
+        takes it with its next batch), not released: the broker would hand it back only
+        after every message it had sent meanwhile, and the later messages of its key wait
+        for it (a poison message goes dead after ``max_attempts`` in about as many delays).
+        The broker's attempt counter is not moved; the inbox counts the attempts."""
+        await self._wait_stopping(self.redeliver_delay)
+        if self.stopping or not self._queues:
+            await self._release_later(delivery, result, None, wait=False)
+            return
+        index = 0
+        if len(self._queues) > 1:
+            index = zlib.crc32(topic_key(envelope).encode()) % len(self._queues)
+        self._ready[index].append((envelope, delivery, self.runner.check(envelope)))
+        if self._queues[index].empty():
+            self._queues[index].put_nowait([])  # wakes its worker up
+
     async def _release_later(
-        self, delivery: Delivery, result: Result, entry: _Aside | None
+        self, delivery: Delivery, result: Result, entry: _Aside | None, wait: bool = True
     ) -> None:
         hold = self.redeliver_delay if entry is None else max(self.redeliver_delay, SET_ASIDE)
-        await self._wait_stopping(hold)
+        if wait:
+            await self._wait_stopping(hold)
         if entry is not None:
             if entry.taken:
                 return  # applied from memory meanwhile
@@ -400,6 +428,7 @@ class BrokerConsumer:
             release.cancel()
         await asyncio.gather(*releases, return_exceptions=True)
         self._aside.clear()
+        self._ready = [[] for _ in self._ready]
         for _ in range(3):  # release producers blocked on a full buffer; what they put is dropped
             for queue in self._queues:
                 while not queue.empty():
