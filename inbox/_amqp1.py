@@ -1,4 +1,4 @@
-"""AMQP 1.0 receiver (python-qpid-proton): accept after commit, release to redeliver.
+"""AMQP 1.0 receiver (python-qpid-proton): accept after commit, retry or release to redeliver.
 
 Proton runs on a thread of its own (:mod:`outbox._proton`): it reads each transfer's bytes and
 hands them to the event loop; the message is decoded on the event loop (a malformed one is
@@ -177,14 +177,16 @@ class Amqp1Consumer(BrokerConsumer):
     """Receive from ``address`` (a queue, or a topic's subscription) with ``credit`` unsettled
     messages in flight.
 
-    A processed message is ``accepted`` after its transaction commits; a failed one is
-    ``released`` after ``redeliver_delay`` (the broker delivers it again); one that is not an
-    outbox message is ``rejected`` (to the queue's dead-letter queue, if it has one). An early
-    one (out of its key's order) is set aside unsettled (up to ``credit`` of them, each lending
-    its credit to the next message): applied as soon as its key's previous message is settled
-    here, released after 5 s otherwise (at least ``redeliver_delay``). RabbitMQ puts a
-    released message back at the head of its queue: releasing each early message after a
-    delay made a backlog behind a failing message take minutes to drain.
+    A processed message is ``accepted`` after its transaction commits; one that is not an
+    outbox message is ``rejected`` (to the queue's dead-letter queue, if it has one). A failed
+    one stays unsettled and is applied again after ``redeliver_delay`` (until the inbox's
+    ``max_attempts``). An early one (out of its key's order) is set aside unsettled (up to
+    ``credit`` of them, each lending its credit to the next message): applied as soon as its
+    key's previous message is settled here, ``released`` after 5 s otherwise (at least
+    ``redeliver_delay``; the broker delivers it again). Why not release them at once:
+    RabbitMQ puts a released message back at the head of its queue, and hands it back only
+    after what it sent meanwhile; releasing each failed and early message after a delay made
+    a backlog behind a failing message take minutes to drain.
     When an established connection or its link is lost, its unsettled messages go back to the
     queue and the consumer connects again (``reconnect=False``: ``run()`` raises
     ConnectionError instead); the first connection failing raises ConnectionError.
