@@ -123,9 +123,9 @@ class BrokerConsumer:
     """Base of the broker runners: ``await run()`` until ``stop()``; then it shuts down cleanly,
     finishing the message in hand (commit, then ack) and closing its broker connection."""
 
-    #: True: a message not applied is settled ``redeliver_delay`` later by a task of its own
-    #: (:meth:`_defer`), and ``Delivery.settle`` settles it at once; False: ``Delivery.settle``
-    #: waits the delay itself
+    #: True: a message not applied is dealt with by a task of its own (:meth:`_defer`: applied
+    #: again, set aside, or released later), and ``Delivery.settle`` settles it at once;
+    #: False: ``Delivery.settle`` waits ``redeliver_delay`` itself
     defers_release = False
 
     def __init__(
@@ -343,10 +343,10 @@ class BrokerConsumer:
         ``redeliver_delay``.
 
         Why: a broker that puts a released message back at the head of its queue (RabbitMQ's
-        classic queues) hands it straight back, so the messages of a key waiting on a failing
-        message (or a missing one) fill the consumer's window, and a release after a delay
-        that holds up the worker lets each of them cost the delay in turn: after a backlog
-        (a broker restart), the consumer took minutes to catch up."""
+        classic queues) hands it back at once when the consumer's window is small (the key's
+        waiting messages fill it), or only after all it had sent meanwhile: either way,
+        releasing a failing message and the messages of its key waiting on it, each after a
+        delay that held up the worker, made a backlog (a broker restart) take minutes."""
         entry: _Aside | None = None
         if result.outcome is Outcome.OUT_OF_ORDER and envelope.seq is not None:
             where = (envelope.topic, envelope.key, envelope.seq)
