@@ -99,11 +99,12 @@ def test_a_backlog_behind_failing_messages_drains_without_a_release_per_early_me
 ) -> None:
     """The node puts a released message back at the head of its queue. A backlog where each key
     starts with a message that fails until it is dead (max_attempts=3) and its later messages
-    follow it: an ordered consumer that released each early message after ``redeliver_delay``
-    (holding up its worker meanwhile) took about (1 + early messages in its window) x 1 s per
-    attempt and key, minutes here. It sets them aside now and applies them once the failing
-    message is dead: every message once, in order, well before the timeout, and each early
-    message out of order about once (not once per attempt of its key's failing message)."""
+    follow it: a consumer that released the failing message and each early one after
+    ``redeliver_delay``, holding up its worker meanwhile, takes about (1 + early messages in
+    its window) x 1 s per attempt and key, minutes here (it timed out). The consumer retries
+    the failing message from memory and sets the early ones aside until it is dead: every
+    message once, in order, well before the timeout, and each early message out of order about
+    once (not once per attempt of its key's failing message)."""
     import_or_missing("proton", "amqp1")
     broker = Amqp1()
     keys, length = [f"K{i}" for i in range(6)], 12
