@@ -1,15 +1,18 @@
-"""AMQP 1.0 receiver (python-qpid-proton): accept after commit, release to redeliver.
+"""AMQP 1.0 receiver (python-qpid-proton): accept after commit, retry or release to redeliver.
 
 Proton runs on a thread of its own (:mod:`outbox._proton`): it reads each transfer's bytes and
 hands them to the event loop; the message is decoded on the event loop (a malformed one is
 refused there, never on the reactor thread), and its settlement goes back to the reactor.
 Credit: ``credit`` unsettled messages at most; one more is granted as each is settled, so a
-slow handler stops the broker sending (bounded memory).
+slow handler stops the broker sending (bounded memory). An early message (its key's previous
+one not applied yet) is set aside unsettled, up to ``credit`` of them, and lends its credit to
+the next message: at most twice ``credit`` unsettled messages then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import uuid
@@ -58,6 +61,9 @@ class _Receiver:
         self.lost: str | None = None
         self.opened: asyncio.Future[None] | None = None
         self._unsettled: dict[int, Any] = {}
+        #: deliveries set aside that lent their credit to another message: none is granted
+        #: again when they are settled
+        self._lent: set[int] = set()
         self._next = 0
 
     def connect(self, container: Any, options: dict[str, Any]) -> None:
@@ -79,7 +85,16 @@ class _Receiver:
             return  # the connection is gone: the broker redelivers it
         dlv.update(state)
         dlv.settle()
-        self.receiver.flow(1)
+        if number in self._lent:
+            self._lent.discard(number)
+        else:
+            self.receiver.flow(1)
+
+    def lend(self, number: int) -> None:
+        """``number`` is set aside unsettled: one more credit, in its place."""
+        if self.lost is None and number in self._unsettled and number not in self._lent:
+            self._lent.add(number)
+            self.receiver.flow(1)
 
     def close(self) -> None:
         if self.connection is not None:
@@ -122,6 +137,7 @@ class _Receiver:
             return
         self.lost = reason
         self._unsettled.clear()
+        self._lent.clear()
         error = ConnectionError(f"AMQP 1.0 receiver of {self._address!r} lost: {reason}")
         if self.opened is not None:
             _proton.fail(self._loop, self.opened, error)
@@ -161,13 +177,22 @@ class Amqp1Consumer(BrokerConsumer):
     """Receive from ``address`` (a queue, or a topic's subscription) with ``credit`` unsettled
     messages in flight.
 
-    A processed message is ``accepted`` after its transaction commits; a failed or out-of-order
-    one is ``released`` after ``redeliver_delay`` (the broker delivers it again); one that is
-    not an outbox message is ``rejected`` (to the queue's dead-letter queue, if it has one).
+    A processed message is ``accepted`` after its transaction commits; one that is not an
+    outbox message is ``rejected`` (to the queue's dead-letter queue, if it has one). A failed
+    one stays unsettled and is applied again after ``redeliver_delay`` (until the inbox's
+    ``max_attempts``). An early one (out of its key's order) is set aside unsettled (up to
+    ``credit`` of them, each lending its credit to the next message): applied as soon as its
+    key's previous message is settled here, ``released`` after 5 s otherwise (at least
+    ``redeliver_delay``; the broker delivers it again). Why not release them at once:
+    RabbitMQ puts a released message back at the head of its queue, and hands it back only
+    after what it sent meanwhile; releasing each failed and early message after a delay made
+    a backlog behind a failing message take minutes to drain.
     When an established connection or its link is lost, its unsettled messages go back to the
     queue and the consumer connects again (``reconnect=False``: ``run()`` raises
     ConnectionError instead); the first connection failing raises ConnectionError.
     """
+
+    defers_release = True
 
     def __init__(
         self,
@@ -210,6 +235,7 @@ class Amqp1Consumer(BrokerConsumer):
         #: reconnect (with backoff, at most 5 s apart) when an established connection is lost
         self.reconnect = reconnect
         self._received = False
+        self.set_aside = self.credit
 
     async def _consume(self) -> None:
         failures = 0
@@ -284,7 +310,13 @@ class Amqp1Consumer(BrokerConsumer):
     ) -> Delivery:
         decode: Callable[[], Envelope] = functools.partial(_decode, data, self.max_payload_bytes)
         settle = functools.partial(self._settle, handler, reactor, number)
-        return Delivery(decode, settle, functools.partial(self._where, number))
+        lend = functools.partial(self._lend, handler, reactor, number)
+        return Delivery(decode, settle, functools.partial(self._where, number), lend)
+
+    def _lend(self, handler: _Receiver, reactor: _proton.Reactor, number: int) -> None:
+        if handler.lost is None:
+            with contextlib.suppress(Exception):  # the reactor closed: nothing to lend
+                reactor.call(lambda: handler.lend(number))
 
     def _where(self, number: int) -> str:
         return f"address {self.address!r} delivery {number} of its connection"
@@ -296,8 +328,7 @@ class Amqp1Consumer(BrokerConsumer):
             state = REJECTED  # not an outbox message: never redeliver it
         elif result.outcome.ack:
             state = ACCEPTED
-        else:
-            await self._wait_stopping(self.redeliver_delay)
+        else:  # after redeliver_delay: the base class waits (BrokerConsumer._defer)
             state = RELEASED
         if handler.lost is not None:
             return  # its connection is gone: the broker delivers it again (a duplicate then)

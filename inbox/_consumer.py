@@ -83,6 +83,9 @@ class Delivery:
     #: where the message is at the broker (stream seq, delivery tag, partition and offset,
     #: entry id), for the log line of a refused message; called only then
     where: Callable[[], str] = lambda: "an unknown position"
+    #: a consumer that sets aside early messages (``BrokerConsumer.set_aside``) calls it when it
+    #: sets this one aside: the broker may send one more message in its place
+    lend: Callable[[], object] | None = None
 
 
 #: decoded deliveries on their way to one worker
@@ -100,9 +103,30 @@ class Invalid:
 Chunk = list[tuple[Envelope | Invalid, Delivery, MessageRef | None]]
 
 
+#: seconds an early message stays set aside (at least ``redeliver_delay``) when its key's
+#: previous message is not settled here meanwhile (another consumer of the queue had it)
+SET_ASIDE = 5.0
+
+
+@dataclass(eq=False)
+class _Aside:
+    """An early message kept unsettled until its key's previous message is settled here (then
+    it is applied), or for ``SET_ASIDE`` seconds at most (then it is released to the broker)."""
+
+    envelope: Envelope
+    delivery: Delivery
+    result: Result
+    taken: bool = False
+
+
 class BrokerConsumer:
     """Base of the broker runners: ``await run()`` until ``stop()``; then it shuts down cleanly,
     finishing the message in hand (commit, then ack) and closing its broker connection."""
+
+    #: True: a message not applied is dealt with by a task of its own (:meth:`_defer`: applied
+    #: again, set aside, or released later), and ``Delivery.settle`` settles it at once;
+    #: False: ``Delivery.settle`` waits ``redeliver_delay`` itself
+    defers_release = False
 
     def __init__(
         self,
@@ -141,6 +165,8 @@ class BrokerConsumer:
         self.redeliver_delay = redeliver_delay
         self.batching = batching or SINGLE
         self._queues: list[asyncio.Queue[Chunk]] = []
+        #: per worker: failed messages whose redelivery delay is over, to apply again
+        self._ready: list[Chunk] = []
         self._workers: list[asyncio.Task[None]] = []
         self._busy: list[asyncio.Lock] = []
         self._crash: BaseException | None = None
@@ -149,6 +175,11 @@ class BrokerConsumer:
         #: seconds between refreshes of the blocked and held keys gauges (with metrics)
         self.gauge_interval = 15.0
         self._on_result = on_result
+        #: early messages set aside at most, by a consumer that defers its releases
+        #: (:meth:`_defer`)
+        self.set_aside = 0
+        self._aside: dict[tuple[str, str, int], _Aside] = {}
+        self._releases: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         #: set once the runner is subscribed and receiving (tests and health checks wait on it)
         self.ready = asyncio.Event()
@@ -186,6 +217,7 @@ class BrokerConsumer:
         n = self.batching.workers
         # a worker's buffer holds at most two chunks (each one fetch's messages of its keys)
         self._queues = [asyncio.Queue(maxsize=2) for _ in range(n)]
+        self._ready = [[] for _ in range(n)]
         self._busy = [asyncio.Lock() for _ in range(n)]
         self._workers = [asyncio.create_task(self._work(i)) for i in range(n)]
 
@@ -228,8 +260,8 @@ class BrokerConsumer:
         #: fills up from the buffer, instead of going out as a small batch of its own
         carry: Chunk = []
         while True:
-            batch = carry or await queue.get()
-            carry = []
+            batch = carry or await queue.get()  # an empty chunk: only a wake-up (_retry_later)
+            batch, self._ready[index], carry = self._ready[index] + batch, [], []
             deadline = loop.time() + self.batching.wait
             while len(batch) < size:
                 try:
@@ -268,8 +300,13 @@ class BrokerConsumer:
         await self._settle_envelopes(run)
 
     async def _settle_envelopes(self, batch: list[tuple[Envelope, Delivery, MessageRef]]) -> None:
-        if not batch:
-            return
+        """Apply a run of envelopes; then, one key's step at a time, the early messages set
+        aside whose turn has come."""
+        while batch:
+            results = await self._apply_run(batch)
+            batch = self._next_aside(batch, results) if self.defers_release else []
+
+    async def _apply_run(self, batch: list[tuple[Envelope, Delivery, MessageRef]]) -> list[Result]:
         envelopes = [envelope for envelope, _, _ in batch]
         results: list[Result] | None = None
         if len(batch) > 1:
@@ -283,12 +320,98 @@ class BrokerConsumer:
         for envelope, result in zip(envelopes, results, strict=True):
             self._report(envelope, result)
         later = []
-        for (_, delivery, _), result in zip(batch, results, strict=True):
+        for (envelope, delivery, _), result in zip(batch, results, strict=True):
             if result.outcome.ack:
                 await delivery.settle(result)
+            elif self.defers_release:
+                self._defer(envelope, delivery, result)
             else:
                 later.append(delivery.settle(result))
         await asyncio.gather(*later)  # redelivery delays overlap instead of adding up
+        return results
+
+    # ---- early messages set aside (brokers that requeue at the head of the queue) ----------
+
+    def _defer(self, envelope: Envelope, delivery: Delivery, result: Result) -> None:
+        """Deal with a message not applied without holding up its worker meanwhile; it stays
+        unsettled (a crash or a lost connection gives it back to the broker). A failed one is
+        applied again ``redeliver_delay`` later (:meth:`_retry_later`). An early one
+        (OUT_OF_ORDER) is set aside, up to ``set_aside`` of them: applied from memory as soon
+        as its key's previous message is settled here, released after ``SET_ASIDE`` seconds
+        otherwise (at least ``redeliver_delay``); the broker is asked for another message in
+        its place (``Delivery.lend``). Past ``set_aside``, it is released after
+        ``redeliver_delay``.
+
+        Why: a broker that puts a released message back at the head of its queue (RabbitMQ's
+        classic queues) hands it back at once when the consumer's window is small (the key's
+        waiting messages fill it), or only after all it had sent meanwhile: either way,
+        releasing a failing message and the messages of its key waiting on it, each after a
+        delay that held up the worker, made a backlog (a broker restart) take minutes."""
+        entry: _Aside | None = None
+        if result.outcome is Outcome.OUT_OF_ORDER and envelope.seq is not None:
+            where = (envelope.topic, envelope.key, envelope.seq)
+            if where in self._aside or len(self._aside) < self.set_aside:
+                entry = _Aside(envelope, delivery, result)
+                self._aside[where] = entry  # a copy set aside before is released by its task
+                if delivery.lend is not None:
+                    delivery.lend()
+        again = entry is None and result.outcome is Outcome.FAILED
+        task = asyncio.create_task(
+            self._retry_later(envelope, delivery, result)
+            if again
+            else self._release_later(delivery, result, entry)
+        )
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _retry_later(self, envelope: Envelope, delivery: Delivery, result: Result) -> None:
+        """A failed message is applied again from memory after ``redeliver_delay`` (its worker
+        takes it with its next batch), not released: the broker would hand it back only
+        after every message it had sent meanwhile, and the later messages of its key wait
+        for it (a poison message goes dead after ``max_attempts`` in about as many delays).
+        The broker's attempt counter is not moved; the inbox counts the attempts."""
+        await self._wait_stopping(self.redeliver_delay)
+        if self.stopping or not self._queues:
+            await self._release_later(delivery, result, None, wait=False)
+            return
+        index = 0
+        if len(self._queues) > 1:
+            index = zlib.crc32(topic_key(envelope).encode()) % len(self._queues)
+        self._ready[index].append((envelope, delivery, self.runner.check(envelope)))
+        if self._queues[index].empty():
+            self._queues[index].put_nowait([])  # wakes its worker up
+
+    async def _release_later(
+        self, delivery: Delivery, result: Result, entry: _Aside | None, wait: bool = True
+    ) -> None:
+        hold = self.redeliver_delay if entry is None else max(self.redeliver_delay, SET_ASIDE)
+        if wait:
+            await self._wait_stopping(hold)
+        if entry is not None:
+            if entry.taken:
+                return  # applied from memory meanwhile
+            entry.taken = True
+            where = (entry.envelope.topic, entry.envelope.key, entry.envelope.seq or 0)
+            if self._aside.get(where) is entry:
+                del self._aside[where]
+        try:
+            await delivery.settle(result)
+        except Exception as exc:  # its connection is gone: the broker delivers it again
+            log.debug("inbox: releasing a message failed: %s", shown(str(exc), 200))
+
+    def _next_aside(
+        self, batch: list[tuple[Envelope, Delivery, MessageRef]], results: list[Result]
+    ) -> list[tuple[Envelope, Delivery, MessageRef]]:
+        """The early messages set aside whose key's previous message was just settled."""
+        ready = []
+        for (envelope, _, _), result in zip(batch, results, strict=True):
+            if not result.outcome.ack or envelope.seq is None:
+                continue
+            entry = self._aside.pop((envelope.topic, envelope.key, envelope.seq + 1), None)
+            if entry is not None and not entry.taken:
+                entry.taken = True
+                ready.append((entry.envelope, entry.delivery, self.runner.check(entry.envelope)))
+        return ready
 
     async def _finish_workers(self) -> None:
         """Let every worker finish the batch in hand (committed, then settled at the broker),
@@ -300,6 +423,12 @@ class BrokerConsumer:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        releases, self._releases = self._releases, set()
+        for release in releases:  # their messages are left unsettled: the broker redelivers them
+            release.cancel()
+        await asyncio.gather(*releases, return_exceptions=True)
+        self._aside.clear()
+        self._ready = [[] for _ in self._ready]
         for _ in range(3):  # release producers blocked on a full buffer; what they put is dropped
             for queue in self._queues:
                 while not queue.empty():

@@ -30,26 +30,8 @@ def _needs() -> None:
 #: the workload's size at least (moto's scenario runs at a gentler rate: see suite.py)
 MIN_COMMITTED = {"sqs-broker-kill-9": 150}
 
-#: Scenarios with an open defect: they run in every CI run and their outcome is reported
-#: (XFAIL, or XPASS when a run loses nothing), but they do not fail the build. Each one is
-#: listed, with what it found, in docs/explanation/reliability.md ("Open defects").
-KNOWN_DEFECTS = {
-    "amqp1-broker-kill-9": "after a kill -9 of the AMQP 1.0 node the consumers can take longer "
-    "than the settle time to apply everything (docs/explanation/reliability.md, Open defects)",
-}
-
-
-def _scenarios() -> list[object]:
-    return [
-        pytest.param(s, marks=pytest.mark.xfail(reason=KNOWN_DEFECTS[s], strict=False))
-        if s in KNOWN_DEFECTS
-        else s
-        for s in SHORT
-    ]
-
-
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("scenario", _scenarios())
+@pytest.mark.parametrize("scenario", SHORT)
 def test_fault_scenario_loses_nothing(scenario: str, tmp_path: Path) -> None:
     result = run(scenario, seconds=10, log_dir=tmp_path / scenario)
     assert result.committed > MIN_COMMITTED.get(scenario, 300), result  # the workload ran
