@@ -11,16 +11,19 @@
 --
 -- * A row is *claimable* only if it is the **head of its key**: no earlier row of the same
 --   (topic, key) is pending (leased or not), nor dead under the 'hold' policy.
--- * A claim **locks the head row** (FOR UPDATE SKIP LOCKED) and, in the same statement, leases
---   the contiguous run of claimable rows that follow it. The head row's lock is therefore the
---   key's lock: two relays can never lease rows of one key at the same time, because both
---   would need the same head row, and the second one skips it.
+-- * A claim **locks the head row** (FOR UPDATE SKIP LOCKED), leases it and, in the same
+--   statement, takes the contiguous run of claimable rows that follow it. The head row's lock,
+--   then its lease, is the key's: two relays can never claim rows of one key at the same time,
+--   because both would need the same head row, and the second one skips it (locked) or drops
+--   it (leased). The run's rows carry no lease of their own: none of them is a head while the
+--   head is pending, so no claim can take one.
 -- * Any change to a key's unpublished rows is made by the holder of the head's lease, and
 --   every change either moves the head forward (published/dead), postpones it (retry), or
 --   restores it (release). A relay whose snapshot is stale re-checks the head under the lock
 --   (PostgreSQL re-evaluates the WHERE clause on the newest row version) and drops it.
--- * Leases carry a fresh random lease_token per claim; every mark names it, so a relay whose
---   lease lapsed and was re-claimed by another relay marks nothing (fencing).
+-- * Leases carry a fresh random lease_token per claim; every mark locks the heads that still
+--   carry it and changes only their keys' rows, so a relay whose lease lapsed and was
+--   re-claimed by another relay marks nothing (fencing).
 
 -- fragment: holds(t)
 -- The 'hold' decision for the topic of the row aliased t, from the relay's per-topic
@@ -62,7 +65,9 @@ SELECT to_regclass({messages_name}) IS NOT NULL
        AND to_regclass({counter_name}) IS NOT NULL
 
 -- name: claim
--- outbox_claim_batch: lease up to %(limit)s rows, the heads of keys plus the runs behind them.
+-- outbox_claim_batch: claim up to %(limit)s rows, the heads of keys plus the runs behind them;
+-- only the heads are written (leased). Depth first on a deep backlog (whole runs of a few keys,
+-- see `keys`), breadth first when keys have a row or two.
 --
 -- Finding heads walks *keys*, never a key's backlog: a hot key with a million pending rows
 -- costs one index probe, not a million (an ORDER BY available_at scan would re-read the whole
@@ -84,9 +89,10 @@ SELECT to_regclass({messages_name}) IS NOT NULL
 --   key's lock, in commit order).
 -- * `run` is computed only for heads we hold locked. Nobody else can touch that key's pending
 --   rows meanwhile (they would need the head), so the run read from our snapshot is current.
---   The UPDATE re-checks status/lease on each row anyway.
--- * Rows are leased, not moved to another status: a crashed relay's rows become claimable
---   again when lease_until passes, with no sweeper.
+--   The heads' UPDATE re-checks status/lease, and the runs returned are those of the heads it
+--   leased.
+-- * Heads are leased, not moved to another status: a crashed relay's keys become claimable
+--   again when their head's lease_until passes, with no sweeper.
 WITH RECURSIVE keys AS (
     -- A skip scan of the partial (topic, key, seq) index: one probe per key that has
     -- unpublished rows, starting after the key the previous claim ended at (rotation, so
@@ -289,7 +295,8 @@ RETURNING m.id
 
 -- name: release_owner
 -- outbox_release_owner: at shutdown, give back what this relay *process* still holds: the
--- rows of its own claims that never got their mark (cancelled or failed batches). Matching the
+-- heads of its own claims that never got their mark (cancelled or failed batches; the runs
+-- behind them carry nothing to give back and counted no attempt yet). Matching the
 -- claim tokens, not only lease_owner, matters when two processes run with one relay id (a
 -- fixed --relay-id in a rolling deploy, or a takeover after this one's heartbeat lapsed): a
 -- release by owner alone would give back the other process's in-flight rows, which a third
@@ -348,7 +355,8 @@ WITH old AS MATERIALIZED (
 DELETE FROM {messages} AS m USING old WHERE m.id = old.id
 
 -- name: status_topics
--- outbox_status_topics: backlog per topic (read-only, any snapshot is fine).
+-- outbox_status_topics: backlog per topic (read-only, any snapshot is fine). `leased` counts
+-- leased heads: the keys being relayed now (a claim leases a key's head only, see `claim`).
 SELECT topic,
        count(*) FILTER (WHERE status = 'pending') AS pending,
        count(*) FILTER (WHERE status = 'pending' AND lease_until > clock_timestamp()) AS leased,
@@ -360,8 +368,9 @@ WHERE status <> 'published'
 GROUP BY topic ORDER BY topic
 
 -- name: status_relays
--- outbox_status_relays: the registered relays with what each holds right now (read-only; an
--- operator's query, not a hot path: its two sub-selects run once per relay row).
+-- outbox_status_relays: the registered relays with what each holds right now: its leased heads,
+-- one per key being relayed (read-only; an operator's query, not a hot path: its two
+-- sub-selects run once per relay row).
 SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
        extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS silent_s,
        coalesce(r.config->'paused_destinations', '{{}}'::jsonb) AS paused_destinations,
