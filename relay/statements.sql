@@ -90,7 +90,10 @@ SELECT to_regclass({messages_name}) IS NOT NULL
 -- * `run` is computed only for heads we hold locked. Nobody else can touch that key's pending
 --   rows meanwhile (they would need the head), so the run read from our snapshot is current.
 --   The heads' UPDATE re-checks status/lease, and the runs returned are those of the heads it
---   leased.
+--   leased. A head our snapshot saw that another relay marked meanwhile is taken only if the
+--   mark left it pending and available, which only a release does; a key's rows behind a
+--   released row are released with it (relay/_claim.py: decide), and a release changes
+--   nothing a run is chosen by (status, available_at, lease), so the snapshot's run holds.
 -- * Heads are leased, not moved to another status: a crashed relay's keys become claimable
 --   again when their head's lease_until passes, with no sweeper.
 WITH RECURSIVE keys AS (
