@@ -165,19 +165,20 @@ async def mark_batch(
     """
     if not outcomes:
         return set()
-    params = {
-        "ids": [o.id for o in outcomes],
-        "actions": [o.action for o in outcomes],
-        "delays": [o.delay for o in outcomes],
-        "errors": [o.error for o in outcomes],
-        "token": token,
-    }
+    params: dict[str, Any] = {"ids": [o.id for o in outcomes], "token": token}
+    if all(o.action == "published" for o in outcomes):
+        stmt = stmts.mark_published  # the common mark: no per-row outcome to join
+    else:
+        stmt = stmts.mark
+        params["actions"] = [o.action for o in outcomes]
+        params["delays"] = [o.delay for o in outcomes]
+        params["errors"] = [o.error for o in outcomes]
     if not durable:
-        cur = await conn.execute(stmts.mark, params)
+        cur = await conn.execute(stmt, params)
         return {r[0] for r in await cur.fetchall()}
     async with conn.transaction():
         await conn.execute(stmts.durable_commit)
-        cur = await conn.execute(stmts.mark, params)
+        cur = await conn.execute(stmt, params)
         return {r[0] for r in await cur.fetchall()}
 
 

@@ -93,9 +93,11 @@ class RelayConfig:
     schema: str | None = None
     #: this process's name in outbox_relays: unique among live relays (default: host-pid-random)
     relay_id: str = field(default_factory=_default_relay_id)
-    #: rows leased per claim (heads of keys first, then the runs behind them)
+    #: rows per claim: the heads of keys (leased) and the runs behind them; whole runs of a few
+    #: keys on a deep backlog, one row of each of many keys otherwise
     batch_size: int = 500
-    #: most rows of one key in one claim (a hot key's backlog goes out in runs of this size)
+    #: most rows behind a key's head in one claim (a hot key's backlog goes out in runs of this
+    #: size)
     per_key_batch: int = 100
     #: claims being published at once by this relay
     max_in_flight: int = 4

@@ -29,6 +29,7 @@ class RelayStatements:
     tables_present: bytes
     claim: bytes
     mark: bytes
+    mark_published: bytes
     release_owner: bytes
     register: bytes
     relay_holder: bytes

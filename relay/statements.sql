@@ -11,16 +11,19 @@
 --
 -- * A row is *claimable* only if it is the **head of its key**: no earlier row of the same
 --   (topic, key) is pending (leased or not), nor dead under the 'hold' policy.
--- * A claim **locks the head row** (FOR UPDATE SKIP LOCKED) and, in the same statement, leases
---   the contiguous run of claimable rows that follow it. The head row's lock is therefore the
---   key's lock: two relays can never lease rows of one key at the same time, because both
---   would need the same head row, and the second one skips it.
+-- * A claim **locks the head row** (FOR UPDATE SKIP LOCKED), leases it and, in the same
+--   statement, takes the contiguous run of claimable rows that follow it. The head row's lock,
+--   then its lease, is the key's: two relays can never claim rows of one key at the same time,
+--   because both would need the same head row, and the second one skips it (locked) or drops
+--   it (leased). The run's rows carry no lease of their own: none of them is a head while the
+--   head is pending, so no claim can take one.
 -- * Any change to a key's unpublished rows is made by the holder of the head's lease, and
 --   every change either moves the head forward (published/dead), postpones it (retry), or
 --   restores it (release). A relay whose snapshot is stale re-checks the head under the lock
 --   (PostgreSQL re-evaluates the WHERE clause on the newest row version) and drops it.
--- * Leases carry a fresh random lease_token per claim; every mark names it, so a relay whose
---   lease lapsed and was re-claimed by another relay marks nothing (fencing).
+-- * Leases carry a fresh random lease_token per claim; every mark locks the heads that still
+--   carry it and changes only their keys' rows, so a relay whose lease lapsed and was
+--   re-claimed by another relay marks nothing (fencing).
 
 -- fragment: holds(t)
 -- The 'hold' decision for the topic of the row aliased t, from the relay's per-topic
@@ -28,6 +31,24 @@
 (CASE WHEN {t}.topic = ANY(%(skip_topics)b::text[]) THEN false
       WHEN {t}.topic = ANY(%(hold_topics)b::text[]) THEN true
       ELSE %(hold_default)s::boolean END)
+
+-- fragment: depth(t)
+-- How many rows the key of the row aliased t could give a claim, read from the statement's
+-- snapshot without locks: its first `per_key` + 1 unpublished rows if the first of them
+-- looks claimable (pending, available, not leased; in a paused topic never), else 0. Only the
+-- walk's length depends on it (where `keys` stops): what is claimed is decided under the
+-- head's lock below, so an estimate that is wrong (a row published or leased meanwhile, a
+-- dead row first under 'skip') makes a claim smaller or larger, never out of order. One
+-- ordered read of at most `per_key` + 1 entries of the (topic, key, seq) index per key.
+(SELECT CASE WHEN {t}.topic <> ALL(%(paused)b::text[]) AND (array_agg(r.open ORDER BY r.seq))[1]
+             THEN count(*) ELSE 0 END AS n
+ FROM (SELECT d.seq,
+              d.status = 'pending' AND d.available_at <= clock_timestamp()
+              AND (d.lease_until IS NULL OR d.lease_until < clock_timestamp()) AS open
+       FROM {messages} AS d
+       WHERE d.topic = {t}.topic AND d.key = {t}.key AND d.status <> 'published'
+       ORDER BY d.topic, d.key, d.seq
+       LIMIT %(per_key)s + 1) AS r)
 
 -- name: tables_present
 -- outbox_tables_present: the relay's startup probe. Catalog lookups only (no lock, no table
@@ -44,7 +65,9 @@ SELECT to_regclass({messages_name}) IS NOT NULL
        AND to_regclass({counter_name}) IS NOT NULL
 
 -- name: claim
--- outbox_claim_batch: lease up to %(limit)s rows, the heads of keys plus the runs behind them.
+-- outbox_claim_batch: claim up to %(limit)s rows, the heads of keys plus the runs behind them;
+-- only the heads are written (leased). Depth first on a deep backlog (whole runs of a few keys,
+-- see `keys`), breadth first when keys have a row or two.
 --
 -- Finding heads walks *keys*, never a key's backlog: a hot key with a million pending rows
 -- costs one index probe, not a million (an ORDER BY available_at scan would re-read the whole
@@ -66,18 +89,24 @@ SELECT to_regclass({messages_name}) IS NOT NULL
 --   key's lock, in commit order).
 -- * `run` is computed only for heads we hold locked. Nobody else can touch that key's pending
 --   rows meanwhile (they would need the head), so the run read from our snapshot is current.
---   The UPDATE re-checks status/lease on each row anyway.
--- * Rows are leased, not moved to another status: a crashed relay's rows become claimable
---   again when lease_until passes, with no sweeper.
+--   The heads' UPDATE re-checks status/lease, and the runs returned are those of the heads it
+--   leased. A head our snapshot saw that another relay marked meanwhile is taken only if the
+--   mark left it pending and available, which only a release does; a key's rows behind a
+--   released row are released with it (relay/_claim.py: decide), and a release changes
+--   nothing a run is chosen by (status, available_at, lease), so the snapshot's run holds.
+-- * Heads are leased, not moved to another status: a crashed relay's keys become claimable
+--   again when their head's lease_until passes, with no sweeper.
 WITH RECURSIVE keys AS (
     -- A skip scan of the partial (topic, key, seq) index: one probe per key that has
     -- unpublished rows, starting after the key the previous claim ended at (rotation, so
-    -- every key gets its turn). Lazy: it stops once `heads` has its LIMIT.
-    (SELECT m.topic, m.key FROM {messages} AS m
+    -- every key gets its turn). Lazy: it stops once `heads` has its LIMIT, or once the keys
+    -- walked so far promise a full batch (`total`, see `depth` below).
+    (SELECT m.topic, m.key, d.n AS depth, d.n AS total FROM {messages} AS m
+     CROSS JOIN LATERAL {depth(m)} AS d
      WHERE m.status <> 'published' AND (m.topic, m.key) > (%(after_topic)s, %(after_key)s)
      ORDER BY m.topic, m.key, m.seq LIMIT 1)
     UNION ALL
-    SELECT n.topic, n.key FROM keys AS k
+    SELECT n.topic, n.key, d.n, k.total + d.n FROM keys AS k
     CROSS JOIN LATERAL (
         -- The next key; from a key of a paused topic (its destination refuses messages, see
         -- relay/_destinations.py), straight past that topic's last key in one probe, so a
@@ -93,9 +122,15 @@ WITH RECURSIVE keys AS (
            AND m.status <> 'published' AND m.topic > k.topic
          ORDER BY m.topic, m.key, m.seq LIMIT 1)
     ) AS n
+    CROSS JOIN LATERAL {depth(n)} AS d
+    -- Depth first on a deep backlog: the walk ends once the keys behind it promise `limit`
+    -- rows, so a claim takes whole runs of a few keys (their probes shared by many rows)
+    -- instead of one row of each of `limit` keys. With a row or two per key it walks as many
+    -- keys as before (breadth first).
+    WHERE k.total < %(limit)s
 ),
 heads AS MATERIALIZED (
-    SELECT h.id, h.topic, h.key, h.seq
+    SELECT h.id, h.topic, h.key, h.seq, k.depth
     FROM keys AS k
     CROSS JOIN LATERAL (
         -- The key's first row that is pending, or dead under 'hold'. It is the head only if
@@ -148,13 +183,17 @@ candidates AS (
         WHERE y.topic = h.topic AND y.key = h.key AND y.seq > h.seq
           AND y.status <> 'published'
         ORDER BY y.seq
-        -- A fair share of what the batch has left after the heads: ceil((limit - #heads) /
-        -- #heads) rows per key. Runs are read only to be cut by `limited`, so this bounds the
-        -- rows read here by about `limit` (not #heads x run length, read, sorted and dropped
-        -- per claim). Fewer rows behind a head is always safe: a
-        -- claim takes a prefix of each key's run, and the rest waits for the next claim.
-        LIMIT least(%(per_key)s, (SELECT ceil((%(limit)s - count(*))::numeric
-                                               / greatest(count(*), 1))::bigint FROM heads))
+        -- At most per_key rows: the key's depth as the walk saw it (which the walk stopped
+        -- at about `limit` in all), or a fair share of what the batch has left after the heads,
+        -- ceil((limit - #heads) / #heads), for a key the walk thought had none (its first row
+        -- was leased or dead then). Runs are read only to be cut by `limited`, so this bounds
+        -- the rows read here by about twice `limit` (not #heads x run length, read, sorted and
+        -- dropped per claim). Fewer rows behind a head is always safe: a claim takes a prefix
+        -- of each key's run, and the rest waits for the next claim.
+        LIMIT least(%(per_key)s,
+                    greatest(h.depth - 1,
+                             (SELECT ceil((%(limit)s - count(*))::numeric
+                                          / greatest(count(*), 1))::bigint FROM heads)))
     ) AS x
 ),
 chosen AS (
@@ -166,28 +205,55 @@ chosen AS (
 limited AS (
     -- whole prefixes of each key only: all first rows, then all second rows, ...
     SELECT id FROM chosen ORDER BY rank LIMIT %(limit)s
+),
+leased AS (
+    -- Only the heads are written: the lease of a key's head is the lease of the key. The run
+    -- behind it is the holder's by the ordering argument (none of its rows is a head while
+    -- the head is pending, so no other claim can take one), and is written once, by the mark.
+    UPDATE {messages} AS m
+    SET lease_owner = %(owner)s,
+        lease_token = %(token)s,
+        lease_until = clock_timestamp() + %(lease_seconds)s * interval '1 second',
+        attempts = m.attempts + 1
+    -- An array, not a join with `heads`: primary-key probes whatever the statistics say. As a
+    -- join, a table without statistics may be read whole (a hash join) on every claim.
+    WHERE m.id = ANY(ARRAY(SELECT id FROM heads))
+      AND m.status || '' = 'pending'  -- = 'pending', kept a primary-key probe (see `heads`)
+      AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
+    RETURNING m.id, m.topic, m.key, m.seq, m.payload, m.content_type, m.headers, m.traceparent,
+              m.created_at, m.attempts
 )
-UPDATE {messages} AS m
-SET lease_owner = %(owner)s,
-    lease_token = %(token)s,
-    lease_until = clock_timestamp() + %(lease_seconds)s * interval '1 second',
-    attempts = m.attempts + 1
--- An array, not a join with `limited`: primary-key probes whatever the statistics say. As a
--- join, a table without statistics may be read whole (a hash join) on every claim.
-WHERE m.id = ANY(ARRAY(SELECT id FROM limited))
-  AND m.status || '' = 'pending'  -- = 'pending', kept a primary-key probe (see `heads`)
-  AND (m.lease_until IS NULL OR m.lease_until < clock_timestamp())
-RETURNING m.id, m.topic, m.key, m.seq, m.payload, m.content_type, m.headers, m.traceparent,
-          m.created_at, m.attempts
+SELECT * FROM leased
+UNION ALL
+-- The runs of the leased heads, read from the statement's snapshot: nobody else changes a
+-- key's pending rows while we hold its head (see the top of this file). Their attempts as this
+-- claim's try of them counts it (the mark writes it: one row version per message).
+SELECT r.id, r.topic, r.key, r.seq, r.payload, r.content_type, r.headers, r.traceparent,
+       r.created_at, r.attempts + 1
+FROM {messages} AS r
+WHERE r.id = ANY(ARRAY(SELECT id FROM limited EXCEPT ALL SELECT id FROM heads))
+  AND r.status || '' = 'pending'
+  AND EXISTS (SELECT 1 FROM leased AS l WHERE l.topic = r.topic AND l.key = r.key)
 
 -- name: mark
 -- outbox_mark_batch: record the outcome of every row of one claim, in one statement.
 --
--- Fencing: `m.lease_token = %(token)s` matches only rows still leased by *this* claim. If the
--- lease lapsed and another relay claimed the row, its token changed and the row is left alone;
--- the caller compares the returned ids with what it asked for. If the lease lapsed but nobody
--- claimed the row, the token still matches and the mark is right: nobody else published it.
--- Every action clears the lease. 'release' gives the claim back untried (attempts - 1).
+-- Fencing: a claim leased the heads only, each with the claim's token. `fence` locks the rows
+-- of the batch that still carry the token: the heads this claim still holds (FOR UPDATE
+-- re-checks the newest row version, so a head another relay took over meanwhile, which then
+-- carries that relay's token, is not among them, and a head being claimed right now is waited
+-- for, then re-checked). Only rows of those keys are marked. If the lease lapsed and another
+-- relay claimed the key, its head's token changed and the key is left alone; the caller
+-- compares the returned ids with what it asked for. If the lease lapsed but nobody claimed the
+-- key, the token still matches and the mark is right: nobody else published its rows. The
+-- head's lock is held until the mark commits, so no claim takes the key in between.
+-- Every action clears the head's lease. Attempts: the head's try was counted by the claim
+-- ('release' gives it back: attempts - 1); a run row's try is counted here (not by 'release').
+WITH fence AS MATERIALIZED (
+    SELECT f.topic, f.key FROM {messages} AS f
+    WHERE f.id = ANY(%(ids)b::uuid[]) AND f.lease_token = %(token)s AND f.status = 'pending'
+    FOR UPDATE
+)
 UPDATE {messages} AS m
 SET status = CASE o.action WHEN 'published' THEN 'published'
                            WHEN 'dead' THEN 'dead' ELSE 'pending' END,
@@ -196,18 +262,44 @@ SET status = CASE o.action WHEN 'published' THEN 'published'
     available_at = CASE WHEN o.action = 'retry'
                         THEN clock_timestamp() + o.delay * interval '1 second'
                         ELSE m.available_at END,
-    attempts = CASE WHEN o.action = 'release' THEN greatest(m.attempts - 1, 0)
-                    ELSE m.attempts END,
+    attempts = CASE WHEN coalesce(m.lease_token = %(token)s, false)
+                    THEN CASE WHEN o.action = 'release' THEN greatest(m.attempts - 1, 0)
+                              ELSE m.attempts END
+                    WHEN o.action = 'release' THEN m.attempts
+                    ELSE m.attempts + 1 END,
     last_error = CASE WHEN o.action IN ('retry', 'dead') THEN o.error ELSE m.last_error END,
     lease_owner = NULL, lease_token = NULL, lease_until = NULL
 FROM unnest(%(ids)b::uuid[], %(actions)b::text[], %(delays)s::float8[], %(errors)b::text[])
     AS o(id, action, delay, error)
-WHERE m.id = o.id AND m.lease_token = %(token)s AND m.status = 'pending'
+-- The plan: `m.id = ANY(ids)` makes the rows primary-key probes joined (by hash) with the
+-- outcomes. Without it the planner, taking the fencing condition on lease_token as matching
+-- almost no row (statistics say it is nearly always NULL), scanned the table and joined the
+-- outcomes inside a nested loop: ids x ids comparisons, about 200 ms for 500 rows.
+WHERE m.id = o.id AND m.id = ANY(%(ids)b::uuid[]) AND m.status = 'pending'
+  AND (m.topic, m.key) IN (SELECT topic, key FROM fence)
+RETURNING m.id
+
+-- name: mark_published
+-- outbox_mark_published: the mark of a claim whose every row the broker acknowledged (a
+-- drain's every batch): primary-key probes of the ids, no join with per-row outcomes. Fenced
+-- and counted as `mark`.
+WITH fence AS MATERIALIZED (
+    SELECT f.topic, f.key FROM {messages} AS f
+    WHERE f.id = ANY(%(ids)b::uuid[]) AND f.lease_token = %(token)s AND f.status = 'pending'
+    FOR UPDATE
+)
+UPDATE {messages} AS m
+SET status = 'published', published_at = clock_timestamp(),
+    attempts = m.attempts + (NOT coalesce(m.lease_token = %(token)s, false))::int,
+    lease_owner = NULL, lease_token = NULL, lease_until = NULL
+WHERE m.id = ANY(%(ids)b::uuid[]) AND m.status = 'pending'
+  AND (m.topic, m.key) IN (SELECT topic, key FROM fence)
 RETURNING m.id
 
 -- name: release_owner
 -- outbox_release_owner: at shutdown, give back what this relay *process* still holds: the
--- rows of its own claims that never got their mark (cancelled or failed batches). Matching the
+-- heads of its own claims that never got their mark (cancelled or failed batches; the runs
+-- behind them carry nothing to give back and counted no attempt yet). Matching the
 -- claim tokens, not only lease_owner, matters when two processes run with one relay id (a
 -- fixed --relay-id in a rolling deploy, or a takeover after this one's heartbeat lapsed): a
 -- release by owner alone would give back the other process's in-flight rows, which a third
@@ -266,7 +358,8 @@ WITH old AS MATERIALIZED (
 DELETE FROM {messages} AS m USING old WHERE m.id = old.id
 
 -- name: status_topics
--- outbox_status_topics: backlog per topic (read-only, any snapshot is fine).
+-- outbox_status_topics: backlog per topic (read-only, any snapshot is fine). `leased` counts
+-- leased heads: the keys being relayed now (a claim leases a key's head only, see `claim`).
 SELECT topic,
        count(*) FILTER (WHERE status = 'pending') AS pending,
        count(*) FILTER (WHERE status = 'pending' AND lease_until > clock_timestamp()) AS leased,
@@ -278,8 +371,9 @@ WHERE status <> 'published'
 GROUP BY topic ORDER BY topic
 
 -- name: status_relays
--- outbox_status_relays: the registered relays with what each holds right now (read-only; an
--- operator's query, not a hot path: its two sub-selects run once per relay row).
+-- outbox_status_relays: the registered relays with what each holds right now: its leased heads,
+-- one per key being relayed (read-only; an operator's query, not a hot path: its two
+-- sub-selects run once per relay row).
 SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
        extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS silent_s,
        coalesce(r.config->'paused_destinations', '{{}}'::jsonb) AS paused_destinations,

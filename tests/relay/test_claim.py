@@ -196,9 +196,15 @@ def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return nodes
 
 
+def _walked_keys(plan: dict[str, Any]) -> int:
+    """Rows of the claim's walk over keys (the recursive CTE `keys`)."""
+    [walk] = [n for n in _plan_nodes(plan) if n.get("Node Type") == "Recursive Union"]
+    return int(walk["Actual Rows"])
+
+
 def test_claim_reads_no_run_when_heads_fill_the_batch(url: str) -> None:
-    """With as many heads as the limit, the rows behind them are never read (bench (c))."""
-    write(url, [("t", f"k{i}") for _ in range(3) for i in range(5)])
+    """One row per key: as many heads as the limit, and no run is read (bench (c))."""
+    write(url, [("t", f"k{i}") for i in range(8)])
     with psycopg.connect(url, autocommit=True) as conn:
         params = _claim_params(url, limit=5, per_key=100)
         row = conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + S.claim, params).fetchone()
@@ -206,21 +212,40 @@ def test_claim_reads_no_run_when_heads_fill_the_batch(url: str) -> None:
     runs = [n for n in _plan_nodes(row[0][0]["Plan"]) if n.get("Alias") == "y"]
     assert runs, "the plan has no scan of the runs"
     assert sum(n["Actual Rows"] * n["Actual Loops"] for n in runs) == 0
+    assert _walked_keys(row[0][0]["Plan"]) == 5
 
 
-def test_claim_gives_each_key_a_fair_share_of_the_batch(url: str) -> None:
-    """Behind the heads, each key gets ceil((limit - heads) / heads) rows at most."""
+def test_claim_takes_whole_runs_of_few_keys_on_a_deep_backlog(url: str) -> None:
+    """Depth first: the walk stops at the keys that promise a full batch, and the claim leases
+    only their heads (the runs behind them are the heads' holder's)."""
+    write(url, [("t", f"k{i}") for _ in range(3) for i in range(5)])
+    with psycopg.connect(url, autocommit=True) as conn:
+        params = _claim_params(url, limit=6, per_key=100)
+        row = conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + S.claim, params).fetchone()
+        leased = conn.execute(
+            "SELECT key, seq FROM outbox_messages WHERE lease_token IS NOT NULL ORDER BY key"
+        ).fetchall()
+    assert row is not None
+    assert _walked_keys(row[0][0]["Plan"]) == 2
+    assert row[0][0]["Plan"]["Actual Rows"] == 6
+    assert leased == [("k0", 1), ("k1", 1)]
+
+
+def test_claim_gives_each_key_at_most_its_per_key_share(url: str) -> None:
+    """A hot key gives a claim its head and per_key_batch rows behind it at most; the rest of
+    the batch goes to the keys after it, and the next claim starts after the last key."""
     write(url, [("t", "hot")] * 10 + [("t", f"k{i}") for i in range(4)])
 
     async def go() -> None:
-        claim = await _claim(url, batch_size=10, per_key_batch=100)
-        # 5 heads, 5 rows left: one more row per key, so the hot key gets 2, not 6.
-        assert sorted(_seqs(claim)) == [("hot", 1), ("hot", 2)] + [(f"k{i}", 1) for i in range(4)]
+        claim = await _claim(url, batch_size=8, per_key_batch=3)
+        assert sorted(_seqs(claim)) == [("hot", s) for s in range(1, 5)] + [
+            (f"k{i}", 1) for i in range(4)
+        ]
         assert claim is not None
         await _mark(url, claim)
         # Alone now, the hot key's run fills the batch.
         assert _seqs(await _claim(url, batch_size=10, per_key_batch=100)) == [
-            ("hot", s) for s in range(3, 11)
+            ("hot", s) for s in range(5, 11)
         ]
 
     asyncio.run(go())
