@@ -73,16 +73,38 @@ class Batching:
 SINGLE = Batching(size=1, wait=0.0, workers=1)
 
 
-@dataclass(frozen=True)
+def _unknown_position() -> str:
+    return "an unknown position"
+
+
 class Delivery:
     """One broker message on its way to the inbox: how to decode it, and how to settle it at
-    the broker once its outcome is committed (``None``: not a valid outbox envelope)."""
+    the broker once its outcome is committed (``None``: not a valid outbox envelope).
 
-    decode: Callable[[], Envelope]
-    settle: Callable[[Result | None], Awaitable[object]]
-    #: where the message is at the broker (stream seq, delivery tag, partition and offset,
-    #: entry id), for the log line of a refused message; called only then
-    where: Callable[[], str] = lambda: "an unknown position"
+    ``where`` says where the message is at the broker (stream seq, delivery tag, partition and
+    offset, entry id), for the log line of a refused message; it is called only then. A
+    consumer may subclass it to keep its broker message in one object (no callables made per
+    message: a fetch of hundreds of deliveries stays a few objects each).
+    """
+
+    __slots__ = ("_decode", "_settle", "_where")
+
+    def __init__(
+        self,
+        decode: Callable[[], Envelope],
+        settle: Callable[[Result | None], Awaitable[object]],
+        where: Callable[[], str] = _unknown_position,
+    ) -> None:
+        self._decode, self._settle, self._where = decode, settle, where
+
+    def decode(self) -> Envelope:
+        return self._decode()
+
+    def settle(self, result: Result | None) -> Awaitable[object]:
+        return self._settle(result)
+
+    def where(self) -> str:
+        return self._where()
 
 
 #: decoded deliveries on their way to one worker
