@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import traceback
-import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -47,8 +46,10 @@ class Batching:
 
     ``size``: at most this many messages per transaction (``runner.handle_batch``); a worker
     takes what has arrived, waiting up to ``wait`` seconds for more once it has one.
-    ``workers``: tasks applying batches side by side; a message goes to the worker of its
-    (topic, key) hash, so one key's messages stay in order while other keys proceed. The
+    ``workers``: tasks applying batches side by side; a key's messages go to one worker while
+    any of them is in flight (taken, not yet settled), so they stay in order while other keys
+    proceed; a key with none in flight goes to the worker with the fewest messages in flight
+    (the workers' batches stay full, instead of a hash's uneven split leaving small ones). The
     consumers that fetch (NATS, Redis) fetch ``size * workers`` messages at a time and the push
     brokers' prefetch or credit scales alike, so each worker still fills its batches. Each
     worker buffers at most two fetches' worth of its keys' messages (push brokers: two
@@ -165,6 +166,9 @@ class BrokerConsumer:
         self._queues: list[asyncio.Queue[Chunk]] = []
         self._workers: list[asyncio.Task[None]] = []
         self._busy: list[asyncio.Lock] = []
+        #: (topic, key) with messages in flight -> [its worker, how many]; and each worker's count
+        self._owners: dict[str, list[int]] = {}
+        self._loads: list[int] = []
         self._crash: BaseException | None = None
         #: seconds between looks for decided held messages and parked ones whose turn came
         self.hold_interval = hold_interval
@@ -209,6 +213,7 @@ class BrokerConsumer:
         # a worker's buffer holds at most two chunks (each one fetch's messages of its keys)
         self._queues = [asyncio.Queue(maxsize=2) for _ in range(n)]
         self._busy = [asyncio.Lock() for _ in range(n)]
+        self._owners, self._loads = {}, [0] * n
         self._workers = [asyncio.create_task(self._work(i)) for i in range(n)]
 
     async def _submit(self, *deliveries: Delivery) -> None:
@@ -235,13 +240,34 @@ class BrokerConsumer:
                 # it could not move the key on, and the key's later messages waited forever.
             else:
                 item, ref = checked
-            route = 0
-            if len(chunks) > 1:
-                route = zlib.crc32(f"{topic_key(item)}".encode()) % len(chunks)
+            route = self._route(topic_key(item)) if len(chunks) > 1 else 0
             chunks[route].append((item, delivery, ref))
         for queue, chunk in zip(self._queues, chunks, strict=True):
             if chunk:
                 await queue.put(chunk)
+
+    def _route(self, key: str) -> int:
+        """The worker of a message of ``key``: the one that holds its key's messages in flight,
+        or else the one with the fewest messages in flight. A key moves only once all its
+        messages before are settled (committed, then acknowledged), so its order holds."""
+        owner = self._owners.get(key)
+        if owner is None:
+            loads = self._loads
+            owner = self._owners[key] = [loads.index(min(loads)), 0]
+        owner[1] += 1
+        self._loads[owner[0]] += 1
+        return owner[0]
+
+    def _settled_keys(self, batch: Chunk, index: int) -> None:
+        """The batch's messages are settled: their keys may move to another worker."""
+        owners = self._owners
+        self._loads[index] -= len(batch)
+        for item, _, _ in batch:
+            key = topic_key(item)
+            owner = owners[key]
+            owner[1] -= 1
+            if not owner[1]:
+                del owners[key]
 
     async def _work(self, index: int) -> None:
         queue, loop = self._queues[index], asyncio.get_running_loop()
@@ -270,6 +296,8 @@ class BrokerConsumer:
             async with self._busy[index]:
                 try:
                     await self._settle_batch(batch)
+                    if len(self._queues) > 1:
+                        self._settled_keys(batch, index)
                 except Exception as exc:  # not a handler failure (a broker ack): stop, surface
                     log.error("inbox: consumer worker failed: %s", exc)
                     self._crash = self._crash or exc
