@@ -307,14 +307,17 @@ class BrokerConsumer:
     async def _settle_batch(self, batch: Chunk) -> None:
         """Apply the envelopes and record the invalid messages dead, in arrival order."""
         run: list[tuple[Envelope, Delivery, MessageRef]] = []
-        for item, delivery, ref in batch:
+        for entry in batch:
+            item, delivery, ref = entry
             if isinstance(item, Invalid):
                 await self._settle_envelopes(run)
                 run = []
                 await self._settle_invalid(item.envelope, item.error, None)
                 await delivery.settle(None)
-            else:  # a valid envelope comes with its ref
-                run.append((item, delivery, ref or self.runner.check(item)))
+            elif ref is not None:  # a valid envelope comes with its ref: the entry as it is
+                run.append(entry)  # type: ignore[arg-type]
+            else:
+                run.append((item, delivery, self.runner.check(item)))
         await self._settle_envelopes(run)
 
     async def _settle_envelopes(self, batch: list[tuple[Envelope, Delivery, MessageRef]]) -> None:
