@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import traceback
-import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -47,8 +46,10 @@ class Batching:
 
     ``size``: at most this many messages per transaction (``runner.handle_batch``); a worker
     takes what has arrived, waiting up to ``wait`` seconds for more once it has one.
-    ``workers``: tasks applying batches side by side; a message goes to the worker of its
-    (topic, key) hash, so one key's messages stay in order while other keys proceed. The
+    ``workers``: tasks applying batches side by side; a key's messages go to one worker while
+    any of them is in flight (taken, not yet settled), so they stay in order while other keys
+    proceed; a key with none in flight goes to the worker with the fewest messages in flight
+    (the workers' batches stay full, instead of a hash's uneven split leaving small ones). The
     consumers that fetch (NATS, Redis) fetch ``size * workers`` messages at a time and the push
     brokers' prefetch or credit scales alike, so each worker still fills its batches. Each
     worker buffers at most two fetches' worth of its keys' messages (push brokers: two
@@ -73,19 +74,42 @@ class Batching:
 SINGLE = Batching(size=1, wait=0.0, workers=1)
 
 
-@dataclass(frozen=True)
+def _unknown_position() -> str:
+    return "an unknown position"
+
+
 class Delivery:
     """One broker message on its way to the inbox: how to decode it, and how to settle it at
-    the broker once its outcome is committed (``None``: not a valid outbox envelope)."""
+    the broker once its outcome is committed (``None``: not a valid outbox envelope).
 
-    decode: Callable[[], Envelope]
-    settle: Callable[[Result | None], Awaitable[object]]
-    #: where the message is at the broker (stream seq, delivery tag, partition and offset,
-    #: entry id), for the log line of a refused message; called only then
-    where: Callable[[], str] = lambda: "an unknown position"
-    #: a consumer that sets aside early messages (``BrokerConsumer.set_aside``) calls it when it
-    #: sets this one aside: the broker may send one more message in its place
-    lend: Callable[[], object] | None = None
+    ``where`` says where the message is at the broker (stream seq, delivery tag, partition and
+    offset, entry id), for the log line of a refused message; it is called only then. A
+    consumer may subclass it to keep its broker message in one object (no callables made per
+    message: a fetch of hundreds of deliveries stays a few objects each). ``lend``: a consumer
+    that sets aside early messages (``BrokerConsumer.set_aside``) calls it when it sets this one
+    aside, so that the broker may send one more message in its place.
+    """
+
+    __slots__ = ("_decode", "_settle", "_where", "lend")
+
+    def __init__(
+        self,
+        decode: Callable[[], Envelope],
+        settle: Callable[[Result | None], Awaitable[object]],
+        where: Callable[[], str] = _unknown_position,
+        lend: Callable[[], object] | None = None,
+    ) -> None:
+        self._decode, self._settle, self._where = decode, settle, where
+        self.lend = lend
+
+    def decode(self) -> Envelope:
+        return self._decode()
+
+    def settle(self, result: Result | None) -> Awaitable[object]:
+        return self._settle(result)
+
+    def where(self) -> str:
+        return self._where()
 
 
 #: decoded deliveries on their way to one worker
@@ -169,6 +193,9 @@ class BrokerConsumer:
         self._ready: list[Chunk] = []
         self._workers: list[asyncio.Task[None]] = []
         self._busy: list[asyncio.Lock] = []
+        #: (topic, key) with messages in flight -> [its worker, how many]; and each worker's count
+        self._owners: dict[str, list[int]] = {}
+        self._loads: list[int] = []
         self._crash: BaseException | None = None
         #: seconds between looks for decided held messages and parked ones whose turn came
         self.hold_interval = hold_interval
@@ -219,6 +246,7 @@ class BrokerConsumer:
         self._queues = [asyncio.Queue(maxsize=2) for _ in range(n)]
         self._ready = [[] for _ in range(n)]
         self._busy = [asyncio.Lock() for _ in range(n)]
+        self._owners, self._loads = {}, [0] * n
         self._workers = [asyncio.create_task(self._work(i)) for i in range(n)]
 
     async def _submit(self, *deliveries: Delivery) -> None:
@@ -245,13 +273,34 @@ class BrokerConsumer:
                 # it could not move the key on, and the key's later messages waited forever.
             else:
                 item, ref = checked
-            route = 0
-            if len(chunks) > 1:
-                route = zlib.crc32(f"{topic_key(item)}".encode()) % len(chunks)
+            route = self._route(topic_key(item)) if len(chunks) > 1 else 0
             chunks[route].append((item, delivery, ref))
         for queue, chunk in zip(self._queues, chunks, strict=True):
             if chunk:
                 await queue.put(chunk)
+
+    def _route(self, key: str) -> int:
+        """The worker of a message of ``key``: the one that holds its key's messages in flight,
+        or else the one with the fewest messages in flight. A key moves only once all its
+        messages before are settled (committed, then acknowledged), so its order holds."""
+        owner = self._owners.get(key)
+        if owner is None:
+            loads = self._loads
+            owner = self._owners[key] = [loads.index(min(loads)), 0]
+        owner[1] += 1
+        self._loads[owner[0]] += 1
+        return owner[0]
+
+    def _settled_keys(self, batch: Chunk, index: int) -> None:
+        """The batch's messages are settled: their keys may move to another worker."""
+        owners = self._owners
+        self._loads[index] -= len(batch)
+        for item, _, _ in batch:
+            key = topic_key(item)
+            owner = owners[key]
+            owner[1] -= 1
+            if not owner[1]:
+                del owners[key]
 
     async def _work(self, index: int) -> None:
         queue, loop = self._queues[index], asyncio.get_running_loop()
@@ -280,6 +329,8 @@ class BrokerConsumer:
             async with self._busy[index]:
                 try:
                     await self._settle_batch(batch)
+                    if len(self._queues) > 1:
+                        self._settled_keys(batch, index)
                 except Exception as exc:  # not a handler failure (a broker ack): stop, surface
                     log.error("inbox: consumer worker failed: %s", exc)
                     self._crash = self._crash or exc
@@ -289,14 +340,17 @@ class BrokerConsumer:
     async def _settle_batch(self, batch: Chunk) -> None:
         """Apply the envelopes and record the invalid messages dead, in arrival order."""
         run: list[tuple[Envelope, Delivery, MessageRef]] = []
-        for item, delivery, ref in batch:
+        for entry in batch:
+            item, delivery, ref = entry
             if isinstance(item, Invalid):
                 await self._settle_envelopes(run)
                 run = []
                 await self._settle_invalid(item.envelope, item.error, None)
                 await delivery.settle(None)
-            else:  # a valid envelope comes with its ref
-                run.append((item, delivery, ref or self.runner.check(item)))
+            elif ref is not None:  # a valid envelope comes with its ref: the entry as it is
+                run.append(entry)  # type: ignore[arg-type]
+            else:
+                run.append((item, delivery, self.runner.check(item)))
         await self._settle_envelopes(run)
 
     async def _settle_envelopes(self, batch: list[tuple[Envelope, Delivery, MessageRef]]) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
 from outbox._optional import require
+from outbox.envelope import Envelope
 from outbox.wire import nats as wire
 
 __all__ = ["NatsConsumer"]
@@ -73,19 +73,29 @@ class NatsConsumer(BrokerConsumer):
             await nc.close()
 
     def _delivery(self, msg: Any) -> Delivery:
-        decode = functools.partial(
-            wire.decode, msg.headers, msg.data, max_payload_bytes=self.max_payload_bytes
-        )
-        settle = functools.partial(self._settle, msg)
-        return Delivery(decode, settle, functools.partial(self._where, msg))
+        return _NatsDelivery(self, msg)
 
-    def _where(self, msg: Any) -> str:
-        return f"stream {self.stream} seq {msg.metadata.sequence.stream}"
 
-    async def _settle(self, msg: Any, result: Result | None) -> None:
+class _NatsDelivery(Delivery):
+    """A JetStream message and its consumer: one object per message."""
+
+    __slots__ = ("consumer", "msg")
+
+    def __init__(self, consumer: NatsConsumer, msg: Any) -> None:
+        self.consumer, self.msg = consumer, msg
+        self.lend = None  # JetStream redelivers a nak'ed message by itself: nothing to lend
+
+    def decode(self) -> Envelope:
+        msg = self.msg
+        return wire.decode(msg.headers, msg.data, max_payload_bytes=self.consumer.max_payload_bytes)
+
+    async def settle(self, result: Result | None) -> None:
         if result is None:
-            await msg.term()  # not an outbox message: never redeliver it
+            await self.msg.term()  # not an outbox message: never redeliver it
         elif result.outcome.ack:
-            await msg.ack()
+            await self.msg.ack()
         else:
-            await msg.nak(delay=self.redeliver_delay)
+            await self.msg.nak(delay=self.consumer.redeliver_delay)
+
+    def where(self) -> str:
+        return f"stream {self.consumer.stream} seq {self.msg.metadata.sequence.stream}"

@@ -98,7 +98,7 @@ class HeldRow(NamedTuple):
     decision: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Result:
     """The outcome of one delivery, with the failed attempts so far and the error, if any."""
 

@@ -115,24 +115,31 @@ class Envelope:
         What could be read of the message (id, topic, key, seq) rides on the error, so a
         consumer can record it dead.
         """
-        lowered = _lowered_headers(headers)
-        missing = [h for h in (HEADER_ID, HEADER_TOPIC, HEADER_KEY, HEADER_SEQ) if h not in lowered]
-        if missing:
+        lowered, user = _split_headers(headers)
+        try:
+            raw_id, topic = lowered[HEADER_ID], lowered[HEADER_TOPIC]
+            key, raw_seq = lowered[HEADER_KEY], lowered[HEADER_SEQ]
+        except KeyError:
+            missing = [h for h in (HEADER_ID, HEADER_TOPIC, HEADER_KEY, HEADER_SEQ)
+                       if h not in lowered]  # fmt: skip
             raise InvalidMessageError(
                 f"broker message lacks the outbox header(s) {', '.join(missing)}: it was not "
                 "published by the outbox relay",
                 missing=missing,
                 reason="missing_header",
-            )
-        topic, key = lowered[HEADER_TOPIC], lowered[HEADER_KEY]
+            ) from None
         # What is known of the message rides on the error, so a consumer can record it dead.
         known: dict[str, object] = {"topic": topic, "key": key}
-        known["message_id"] = msg_id = _read_id(lowered[HEADER_ID], known)
-        _check_topic_and_key(topic, key, known)
-        known["seq"] = seq = _read_seq(lowered[HEADER_SEQ], known)
-        created_at = _read_created_at(lowered.get(HEADER_CREATED_AT), known)
+        known["message_id"] = msg_id = _read_id(raw_id, known)
+        _check_text(HEADER_TOPIC, topic, MAX_TOPIC_BYTES, "bad_topic", known)
+        _check_text(HEADER_KEY, key, MAX_KEY_BYTES, "bad_key", known)
+        known["seq"] = seq = _read_seq(raw_seq, known)
+        created = lowered.get(HEADER_CREATED_AT)
+        created_at = _read_created_at(created, known) if created else None
         content_type = lowered.get(HEADER_CONTENT_TYPE, "application/json")
-        if _too_long(content_type, MAX_CONTENT_TYPE_BYTES):
+        if len(content_type) * 4 > MAX_CONTENT_TYPE_BYTES and _too_long(
+            content_type, MAX_CONTENT_TYPE_BYTES
+        ):
             raise InvalidMessageError(
                 f"malformed header {HEADER_CONTENT_TYPE}={shown(content_type)}: longer than "
                 f"{MAX_CONTENT_TYPE_BYTES} bytes",
@@ -147,25 +154,17 @@ class Envelope:
                 reason="payload_too_large",
                 **known,
             )
-        return cls(
-            id=msg_id,
-            topic=topic,
-            key=key,
-            seq=seq,
-            payload=bytes(payload),
-            content_type=content_type,
-            headers={k: v for k, v in headers.items() if not is_reserved_header(k)},
-            traceparent=lowered.get(HEADER_TRACEPARENT),
-            created_at=created_at,
-        )
+        return cls(msg_id, topic, key, seq, bytes(payload), content_type, user,
+                   lowered.get(HEADER_TRACEPARENT), created_at)  # fmt: skip
 
 
 _NAME_CHARS = MAX_HEADER_NAME_BYTES // 4
 _VALUE_CHARS = MAX_HEADER_VALUE_BYTES // 4
 
 
-def _lowered_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The headers by lower-cased name, each checked to be text within the bounds."""
+def _split_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The headers by lower-cased name, and the user headers (not reserved) by their own name;
+    each checked to be text within the bounds. One pass: this runs for every message."""
     if len(headers) > MAX_RECEIVED_HEADERS:
         raise InvalidMessageError(
             f"broker message has {len(headers)} headers, above the maximum of "
@@ -173,6 +172,7 @@ def _lowered_headers(headers: Mapping[str, str]) -> dict[str, str]:
             reason="too_many_headers",
         )
     lowered: dict[str, str] = {}
+    user: dict[str, str] = {}
     for name, value in headers.items():
         if not (name.__class__ is str and value.__class__ is str):
             raise InvalidMessageError(
@@ -188,8 +188,10 @@ def _lowered_headers(headers: Mapping[str, str]) -> dict[str, str]:
                 f"({MAX_HEADER_NAME_BYTES} bytes a name, {MAX_HEADER_VALUE_BYTES} a value)",
                 reason="bad_header",
             )
-        lowered[name.lower()] = value
-    return lowered
+        lowered[low := name.lower()] = value
+        if not (low.startswith(RESERVED_PREFIX) or low in _RESERVED_EXACT):  # is_reserved_header
+            user[name] = value
+    return lowered, user
 
 
 def _read_id(raw_id: str, known: dict[str, object]) -> uuid.UUID:
@@ -203,16 +205,15 @@ def _read_id(raw_id: str, known: dict[str, object]) -> uuid.UUID:
         ) from exc
 
 
-def _check_topic_and_key(topic: str, key: str, known: dict[str, object]) -> None:
-    for name, text, limit in ((HEADER_TOPIC, topic, MAX_TOPIC_BYTES),
-                              (HEADER_KEY, key, MAX_KEY_BYTES)):  # fmt: skip
-        if not text.strip() or "\x00" in text or _too_long(text, limit):
-            raise InvalidMessageError(
-                f"malformed outbox header {name}={shown(text)}: must be non-blank text "
-                f"without NUL of at most {limit} bytes (what publish() accepts)",
-                reason="bad_topic" if name == HEADER_TOPIC else "bad_key",
-                **known,
-            )
+def _check_text(name: str, text: str, limit: int, reason: str, known: dict[str, object]) -> None:
+    """The topic or the key: non-blank text without NUL of at most ``limit`` bytes."""
+    if not text.strip() or "\x00" in text or _too_long(text, limit):
+        raise InvalidMessageError(
+            f"malformed outbox header {name}={shown(text)}: must be non-blank text "
+            f"without NUL of at most {limit} bytes (what publish() accepts)",
+            reason=reason,
+            **known,
+        )
 
 
 def _read_seq(raw_seq: str, known: dict[str, object]) -> int:
