@@ -428,9 +428,8 @@ class BrokerConsumer:
         if self.stopping or not self._queues:
             await self._release_later(delivery, result, None, wait=False)
             return
-        index = 0
-        if len(self._queues) > 1:
-            index = zlib.crc32(topic_key(envelope).encode()) % len(self._queues)
+        # its key's worker, as _submit routes it (counted in flight until its batch is settled)
+        index = self._route(topic_key(envelope)) if len(self._queues) > 1 else 0
         self._ready[index].append((envelope, delivery, self.runner.check(envelope)))
         if self._queues[index].empty():
             self._queues[index].put_nowait([])  # wakes its worker up
