@@ -425,9 +425,13 @@ def test_ctrl_c_stops_the_command_and_the_same_command_continues(url: str) -> No
         sys.executable, "-m", "outbox.cli", "replay", "--topic", TOPIC, "--to", "late",
         "--broker", "memory:", "--url", url, "--rate", "5", "--batch", "5",
     ]  # fmt: skip
-    # At 5 a second the 60 messages take 12 s: the interrupt lands mid-replay even when this
-    # process is kept off the CPU for seconds (at 20 a second a loaded CI run once missed it).
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # At 5 a second the 60 messages take 12 s: the interrupt lands mid-replay even on a loaded
+    # machine. The child gets SIGINT's default disposition: a suite started in the background
+    # by a non-interactive shell inherits SIGINT ignored, and Ctrl-C would never reach it.
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while _replayed(url) < 10:  # a few batches confirmed
