@@ -165,11 +165,23 @@ def test_two_relays_drain_a_deep_backlog_of_few_keys_to_nats_once_in_key_order(u
             write(url, [(subject, f"k{i}") for _ in range(150) for i in range(4)])
             barrier = _Barrier(2)
             pubs = [
-                _Counted(publisher_for_url("nats://127.0.0.1:4222", timeout=1.5), barrier)
+                _Counted(publisher_for_url("nats://127.0.0.1:4222", timeout=10.0), barrier)
                 for _ in range(2)
             ]
             relays = [
-                Relay(config(url, batch_size=50, per_key_batch=20, max_in_flight=2), p)
+                # The wait at the barrier counts against the send's budget: budgets and the
+                # lease are long enough that neither it nor a loaded machine fails a send.
+                Relay(
+                    config(
+                        url,
+                        batch_size=50,
+                        per_key_batch=20,
+                        max_in_flight=2,
+                        publish_timeout=20.0,
+                        lease_seconds=30.0,
+                    ),
+                    p,
+                )
                 for p in pubs
             ]
             async with running(*relays):
