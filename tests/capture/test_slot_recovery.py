@@ -44,10 +44,13 @@ def _drop_slot(url: str, slot: str) -> None:
     raise AssertionError(f"could not drop slot {slot}")
 
 
-def _write(url: str, key: str, count: int, written: list[tuple[str, int]]) -> None:
-    """``count`` messages on ``key``, one transaction each, in order (one writer per key)."""
+def _write(
+    url: str, key: str, count: int, written: list[tuple[str, int]], start: int = 0
+) -> None:
+    """``count`` messages on ``key``, one transaction each, in order (one writer per key),
+    numbered from ``start`` in their payload."""
     with psycopg.connect(url) as conn:
-        for n in range(count):
+        for n in range(start, start + count):
             publish(conn, topic="t", key=key, payload={"n": n})
             conn.commit()
             written.append((key, n))
@@ -99,7 +102,7 @@ async def test_a_slot_dropped_while_relays_are_down_loses_nothing(wal_url: str) 
             lambda: relay_status(wal_url).capture.get("slot_state") == "ok", 30, "a fresh slot"
         )
         # and capture goes on from the fresh slot
-        await asyncio.to_thread(_write, wal_url, "k0", 5, written)
+        await asyncio.to_thread(_write, wal_url, "k0", 5, written, 20)
         await _until(lambda: len(_rows(wal_url)) >= 65, 30, "the later messages")
         await _until(
             lambda: all(r[4] == "published" for r in _rows(wal_url)), 30, "every one published"
@@ -145,7 +148,7 @@ async def test_a_slot_invalidated_while_relays_are_down_loses_nothing(wal_url: s
         await _until(
             lambda: relay_status(wal_url).capture.get("slot_state") == "ok", 30, "a fresh slot"
         )
-        await asyncio.to_thread(_write, wal_url, "k1", 5, written)
+        await asyncio.to_thread(_write, wal_url, "k1", 5, written, 10)
         await _until(lambda: len(_rows(wal_url)) >= 35, 30, "the later messages")
         await _until(
             lambda: all(r[4] == "published" for r in _rows(wal_url)), 30, "every one published"
