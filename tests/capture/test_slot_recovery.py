@@ -13,9 +13,10 @@ from typing import Any
 import orjson
 import psycopg
 
-from outbox import publish
+from outbox import ConfigurationError, publish
 from relay import Relay
-from relay._admin import relay_status
+from relay._admin import enable_capture, relay_status
+from relay._statements import relay_statements
 from tests.capture.test_wal_capture import _in_loop, _rows, _until
 from tests.relay.relay_helpers import FakePublisher, config, running
 
@@ -178,3 +179,134 @@ async def test_a_slot_dropped_while_streaming_loses_nothing(wal_url: str) -> Non
             lambda: all(r[4] == "published" for r in _rows(wal_url)), 30, "every one published"
         )
     _check(wal_url, publisher.log, written)
+
+
+class _HangingPublisher(FakePublisher):
+    """Takes the messages (logs them: the broker has them), then hangs before confirming: the
+    window in which a relay can die after the broker got a batch."""
+
+    def __init__(self, log: list[Any]) -> None:
+        super().__init__(log, "hanging")
+        self.release = asyncio.Event()
+
+    async def publish_batch(self, envelopes: Any) -> list[BaseException | None]:
+        out = await super().publish_batch(envelopes)
+        await self.release.wait()
+        return out
+
+
+@_in_loop
+async def test_no_seq_is_ever_given_to_another_message(wal_url: str) -> None:
+    """A batch the broker got, whose relay died before recording it, then a lost slot: the
+    seq the broker saw stays that message's (the issue's 'later message dropped as stale':
+    the inbox would have taken the next message under that seq for a repeat)."""
+    log: list[Any] = []
+    hanging = _HangingPublisher(log)
+    first = Relay(config(wal_url, lease_seconds=2.0, publish_timeout=1.5), hanging)
+    with psycopg.connect(wal_url) as conn:
+        a = publish(conn, topic="t", key="k", payload={"n": 0})
+        conn.commit()
+    async with running(first):
+        await _until(lambda: len(log) == 1, 20, "the broker to get the first message")
+        with psycopg.connect(wal_url, autocommit=True) as conn:  # the relay dies here
+            conn.execute(
+                "SELECT pg_terminate_backend(p) FROM outbox_capture_lease, "
+                "unnest(ARRAY[lock_pid, stream_pid]) AS p WHERE p IS NOT NULL"
+            )
+        hanging.release.set()
+        first.stop()
+    _drop_slot(wal_url, _slot(wal_url))
+    with psycopg.connect(wal_url) as conn:
+        b = publish(conn, topic="t", key="k", payload={"n": 1})
+        conn.commit()
+    second = Relay(
+        config(wal_url, lease_seconds=2.0, publish_timeout=1.5), FakePublisher(log, "second")
+    )
+    async with running(second):
+        # b goes out behind a (one key, in order): once b is published, so is a
+        await _until(
+            lambda: any(r[0] == b and r[4] == "published" for r in _rows(wal_url)), 30, "b"
+        )
+    seqs: dict[int, set[Any]] = defaultdict(set)
+    for _name, env in log:
+        seqs[env.seq].add(env.id)
+    assert seqs == {1: {a}, 2: {b}}  # a kept its seq; b took the next one
+    assert [(r[0], r[3]) for r in _rows(wal_url)] == [(a, 1), (b, 2)]
+
+
+def _creating(url: str, slot: str, errors: list[BaseException]) -> threading.Thread:
+    """Create ``slot`` in a thread (it waits for the open writer transaction to end)."""
+
+    def run() -> None:
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _creator_pid(url: str) -> int | None:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE 'SELECT pg_create_logical%%' "
+            "AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else None
+
+
+def test_a_relay_never_ends_a_session_that_is_creating_its_slot(wal_url: str) -> None:
+    """While a slot is being created it is active on an ordinary backend (waiting for the
+    open transactions to end): the new holder's walsender sweep ends walsenders only."""
+    slot = _slot(wal_url)
+    _drop_slot(wal_url, slot)
+    writer = psycopg.connect(wal_url)
+    errors: list[BaseException] = []
+    try:
+        writer.execute("SELECT pg_current_xact_id()")  # an open transaction with an xid
+        creating = _creating(wal_url, slot, errors)
+        asyncio.run(_until(lambda: _creator_pid(wal_url) is not None, 20, "the creation"))
+        with psycopg.connect(wal_url, autocommit=True) as conn:
+            ended = conn.execute(relay_statements(None).capture_slot_free, {"slot": slot})
+            assert [r[0] for r in ended.fetchall()] == []
+    finally:
+        writer.rollback()
+        writer.close()
+    creating.join(30)
+    assert errors == []
+    assert relay_status(wal_url).capture["slot_state"] == "ok"
+
+
+def test_enable_says_that_its_slot_creation_was_ended(wal_url: str) -> None:
+    slot = _slot(wal_url)
+    _drop_slot(wal_url, slot)
+    writer = psycopg.connect(wal_url)
+    raised: list[BaseException] = []
+
+    def enable() -> None:
+        try:
+            enable_capture(wal_url, slot=slot)
+        except BaseException as exc:
+            raised.append(exc)
+
+    try:
+        writer.execute("SELECT pg_current_xact_id()")
+        thread = threading.Thread(target=enable)
+        thread.start()
+        asyncio.run(_until(lambda: _creator_pid(wal_url) is not None, 20, "the creation"))
+        with psycopg.connect(wal_url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (_creator_pid(wal_url),))
+        thread.join(30)
+    finally:
+        writer.rollback()
+        writer.close()
+    assert len(raised) == 1
+    assert isinstance(raised[0], ConfigurationError)
+    text = str(raised[0])
+    assert f"creating replication slot '{slot}' failed" in text
+    assert "the server ended this session" in text
+    assert "cannot reach the database" not in text
+    assert "the capture mode is unchanged" in text
