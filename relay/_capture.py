@@ -385,7 +385,6 @@ class WalCapture:
                     task = recording[0]
                     while not task.done() and stream.buffered < limit:
                         await asyncio.wait({task}, timeout=_READ_AHEAD_POLL)
-                        lease.progress()
                     transactions = await stream.transactions(limit, 0.0)
                 batch = _decode(transactions)
                 if recording is not None:

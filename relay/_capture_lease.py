@@ -15,7 +15,7 @@ the polling relays have on their claims:
   walsender still on the slot and streams from the slot's confirmed position;
 * the heartbeat is a watchdog too: it renews the lease only while the capture loop shows
   progress (:meth:`CaptureLease.progress`, marked by every step of the loop). A loop stuck for
-  half a lease (an await that never returns, a cancelled task that does not end) ends its
+  a whole lease (an await that never returns, a cancelled task that does not end) ends its
   own lease: the heartbeat terminates the lease's sessions (``outbox_capture_lease_resign``),
   which releases the lock at once, and cancels the stuck round; a heartbeat that cannot renew
   lets the lease lapse, and a standby takes over;
@@ -50,9 +50,9 @@ _BEAT_FRACTION = 0.25
 #: lease old (a standby may take over at the full lease)
 _VALID_FRACTION = 0.9
 #: the watchdog ends the lease once the capture loop has shown no progress for this fraction
-#: of the lease (no single step of the loop waits longer: a send's deadline is within the
-#: lease's validity, and a stream read waits half a second)
-_STALL_FRACTION = 0.5
+#: of the lease (no step of a working loop waits longer: a send's deadline is within 90 % of
+#: the lease, and a stream read waits half a second)
+_STALL_FRACTION = 1.0
 
 
 def standby_interval(lease_seconds: float) -> float:
@@ -146,8 +146,8 @@ class CaptureLease:
     ) -> None:
         """Renew the lease every quarter lease while the capture loop makes progress, until
         the lease is lost (then return). A failed heartbeat is retried at the next beat;
-        :meth:`check` notices when they fail too long. A loop that made no progress for half a
-        lease is stuck: the lease is ended (its sessions terminated, so the lock is released
+        :meth:`check` notices when they fail too long. A loop that made no progress for a
+        whole lease is stuck: the lease is ended (its sessions terminated, so the lock is released
         and a standby takes over at once) and ``on_stall`` is called (it cancels the round)."""
         interval = self.lease_seconds * _BEAT_FRACTION
         params = {"slot": self.slot, "epoch": self.epoch}

@@ -7,9 +7,9 @@ anything of this database: missing (dropped, never restored, lost in a failover)
 enabled with the first one's slot name), of another output plugin, or invalidated (its WAL
 removed past ``max_slot_wal_keep_size``). Nothing is lost then: every message waits in
 ``outbox_wal_pending`` until the relay records it, and the capturing relay makes a fresh slot
-(missing, invalidated) or publishes from the table alone (relay/_capture.py). Every surface reads the
-state from here: ``outbox status`` and ``outbox capture``, the console, the relay's log and
-metrics (docs/how-to/wal-capture.md, "A slot that is missing, foreign or invalidated").
+(missing, invalidated) or publishes from the table alone (relay/_capture.py). Every surface
+reads the state from here: ``outbox status`` and ``outbox capture``, the console, the relay's
+log and metrics (docs/how-to/wal-capture.md, "A slot that is missing, foreign or invalidated").
 """
 
 from __future__ import annotations

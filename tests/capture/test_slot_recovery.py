@@ -6,12 +6,14 @@ with a gapless seq. On the private logical cluster of tests/capture (conftest.py
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import defaultdict
 from typing import Any
 
 import orjson
 import psycopg
+import pytest
 
 from outbox import ConfigurationError, publish
 from relay import Relay
@@ -310,3 +312,46 @@ def test_enable_says_that_its_slot_creation_was_ended(wal_url: str) -> None:
     assert "the server ended this session" in text
     assert "cannot reach the database" not in text
     assert "the capture mode is unchanged" in text
+
+
+def _epoch(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT max(epoch) FROM outbox_capture_lease").fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+@_in_loop
+async def test_a_stuck_capture_loop_ends_its_own_lease(
+    wal_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The capture loop waits forever (a batch's statement blocked on a lock that another
+    session holds): the heartbeat, which still runs, must not keep the lease alive for it.
+    The watchdog ends the lease's sessions, the stuck round fails out, and capture resumes
+    once the lock is gone."""
+    publisher = FakePublisher()
+    relay = Relay(config(wal_url, lease_seconds=2.0, publish_timeout=1.5), publisher)
+    caplog.set_level(logging.WARNING, logger="relay")
+    async with running(relay):
+        with psycopg.connect(wal_url) as conn:
+            publish(conn, topic="t", key="k", payload={"n": 0})
+            conn.commit()
+        await _until(lambda: len(publisher.log) == 1, 20, "the first message")
+        epoch = _epoch(wal_url)
+        blocker = psycopg.connect(wal_url)
+        try:
+            blocker.execute(
+                "SELECT * FROM outbox_key_sequences WHERE topic = 't' AND key = 'k' FOR UPDATE"
+            )
+            with psycopg.connect(wal_url) as conn:
+                publish(conn, topic="t", key="k", payload={"n": 1})
+                conn.commit()
+            await _until(
+                lambda: any("made no progress" in r.getMessage() for r in caplog.records),
+                15, "the watchdog",
+            )
+        finally:
+            blocker.rollback()
+            blocker.close()
+        await _until(lambda: len(publisher.log) == 2, 20, "the second message")
+        assert _epoch(wal_url) > epoch  # the stuck round's lease ended; a new one took over
+    assert [e.seq for _, e in publisher.log] == [1, 2]
