@@ -149,6 +149,10 @@ def _capture_state(conn: psycopg.Connection[Any], stmts: RelayStatements) -> dic
         return {"mode": "polling"}
     if state["slot"] is not None:
         state.update(_slot(conn, stmts, state["slot"]).as_status(state["mode"]))
+        # 'wal' mode's messages the relay has not recorded yet (outbox_wal_pending)
+        counted = conn.execute(stmts.capture_pending_count).fetchone()
+        state["pending_messages"] = int(counted[0]) if counted else 0
+        state["oldest_pending_seconds"] = counted[1] if counted else None
     return state
 
 
