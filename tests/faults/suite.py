@@ -725,6 +725,7 @@ SCENARIOS = {
     )
 }
 SHORT = ("relay-kill-9", "consumer-kill-9-after-commit", "broker-kill-9", "wal-relay-kill-9",
+         "wal-slot-dropped-while-relays-down",
          "sqs-broker-kill-9", "amqp1-broker-kill-9")
 
 
