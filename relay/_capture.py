@@ -274,6 +274,13 @@ class WalCapture:
                 log.info("relay %s: capturing from replication slot %s (lease epoch %d)",
                          config.relay_id, slot, lease.epoch)
             await self._stream(lock, stream, lease, draining)
+        except RelayError:
+            # the stream failed (its publication is gone, a walsender error): what waited in
+            # the table meanwhile is not left for the slot alone
+            stream.close()
+            if lease.lost is None:
+                await self._sweep(lock, lease, SWEEP_AGE_SECONDS)
+            raise
         finally:
             stream.close()
 
