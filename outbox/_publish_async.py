@@ -63,9 +63,14 @@ async def _write_async(
                 await cur.execute(*batch.wal_statement(stmts))
                 if cur.rowcount == len(batch.rows):
                     return batch.ids  # the relay publishes them after commit
-                # not in 'wal' mode (any more); or an id already pending (an idempotency key
-                # published again before the relay recorded it): the rows' path decides
-                remember_mode(raw, None)
+                await cur.execute(stmts.capture_mode)
+                row = await cur.fetchone()
+                if row is not None and row[0] == MODE_WAL:
+                    # the others were pending already: an idempotency key published again
+                    # before the relay recorded it, a no-op (the first write wins)
+                    remember_mode(raw, MODE_WAL)
+                    return batch.ids
+                remember_mode(raw, None)  # not in 'wal' mode (any more): rows
             if batch.lock_keys:
                 await cur.execute(stmts.idempotency_lock, batch.lock_params())
             await cur.execute(*batch.statement(stmts))

@@ -47,6 +47,7 @@ class ProducerStatements:
     idempotency_lock: bytes
     wal_emit: bytes
     wal_emit_one: bytes
+    capture_mode: bytes
 
 
 @dataclass(frozen=True)

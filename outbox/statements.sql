@@ -150,6 +150,13 @@ INSERT INTO {pending} (id, record)
 SELECT %(id)s, %(record)b::bytea FROM {capture} AS c WHERE c.mode = 'wal'
 ON CONFLICT (id) DO NOTHING
 
+-- name: capture_mode
+-- outbox_capture_mode: the capture mode, asked only when a pending insert inserted fewer rows
+-- than it had messages: in 'wal' mode the others were already pending (an idempotency key
+-- published again before the relay recorded it: a no-op, as in polling mode); otherwise the
+-- database is not in 'wal' mode (any more) and the messages go to outbox_messages.
+SELECT c.mode FROM {capture} AS c
+
 -- Re-drive: re-queueing lost messages (`outbox redrive`). Not the producer's: these need the
 -- relay's privileges (UPDATE on outbox_messages, INSERT on outbox_dead_audit). The relay owns
 -- re-queueing (relay/statements.sql, dead_retry), but the Spark job that finds lost messages

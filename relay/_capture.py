@@ -190,6 +190,9 @@ class WalCapture:
         config = self._config
         lock = await psycopg.AsyncConnection.connect(config.database_url, autocommit=True)
         try:
+            # as every relay session: a mark lost in a crash leaves its rows pending (sent
+            # again); the batch's own transaction waits for its flush (capture_durable)
+            await lock.execute(self._stmts.session)
             if not await self._acquire(lock, slot):
                 return  # a standby: another relay captures
             recovered = False

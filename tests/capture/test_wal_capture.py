@@ -92,6 +92,27 @@ def test_publish_in_wal_mode_writes_one_pending_row_and_a_rollback_nothing(wal_u
 
 
 @_in_loop
+async def test_an_idempotency_key_published_twice_before_capture_is_one_message(
+    wal_url: str,
+) -> None:
+    with psycopg.connect(wal_url) as conn:
+        first = publish(conn, topic="t", key="k", payload={"n": 1}, idempotency_key="once")
+        conn.commit()
+        again = publish(conn, topic="t", key="k", payload={"n": 2}, idempotency_key="once")
+        conn.commit()
+        counts = conn.execute(
+            "SELECT (SELECT count(*) FROM outbox_wal_pending), "
+            "(SELECT count(*) FROM outbox_messages)"
+        ).fetchone()
+    assert first == again
+    assert counts == (1, 0)  # a no-op, as in polling mode: no row of the polling path
+    publisher = FakePublisher()
+    async with running(Relay(config(wal_url), publisher)):
+        await _until(lambda: len(publisher.log) == 1, 20, "the message")
+    assert [(e.id, e.seq, e.payload) for _, e in publisher.log] == [(first, 1, b'{"n":1}')]
+
+
+@_in_loop
 async def test_relay_numbers_in_commit_order_and_publishes_each_once(wal_url: str) -> None:
     require_port(4222, "NATS", "start nats-server -js on 127.0.0.1:4222")
     keys = [f"k{i}" for i in range(5)]
