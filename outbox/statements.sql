@@ -141,14 +141,14 @@ FROM {capture} AS c,
      unnest(%(ids)b::uuid[], %(records)b::bytea[]) WITH ORDINALITY AS u(id, record, ord)
 WHERE c.mode = 'wal'
 ORDER BY u.ord
-ON CONFLICT (id) DO NOTHING
+ON CONFLICT DO NOTHING
 
 -- name: wal_emit_one
 -- outbox_wal_emit_one: the same for a batch of one (every publish()): no array to build, send
 -- and unnest. The mode check is the same one-row scan.
 INSERT INTO {pending} (id, record)
 SELECT %(id)s, %(record)b::bytea FROM {capture} AS c WHERE c.mode = 'wal'
-ON CONFLICT (id) DO NOTHING
+ON CONFLICT DO NOTHING
 
 -- name: capture_mode
 -- outbox_capture_mode: the capture mode, asked only when a pending insert inserted fewer rows

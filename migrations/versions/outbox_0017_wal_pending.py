@@ -44,7 +44,7 @@ _INSERT = "        INSERT INTO {pending} (id, record) VALUES (v_id,\n"
 _EMIT_END = "            || int4send(octet_length(v_payload)) || v_payload);\n"
 _INSERT_END = (
     "            || int4send(octet_length(v_payload)) || v_payload)\n"
-    "        ON CONFLICT (id) DO NOTHING;  -- an idempotency key not yet recorded: one row\n"
+    "        ON CONFLICT DO NOTHING;  -- an idempotency key not yet recorded: one row\n"
 )
 
 
@@ -83,15 +83,22 @@ def _create(pending: bool) -> None:
     )
 
 
-def _publication(schema: str | None) -> str | None:
-    table = f'"{schema}".outbox_capture' if schema else "outbox_capture"
-    row = op.get_bind().execute(sa.text(f"SELECT publication FROM {table}")).fetchone()
-    if row is None or row[0] is None:
-        return None
-    exists = op.get_bind().execute(
-        sa.text("SELECT 1 FROM pg_publication WHERE pubname = :p"), {"p": row[0]}
-    ).fetchone()
-    return str(row[0]) if exists else None
+# The capture publication (named in outbox_capture, if capture was ever enabled) publishes the
+# table's inserts. In SQL, so that offline migrations (--sql) carry it too.
+_PUBLICATION = """
+DO $body$
+DECLARE
+    v_publication text;
+BEGIN
+    SELECT c.publication INTO v_publication FROM {capture} AS c;
+    IF v_publication IS NOT NULL
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = v_publication) THEN
+        EXECUTE format('ALTER PUBLICATION %I ADD TABLE {pending}', v_publication);
+        EXECUTE format('ALTER PUBLICATION %I SET (publish = %L)', v_publication, 'insert');
+    END IF;
+END
+$body$
+"""
 
 
 def upgrade() -> None:
@@ -110,12 +117,12 @@ def upgrade() -> None:
         schema=schema,
     )
     _create(pending=True)
-    publication = _publication(schema)
-    if publication is not None:
-        table = f'"{schema}".outbox_wal_pending' if schema else "outbox_wal_pending"
-        name = '"' + publication.replace('"', '""') + '"'
-        op.execute(f"ALTER PUBLICATION {name} ADD TABLE {table}")
-        op.execute(f"ALTER PUBLICATION {name} SET (publish = 'insert')")
+    prefix = f'"{schema}".' if schema else ""
+    op.execute(
+        _PUBLICATION.format(
+            capture=f"{prefix}outbox_capture", pending=f"{prefix}outbox_wal_pending"
+        )
+    )
 
 
 def downgrade() -> None:
