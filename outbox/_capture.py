@@ -1,36 +1,33 @@
-"""The WAL capture mode's record: what a writer emits, what the relay decodes. One home.
+"""The WAL capture mode's record: what a writer writes, what the relay decodes. One home.
 
-In 'wal' mode (docs/explanation/capture.md) a message is not a row: ``publish()`` emits it as a
-transactional logical message (``pg_logical_emit_message(true, PREFIX, record)``), which
-PostgreSQL writes to the WAL only, and decodes to the relay's replication slot only if the
-transaction commits, in commit order. The relay gives it its per-key ``seq`` and records it.
+In 'wal' mode (docs/explanation/capture.md) a writer inserts a message as one row of
+``outbox_wal_pending``: its id and its record (below), no counter, no lock. The relay decodes
+the insert from its replication slot (pgoutput) after commit, in commit order, gives the
+message its per-key ``seq``, records it in ``outbox_messages`` and deletes the pending row.
+The row outlives any slot: a relay whose slot is gone publishes what the table holds.
+Writers of older versions emitted the same record as a transactional logical message
+(``pg_logical_emit_message(true, PREFIX, record)``); the relay still decodes those.
 
 Record format v1 (big-endian): version (1 byte, 1), flags (1 byte: 1 = the id comes from an
 idempotency key, 2 = ``available_at`` is set), the id (16 bytes), ``available_at`` in Unix
 microseconds (8 bytes, 0 when unset), then six fields, each a 4-byte length and that many
 bytes: topic, key, content type, traceparent (empty: none), headers (JSON object text),
-payload. ``outbox_publish()`` (migration outbox_0010) builds the same bytes in SQL.
+payload. ``outbox_publish()`` (migrations outbox_0010, outbox_0017) builds the same bytes in
+SQL.
 
 Which mode a database is in is the one row of ``outbox_capture``. A writer learns it from its
-own statements: a connection's first publish tries the WAL emit, which emits nothing (and says
-so) unless the mode is 'wal'; the polling insert returns the mode, so a switch to 'wal' is seen
-at the next publish. So a writer that still believes the
-wrong mode never loses a message: a row written in 'wal' mode is published by the relay's
-polling loop, which keeps running; a WAL emit refused in 'polling' mode is written as a row.
-
-The emit is also refused in 'wal' mode while the database has no slot that decodes it (the
-slot the row names is missing, invalidated, or another database's: outbox/statements.sql):
-the writer then writes rows, and tries the WAL again after :data:`REFUSED_RETRY_SECONDS`
-rather than on every publish (the row then costs no extra round trip). That slot check reads
-the server's whole slot array, so a connection makes it on its first emit and then at most
-every :data:`SLOT_CHECK_SECONDS`; the emits in between check the mode only.
+own statements: a connection's first publish tries the pending insert, which inserts nothing
+(and says so) unless the mode is 'wal'; the polling insert returns the mode, so a switch to
+'wal' is seen at the next publish. So a writer that still believes the wrong mode never loses
+a message: a row written to ``outbox_messages`` in 'wal' mode is published by the relay's
+polling loop, which keeps running; a pending insert refused in 'polling' mode is written to
+``outbox_messages`` instead.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import struct
-import time
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -52,28 +49,18 @@ __all__ = [
     "MODE_POLLING",
     "MODE_WAL",
     "PREFIX",
-    "REFUSED_RETRY_SECONDS",
-    "SLOT_CHECK_SECONDS",
     "RecordError",
     "WalRecord",
     "decode_record",
     "encode_record",
     "known_mode",
     "remember_mode",
-    "slot_check_due",
-    "slot_checked",
 ]
 
 #: the logical message prefix; the version travels in the record too
 PREFIX = "outbox.v1"
 MODE_POLLING = "polling"
 MODE_WAL = "wal"
-#: after the server refused a WAL emit in 'wal' mode (no slot of this database decodes it), a
-#: connection writes rows for this long before it tries the WAL again
-REFUSED_RETRY_SECONDS = 1.0
-#: how long a connection's emits trust the slot check its last checked emit passed: a slot
-#: dropped or invalidated meanwhile costs at most this much more of what it would lose anyway
-SLOT_CHECK_SECONDS = 0.1
 
 _VERSION = 1
 _IDEMPOTENT = 1
@@ -230,46 +217,16 @@ def _check_headers(raw: bytes) -> None:
 
 
 # What each connection last learnt of the mode (weakly keyed: a closed, collected connection
-# leaves nothing behind): a mode, or the monotonic time until which it writes rows because its
-# emit was refused in 'wal' mode. Only a hint: every statement checks the mode again in the
-# server.
-_modes: weakref.WeakKeyDictionary[Any, str | float] = weakref.WeakKeyDictionary()
+# leaves nothing behind). Only a hint: every statement checks the mode again in the server.
+_modes: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def known_mode(raw: Any) -> str | None:
-    """The mode ``raw`` last saw; None before its first publish (which then tries the WAL
-    emit first: in 'polling' mode that costs one round trip, once per connection)."""
-    mode = _modes.get(raw)
-    if isinstance(mode, float):  # refused in 'wal' mode: rows until then, then the WAL again
-        if time.monotonic() < mode:
-            return MODE_POLLING
-        _modes[raw] = MODE_WAL
-        return MODE_WAL
-    return mode
+    """The mode ``raw`` last saw; None before its first publish (which then tries the pending
+    insert first: in 'polling' mode that costs one round trip, once per connection)."""
+    return _modes.get(raw)
 
 
-def remember_mode(raw: Any, mode: str | None, *, refused: bool = False) -> None:
-    """Note what ``raw``'s last statement said of the mode (None: not 'wal'). ``refused``: this
-    publish's WAL emit was refused, so a 'wal' answer means the database has no usable slot:
-    write rows for :data:`REFUSED_RETRY_SECONDS`."""
-    if mode != MODE_WAL:
-        _modes[raw] = MODE_POLLING
-    elif refused:
-        _modes[raw] = time.monotonic() + REFUSED_RETRY_SECONDS
-    elif not isinstance(_modes.get(raw), float):
-        _modes[raw] = MODE_WAL
-
-
-# Until when each connection's emits may skip the slot check (monotonic time; weakly keyed).
-_slot_checked: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-
-
-def slot_check_due(raw: Any) -> bool:
-    """Whether ``raw``'s next emit must check the slot (its first, then every
-    :data:`SLOT_CHECK_SECONDS`)."""
-    return time.monotonic() >= _slot_checked.get(raw, 0.0)
-
-
-def slot_checked(raw: Any) -> None:
-    """``raw``'s checked emit passed: its emits skip the check for a while."""
-    _slot_checked[raw] = time.monotonic() + SLOT_CHECK_SECONDS
+def remember_mode(raw: Any, mode: str | None) -> None:
+    """Note what ``raw``'s last statement said of the mode (None: not 'wal')."""
+    _modes[raw] = MODE_WAL if mode == MODE_WAL else MODE_POLLING

@@ -138,6 +138,10 @@ _HINTS = {
 }
 
 
+#: admin_shutdown, crash_shutdown, cannot_connect_now: the server answered, then ended the session
+_SESSION_ENDED = ("57P01", "57P02", "57P03")
+
+
 def describe_database_error(exc: psycopg.Error) -> str:
     """One line for an operator: what the database said and what to check or run."""
     reason = _first_line(exc)
@@ -156,6 +160,12 @@ def describe_database_error(exc: psycopg.Error) -> str:
         return f"{reason}: {_HINTS[kind]}"
     if "does not exist" in reason:
         return f"{reason}: {_HINTS['database']}"
+    if getattr(exc, "sqlstate", None) in _SESSION_ENDED:
+        return (
+            f"the server ended this session ({reason}): another session terminated it (an "
+            "administrator, a tool) or the server is shutting down; the statement it ran did "
+            "not complete: run the command again"
+        )
     if isinstance(exc, psycopg.OperationalError):
         return (
             f"cannot reach the database ({reason}): check --url (or $OUTBOX_DATABASE_URL), "

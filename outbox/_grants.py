@@ -43,6 +43,7 @@ from outbox.schema import (
     OUTBOX_RELAYS,
     OUTBOX_REPLAY_CURSORS,
     OUTBOX_SEQUENCES,
+    OUTBOX_WAL_PENDING,
     OUTBOX_WRITE_COUNTER,
     RECONCILIATION_RUNS,
     check_identifier,
@@ -72,6 +73,8 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT, INSERT, UPDATE", OUTBOX_SEQUENCES, None),
         # the capture mode (docs/explanation/capture.md): which of the two write paths to take
         ("SELECT", OUTBOX_CAPTURE, None),
+        # 'wal' mode's durable record: one row per message until the relay records it
+        ("INSERT", OUTBOX_WAL_PENDING, None),
     ],
     "relay": [
         # INSERT and the counters: in 'wal' mode the relay numbers and records the messages
@@ -81,6 +84,9 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         # the streaming relay's lease on the slot; a standby terminates a lapsed holder's
         # sessions, which PostgreSQL allows a session of the same role (docs/explanation/capture.md)
         ("SELECT, INSERT, UPDATE", OUTBOX_CAPTURE_LEASE, None),
+        # 'wal' mode: the rows it records and deletes, and sweeps when the slot did not
+        # deliver them (a fresh slot, a slot it cannot use)
+        ("SELECT, DELETE", OUTBOX_WAL_PENDING, None),
         ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_RELAYS, None),
         ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),
         # `outbox replay`: its cursor per (topic, consumer)

@@ -17,7 +17,7 @@ from typing import Any
 
 from psycopg import errors as pg_errors
 
-from outbox._capture import MODE_WAL, known_mode, remember_mode, slot_check_due, slot_checked
+from outbox._capture import MODE_WAL, known_mode, remember_mode
 from outbox._connections import AsyncTarget, resolve_async
 from outbox._errors import translate
 from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, Message, prepare_fields
@@ -59,16 +59,18 @@ async def _write_async(
     stmts = producer_statements(schema)
     try:
         async with raw.cursor() as cur:
-            refused = False
             if known_mode(raw) in (MODE_WAL, None):
-                checked = slot_check_due(raw)
-                await cur.execute(*batch.wal_statement(stmts, checked))
+                await cur.execute(*batch.wal_statement(stmts))
                 if cur.rowcount == len(batch.rows):
-                    if checked:
-                        slot_checked(raw)
-                    return batch.ids  # the relay decodes them after commit
-                remember_mode(raw, None)  # not in 'wal' mode (any more), or no slot: rows
-                refused = True
+                    return batch.ids  # the relay publishes them after commit
+                await cur.execute(stmts.capture_mode)
+                row = await cur.fetchone()
+                if row is not None and row[0] == MODE_WAL:
+                    # the others were pending already: an idempotency key published again
+                    # before the relay recorded it, a no-op (the first write wins)
+                    remember_mode(raw, MODE_WAL)
+                    return batch.ids
+                remember_mode(raw, None)  # not in 'wal' mode (any more): rows
             if batch.lock_keys:
                 await cur.execute(stmts.idempotency_lock, batch.lock_params())
             await cur.execute(*batch.statement(stmts))
@@ -77,7 +79,7 @@ async def _write_async(
         raise translate(exc, schema=schema) from exc
     tx_ids, mode = checked_rows(rows)
     if rows:
-        remember_mode(raw, mode, refused=refused)
+        remember_mode(raw, mode)
     if wakeup and tx_ids:
         ring_after_commit(target, raw, tx_ids)
     return batch.ids

@@ -32,16 +32,15 @@ class Batch:
         """The batch of one message (every ``publish()``): nothing to deduplicate or sort."""
         return cls([p.id], [_lock_key(p.id)] if p.idempotent else [], p, [p])
 
-    def wal_statement(
-        self, stmts: ProducerStatements, checked: bool
-    ) -> tuple[bytes, dict[str, Any]]:
-        """The WAL emit statement and its parameters: each distinct message as a record.
-        ``checked``: the variant that also checks the slot (outbox/_statements.py)."""
+    def wal_statement(self, stmts: ProducerStatements) -> tuple[bytes, dict[str, Any]]:
+        """The 'wal' mode insert into outbox_wal_pending and its parameters: each distinct
+        message as its id and record."""
         if self.single is not None:
-            stmt = stmts.wal_emit_one_checked if checked else stmts.wal_emit_one
-            return stmt, {"record": _record(self.single)}
-        stmt = stmts.wal_emit_checked if checked else stmts.wal_emit
-        return stmt, {"records": [_record(p) for p in self.rows]}
+            return stmts.wal_emit_one, {"id": self.single.id, "record": _record(self.single)}
+        return stmts.wal_emit, {
+            "ids": [p.id for p in self.rows],
+            "records": [_record(p) for p in self.rows],
+        }
 
     def lock_params(self) -> dict[str, Any]:
         """Parameters of the idempotency lock: every (topic, key) of the batch, then the ids."""
@@ -82,7 +81,7 @@ class Batch:
 
 
 def _record(p: PreparedMessage) -> bytes:
-    """One distinct message as a WAL record."""
+    """One distinct message as a record (outbox/_capture.py)."""
     return encode_record(
         p.id,
         p.topic,

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from outbox._capture import PREFIX
 from outbox._sql import Names, load, qualified, registry, table_name, templates
 from outbox.schema import (
     OUTBOX_CAPTURE,
     OUTBOX_DEAD_AUDIT,
     OUTBOX_MESSAGES,
     OUTBOX_SEQUENCES,
+    OUTBOX_WAL_PENDING,
     OUTBOX_WRITE_COUNTER,
 )
 
@@ -47,8 +47,7 @@ class ProducerStatements:
     idempotency_lock: bytes
     wal_emit: bytes
     wal_emit_one: bytes
-    wal_emit_checked: bytes
-    wal_emit_one_checked: bytes
+    capture_mode: bytes
 
 
 @dataclass(frozen=True)
@@ -85,8 +84,8 @@ def _names(schema: str | None) -> Names:
         "messages": qualified(schema, OUTBOX_MESSAGES),
         "sequences": qualified(schema, OUTBOX_SEQUENCES),
         "capture": qualified(schema, OUTBOX_CAPTURE),
+        "pending": qualified(schema, OUTBOX_WAL_PENDING),
         "counter": table_name(schema, OUTBOX_WRITE_COUNTER),
-        "prefix": sql.Literal(PREFIX),
     }
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "OUTBOX_RELAYS",
     "OUTBOX_REPLAY_CURSORS",
     "OUTBOX_SEQUENCES",
+    "OUTBOX_WAL_PENDING",
     "OUTBOX_WRITE_COUNTER",
     "RECONCILIATION_RUNS",
     "Xid8",
@@ -66,6 +67,7 @@ OUTBOX_MESSAGES = "outbox_messages"
 OUTBOX_SEQUENCES = "outbox_key_sequences"
 OUTBOX_CAPTURE = "outbox_capture"
 OUTBOX_CAPTURE_LEASE = "outbox_capture_lease"
+OUTBOX_WAL_PENDING = "outbox_wal_pending"
 #: A sequence: bumped by every polling-mode write, read by the relay's commit watch.
 OUTBOX_WRITE_COUNTER = "outbox_write_counter"
 INBOX_MESSAGES = "inbox_messages"
@@ -228,6 +230,23 @@ def _capture_tables(md: MetaData) -> None:
         Column("acquired_at", _TIMESTAMPTZ, nullable=False),
         Column("heartbeat_at", _TIMESTAMPTZ, nullable=False),
         PrimaryKeyConstraint("slot"),
+    )
+
+
+    Table(
+        OUTBOX_WAL_PENDING,
+        md,
+        # 'wal' mode's durable record (outbox_0017, docs/explanation/capture.md): a writer
+        # inserts one row per message (its id and the record of outbox/_capture.py); the relay
+        # decodes the insert from the slot, records the message in outbox_messages and deletes
+        # the row in the same transaction. What a lost slot held is still here: the relay
+        # publishes it from the table. Only the primary key: every index costs every writer.
+        Column("id", UUID(as_uuid=True), nullable=False),
+        Column("record", LargeBinary, nullable=False),
+        Column(
+            "written_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")
+        ),
+        PrimaryKeyConstraint("id"),
     )
 
 

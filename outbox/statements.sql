@@ -124,43 +124,38 @@ WHERE (SELECT count(*) FROM held) >= 0
 ORDER BY k
 
 -- name: wal_emit
--- name: wal_emit_checked (slot_check = slot_check)
--- outbox_wal_emit ('wal' capture mode, docs/explanation/capture.md): the messages as transactional logical
--- messages, in input order (volatile functions in the target list are evaluated after the
--- sort). Nothing is written to any table and nothing is locked: the relay decodes them after
--- commit, in commit order, and gives them their seqs. Emits nothing (zero rows) unless the
--- database is in 'wal' mode (and, in the _checked variant, its slot can decode them: see
--- slot_check): the writer then writes them as rows instead, in the same transaction. Rolled
--- back, they are never decoded.
-SELECT pg_logical_emit_message(true, {prefix}, u.record)
-FROM {capture} AS c, unnest(%(records)b::bytea[]) WITH ORDINALITY AS u(record, ord)
-WHERE c.mode = 'wal' {slot_check}
+-- outbox_wal_emit ('wal' capture mode, docs/explanation/capture.md): the messages as rows of
+-- outbox_wal_pending, their id and their record (outbox/_capture.py), in input order. No
+-- counter row, no lock, no index but the primary key: the relay decodes the inserts from its
+-- slot after commit, in commit order, gives them their seqs, records them in outbox_messages
+-- and deletes these rows in the same transaction. The row is what makes the message durable:
+-- a slot that is dropped, invalidated or lost in a failover or restore costs latency only,
+-- since the relay publishes what this table holds before it streams a fresh slot. Inserts
+-- nothing (zero rows) unless the database is in 'wal' mode: the writer then writes the
+-- messages to outbox_messages instead, in the same transaction. An id already pending (the
+-- same idempotency key, not yet recorded by the relay) stays one row; an id the relay
+-- already recorded is dropped by the relay (outbox_capture_known). Rolled back, nothing is.
+INSERT INTO {pending} (id, record)
+SELECT u.id, u.record
+FROM {capture} AS c,
+     unnest(%(ids)b::uuid[], %(records)b::bytea[]) WITH ORDINALITY AS u(id, record, ord)
+WHERE c.mode = 'wal'
 ORDER BY u.ord
+ON CONFLICT DO NOTHING
 
 -- name: wal_emit_one
--- name: wal_emit_one_checked (slot_check = slot_check)
 -- outbox_wal_emit_one: the same for a batch of one (every publish()): no array to build, send
--- and unnest, no sort. The mode check is the same one-row scan.
-SELECT pg_logical_emit_message(true, {prefix}, %(record)b::bytea)
-FROM {capture} AS c WHERE c.mode = 'wal' {slot_check}
+-- and unnest. The mode check is the same one-row scan.
+INSERT INTO {pending} (id, record)
+SELECT %(id)s, %(record)b::bytea FROM {capture} AS c WHERE c.mode = 'wal'
+ON CONFLICT DO NOTHING
 
--- fragment: slot_check
--- The emits' _checked variants: a message goes to the WAL only while the slot the mode row
--- names is a pgoutput slot of THIS database that still has its WAL. Slot names are global to
--- the server and a logical slot decodes one database only, so without it a database whose row
--- names another database's slot (a second database enabled with the same slot name, a clone
--- made with CREATE DATABASE ... TEMPLATE, a restore) or a slot that was dropped or
--- invalidated would emit into WAL that nothing decodes: the messages would be lost, in no
--- table. Refused, they are written as rows, which the polling loop publishes.
--- The check is costly next to the emit (pg_get_replication_slots() builds its whole result,
--- and the view joins pg_database), so a connection runs it on its first emit and then at most
--- every SLOT_CHECK_SECONDS (outbox/_capture.py); the emits in between check the mode only. A
--- slot dropped after the check and before the commit still loses the message: the drop is not
--- transactional (docs/how-to/wal-capture.md says what is lost and how to find it).
-AND EXISTS (
-    SELECT 1 FROM pg_catalog.pg_replication_slots AS s
-    WHERE s.slot_name = c.slot AND s.database = current_database()
-      AND s.plugin = 'pgoutput' AND s.wal_status IS DISTINCT FROM 'lost')
+-- name: capture_mode
+-- outbox_capture_mode: the capture mode, asked only when a pending insert inserted fewer rows
+-- than it had messages: in 'wal' mode the others were already pending (an idempotency key
+-- published again before the relay recorded it: a no-op, as in polling mode); otherwise the
+-- database is not in 'wal' mode (any more) and the messages go to outbox_messages.
+SELECT c.mode FROM {capture} AS c
 
 -- Re-drive: re-queueing lost messages (`outbox redrive`). Not the producer's: these need the
 -- relay's privileges (UPDATE on outbox_messages, INSERT on outbox_dead_audit). The relay owns

@@ -20,9 +20,10 @@ from psycopg.rows import class_row, dict_row, kwargs_row
 
 from outbox._actor import default_actor
 from outbox._database import Database, connected
+from outbox._errors import describe_database_error
 from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
-from outbox.schema import OUTBOX_CAPTURE, check_identifier
+from outbox.schema import OUTBOX_CAPTURE, OUTBOX_WAL_PENDING, check_identifier
 from relay._slot import SlotHealth, default_slot
 from relay._statements import TEMPLATES, RelayStatements, relay_statements
 
@@ -148,6 +149,10 @@ def _capture_state(conn: psycopg.Connection[Any], stmts: RelayStatements) -> dic
         return {"mode": "polling"}
     if state["slot"] is not None:
         state.update(_slot(conn, stmts, state["slot"]).as_status(state["mode"]))
+        # 'wal' mode's messages the relay has not recorded yet (outbox_wal_pending)
+        counted = conn.execute(stmts.capture_pending_count).fetchone()
+        state["pending_messages"] = int(counted[0]) if counted else 0
+        state["oldest_pending_seconds"] = counted[1] if counted else None
     return state
 
 
@@ -194,14 +199,19 @@ def enable_capture(
             )
         _refuse_second_schema(conn, stmts)
         slot = _choose_slot(conn, stmts, slot)
-        exists = conn.execute(stmts.publication_exists, {"publication": publication}).fetchone()
-        if exists is None:
-            conn.execute(TEMPLATES.publication_create.format(publication=sql.Identifier(publication)))
+        _ensure_publication(conn, stmts, publication, schema)
         health = _slot(conn, stmts, slot)
         if health.state == "missing":
-            # created meanwhile, perhaps by another database: checked below
-            with contextlib.suppress(psycopg.errors.DuplicateObject):
-                conn.execute(stmts.slot_create, {"slot": slot})
+            # created meanwhile (perhaps by a relay, or by another database): checked below
+            try:
+                with contextlib.suppress(psycopg.errors.DuplicateObject):
+                    conn.execute(stmts.slot_create, {"slot": slot})
+            except psycopg.OperationalError as exc:
+                raise ConfigurationError(
+                    f"creating replication slot {slot!r} failed: {describe_database_error(exc)}; "
+                    "the capture mode is unchanged",
+                    slot=slot,
+                ) from exc
             health = _slot(conn, stmts, slot)
         _refuse_unusable(health)
         # The slot is checked again in the UPDATE itself: one dropped since is not recorded.
@@ -213,6 +223,22 @@ def enable_capture(
                 slot=slot,
             )
         return _capture_state(conn, stmts)
+
+
+def _ensure_publication(
+    conn: psycopg.Connection[Any], stmts: RelayStatements, publication: str, schema: str | None
+) -> None:
+    """The publication of the pending table's inserts: created, or (made by an older version,
+    empty) given the table."""
+    name = sql.Identifier(publication)
+    pending = sql.Identifier(schema, OUTBOX_WAL_PENDING) if schema else sql.Identifier(
+        OUTBOX_WAL_PENDING
+    )
+    exists = conn.execute(stmts.publication_exists, {"publication": publication}).fetchone()
+    if exists is None:
+        conn.execute(TEMPLATES.publication_create.format(publication=name, pending=pending))
+    elif conn.execute(stmts.publication_has_table, {"publication": publication}).fetchone() is None:
+        conn.execute(TEMPLATES.publication_add.format(publication=name, pending=pending))
 
 
 def _refuse_second_schema(conn: psycopg.Connection[Any], stmts: RelayStatements) -> None:

@@ -1,33 +1,43 @@
 """WAL capture mode: the relay publishes what it decodes from the replication slot.
 
-In 'wal' mode (``outbox capture enable``; docs/explanation/capture.md) writers emit each
-message as a transactional logical message and touch no table. One relay of the group (the
-holder of the capture lock, see ``outbox_capture_lock``, under a lease a standby can end: see
-relay/_capture_lease.py) streams the slot; per batch of committed transactions, in ONE
-database transaction on the lock's session, it:
+In 'wal' mode (``outbox capture enable``; docs/explanation/capture.md) writers insert each
+message as one row of ``outbox_wal_pending`` (its id and record: no counter, no lock). One
+relay of the group (the holder of the capture lock, see ``outbox_capture_lock``, under a lease
+a standby can end and a watchdog ends when the loop stalls: relay/_capture_lease.py) streams
+the slot, which decodes those inserts in commit order. Per batch of committed transactions,
+on the lock's session:
 
-1. drops ids that already have a row (a batch recorded before a crash, decoded again; an
-   idempotency key published again);
-2. numbers the rest per (topic, key) in arrival order = commit order (``outbox_capture_bump``:
-   the counter rows stay locked until the batch commits);
-3. sends them to the broker, except messages that must wait: delayed ones (``available_at``
-   in the future) and those of keys with an earlier row the polling loop still has to publish;
-4. records every message in ``outbox_messages`` while the broker confirms the sends (the two
-   overlap): 'published', or 'pending' for the polling loop (which keeps running in this mode
-   and owns retries, dead letters and delays); a send the broker refused turns its row, and
-   its key's later rows of the batch, back to 'pending';
-5. commits, waiting for the flush, and only then confirms the batch's end to the slot.
+1. in one transaction, committed on disk before anything is sent: drop ids that already have
+   a row in ``outbox_messages`` (a batch recorded before a crash, decoded again; an
+   idempotency key published again); number the rest per (topic, key) in arrival order =
+   commit order (``outbox_capture_bump``); record them all 'pending', those about to be sent
+   under this batch's lease; and delete their pending rows. From here on a seq is bound to its
+   message: nothing can give it to another;
+2. send them to the broker, except messages that must wait (delayed, behind an earlier row of
+   their key the polling loop must publish first, at-most-once topics): the polling loop owns
+   those;
+3. mark the sent ones published and give the refused ones (with their keys' later messages)
+   back to the polling loop, fenced by the batch's lease token; then confirm the batch's end
+   to the slot.
 
-A crash anywhere before the commit rolls the numbering back, and the slot sends the same
-transactions again from its confirmed position: they get the same seqs and ids (a broker that
-received some of them already deduplicates by id where it can; the inbox always does). A crash
-after the commit and before the confirmation decodes the batch again, and step 1 drops it.
+A relay that dies after step 1 leaves leased rows: when the lease ends, the polling loop
+publishes them with their seqs (the inbox absorbs what was sent already).
+
+The slot is a low-latency path over the table, not the record: a relay that finds its slot
+missing or invalidated (dropped, ``max_slot_wal_keep_size``, a failover or a restore without
+it) creates a fresh one and, before it streams, publishes every row the table holds (the
+sweep: each key in the order its rows were written); one that cannot use it (another
+database's, another plugin, no publication) publishes from the table alone, a second slower.
+A streaming relay whose stream is idle also sweeps rows that have waited in the table for a
+while (a slot that is behind where the table says, or that skipped a transaction), so no row
+is left behind whatever happened to the slot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -50,7 +60,7 @@ from relay._retry import Backoff, retry
 from relay._slot import SlotHealth
 from relay._state import RunState
 from relay._statements import RelayStatements
-from relay.exceptions import CaptureLeaseLostError
+from relay.exceptions import CaptureLeaseLostError, RelayError
 
 __all__ = ["WalCapture"]
 
@@ -64,15 +74,23 @@ IDLE_WAIT_SECONDS = 0.5
 _READ_AHEAD_POLL = 0.002
 #: how often a slot that cannot capture this database is logged again while it lasts
 REPORT_EVERY_SECONDS = 300.0
+#: a pending row this old while the stream is idle was not delivered by the slot: swept
+SWEEP_AGE_SECONDS = 2.0
+#: how often an idle stream looks for such rows
+SWEEP_EVERY_SECONDS = 1.0
+#: the slot states a capturing relay repairs itself (a fresh slot)
+_RECREATE = ("missing", "invalidated")
 
 
 class _Setting(NamedTuple):
-    """What to stream: the slot, its publication, and whether this is a drain (the database
-    went back to polling while the slot still holds what writers emitted)."""
+    """What to stream: the slot, its publication, whether this is a drain (the database went
+    back to polling while the slot still holds what writers emitted), and the slot's state
+    ('ok', or what the capturing relay repairs or works around: see the module docstring)."""
 
     slot: str
     publication: str
     draining: bool
+    state: str = "ok"
 
 
 @dataclass
@@ -123,11 +141,10 @@ class WalCapture:
             await retry("WAL capture", capture_once, backoff, state=self._state)
 
     async def _setting(self) -> _Setting | None:
-        """(slot, publication, draining): streaming in 'wal' mode; draining after a switch
-        back to polling while the slot exists (what writers emitted before the switch, or in
-        transactions that commit after it, is still published); None: nothing to stream, or
-        the slot cannot capture this database (missing, another database's, invalidated:
-        logged as an error, see :meth:`_report`; writers write rows meanwhile)."""
+        """What to do: stream the slot in 'wal' mode (also when it is missing or invalidated:
+        the capturing relay makes a fresh one, or publishes from the table alone when it
+        cannot); drain it after a switch back to polling while it exists; publish what the
+        pending table still holds in 'polling' mode. None: nothing to do."""
         async with self._pool.connection() as conn:
             row = await (await conn.execute(self._stmts.capture_mode)).fetchone()
             if row is None:
@@ -139,10 +156,14 @@ class WalCapture:
                 await cur.execute(self._stmts.capture_slot, {"slot": slot})
                 health = await cur.fetchone()
             assert health is not None  # one row, also for a missing slot
+            pending = 0
+            if mode != MODE_WAL and health.state != "ok":
+                counted = await (await conn.execute(self._stmts.capture_pending_count)).fetchone()
+                pending = int(counted[0]) if counted else 0
         self._report(health, str(mode))
-        if health.state != "ok":
-            return None  # not a slot of ours to stream (after a drain and a drop: all done)
-        return _Setting(str(slot), str(publication), mode != MODE_WAL)
+        if mode != MODE_WAL and health.state != "ok" and not pending:
+            return None  # nothing of ours to stream or sweep (after a drain and a drop)
+        return _Setting(str(slot), str(publication), mode != MODE_WAL, health.state)
 
     def _report(self, health: SlotHealth, mode: str) -> None:
         """Log a slot that cannot capture this database, at once and then every
@@ -162,47 +183,173 @@ class WalCapture:
             )
         self._reported = seen
 
-    async def _lead(self, slot: str, publication: str, draining: bool) -> None:
+    async def _lead(self, slot: str, publication: str, draining: bool, state: str) -> None:
         """Take the capture lock and stream, until stopped, drained, the stream fails or the
         lease is lost. A standby tries the lock, and fences a holder whose lease lapsed
         (relay/_capture_lease.py), every standby interval for a second, then returns."""
         config = self._config
         lock = await psycopg.AsyncConnection.connect(config.database_url, autocommit=True)
         try:
+            # as every relay session: a mark lost in a crash leaves its rows pending (sent
+            # again); the batch's own transaction waits for its flush (capture_durable)
+            await lock.execute(self._stmts.session)
             if not await self._acquire(lock, slot):
                 return  # a standby: another relay captures
+            recovered = False
+            if state in _RECREATE and not draining:
+                recovered = await self._recreate(lock, slot, state)
+                state = "ok" if recovered else state
             lease = CaptureLease(self._stmts, slot, config.relay_id, config.lease_seconds)
             await lease.take(lock)
-            # A walsender still on the slot is a fenced holder's that has not exited yet:
-            # the lock says the slot is ours now.
-            await lock.execute(self._stmts.capture_slot_free, {"slot": slot})
-            stream = ReplicationStream(
-                config.database_url, slot, publication, buffer=max(4 * config.batch_size, 1000)
+            leader = asyncio.current_task()
+            heartbeat = asyncio.create_task(
+                lease.heartbeat(self._pool, on_stall=lambda: _cancel(leader))
             )
-            await stream.start()
-            heartbeat: asyncio.Task[None] | None = None
             try:
-                await lease.streaming(lock, stream.backend_pid)
-                heartbeat = asyncio.create_task(lease.heartbeat(self._pool))
-                self.capturing = True
-                if not draining:
-                    log.info("relay %s: capturing from replication slot %s (lease epoch %d)",
-                             config.relay_id, slot, lease.epoch)
-                await self._stream(lock, stream, lease, draining)
+                await self._lead_held(lock, lease, slot, publication, draining, state, recovered)
             except Exception:
                 try:
                     lease.check()
                 except CaptureLeaseLostError:
-                    return  # fenced: that explains the closed connections (logged)
+                    return  # fenced, or the watchdog ended it: that explains the failure
+                raise
+            except asyncio.CancelledError:
+                if lease.stalled and not self._state.stopping:
+                    return  # the watchdog ended a stuck round (logged): try again
                 raise
             finally:
                 self.capturing = False
-                stream.close()
-                if heartbeat is not None:
-                    heartbeat.cancel()
-                    await asyncio.gather(heartbeat, return_exceptions=True)
+                heartbeat.cancel()
+                # never wait long on it: a heartbeat stuck in I/O must not keep the lock
+                await asyncio.wait({heartbeat}, timeout=1.0)
         finally:
             await lock.close()
+
+    async def _lead_held(
+        self,
+        lock: psycopg.AsyncConnection[Any],
+        lease: CaptureLease,
+        slot: str,
+        publication: str,
+        draining: bool,
+        state: str,
+        recovered: bool,
+    ) -> None:
+        """The capture lock is held: publish what the table holds when the slot was just made
+        (or cannot be used), then stream the slot."""
+        config = self._config
+        if recovered or state != "ok":
+            swept = await self._sweep(lock, lease, 0.0)
+            if recovered:
+                self._dispatcher.metrics.capture_recovered.labels(slot).inc()
+                log.warning(
+                    "relay %s: published %d message(s) from the outbox_wal_pending table that "
+                    "the slot had not delivered; streaming the fresh slot %s from here on",
+                    config.relay_id, swept, slot,
+                )
+        if state != "ok":
+            # not a slot we can stream (another database's, another plugin, not creatable):
+            # the table is the path, swept every second until the next look at the setting
+            until = time.monotonic() + RECHECK_SECONDS
+            while not self._state.stopping and time.monotonic() < until:
+                lease.progress()
+                await self._sweep(lock, lease, 0.0)
+                await self._state.sleep(min(RECHECK_SECONDS, config.poll_interval * 5))
+            return
+        # A walsender still on the slot is a fenced holder's that has not exited yet:
+        # the lock says the slot is ours now.
+        await lock.execute(self._stmts.capture_slot_free, {"slot": slot})
+        stream = ReplicationStream(
+            config.database_url, slot, publication, buffer=max(4 * config.batch_size, 1000)
+        )
+        try:
+            await stream.start()
+        except RelayError as exc:
+            # e.g. the publication is gone (a restore without it): the table is the path
+            log.error("relay %s: %s; publishing from the outbox_wal_pending table meanwhile",
+                      config.relay_id, exc)
+            await self._sweep(lock, lease, 0.0)
+            raise
+        try:
+            await lease.streaming(lock, stream.backend_pid)
+            self.capturing = True
+            if not draining:
+                log.info("relay %s: capturing from replication slot %s (lease epoch %d)",
+                         config.relay_id, slot, lease.epoch)
+            await self._stream(lock, stream, lease, draining)
+        except RelayError:
+            # the stream failed (its publication is gone, a walsender error): what waited in
+            # the table meanwhile is not left for the slot alone
+            stream.close()
+            if lease.lost is None:
+                await self._sweep(lock, lease, SWEEP_AGE_SECONDS)
+            raise
+        finally:
+            stream.close()
+
+    async def _recreate(self, lock: psycopg.AsyncConnection[Any], slot: str, state: str) -> bool:
+        """Make a fresh slot in place of a missing or invalidated one (the capture lock is
+        held, so one relay does it); True when the slot is usable now. Everything committed
+        after the fresh slot's consistent point is decoded from it; everything committed before
+        is in the pending table, which :meth:`_sweep` publishes before the stream starts."""
+        try:
+            if state == "invalidated":
+                with contextlib.suppress(psycopg.errors.UndefinedObject):
+                    await lock.execute(self._stmts.slot_drop, {"slot": slot})
+            with contextlib.suppress(psycopg.errors.DuplicateObject):  # made meanwhile
+                await lock.execute(self._stmts.slot_create, {"slot": slot})
+        except psycopg.Error as exc:
+            log.error(
+                "relay %s: replication slot %s is %s and this relay could not make a fresh one "
+                "(%s): publishing from the outbox_wal_pending table meanwhile (nothing is "
+                "lost; latency grows to about a second)",
+                self._config.relay_id, slot, state, str(exc).strip().splitlines()[0],
+            )
+            return False
+        async with lock.cursor(row_factory=class_row(SlotHealth)) as cur:
+            await cur.execute(self._stmts.capture_slot, {"slot": slot})
+            health = await cur.fetchone()
+        if health is None or health.state != "ok":
+            return False
+        log.warning(
+            "relay %s: replication slot %s was %s: created a fresh slot; publishing what the "
+            "outbox_wal_pending table holds before streaming it (no message is lost)",
+            self._config.relay_id, slot, state,
+        )
+        self._reported = None
+        return True
+
+    async def _sweep(
+        self, lock: psycopg.AsyncConnection[Any], lease: CaptureLease, older: float
+    ) -> int:
+        """Publish the pending table's rows written at least ``older`` seconds ago, oldest
+        first, in batches, until none is left; return how many messages were recorded."""
+        total = 0
+        limit = self._config.batch_size
+        while not self._state.stopping:
+            lease.progress()
+            cur = await lock.execute(
+                self._stmts.capture_pending_sweep, {"older": older, "limit": limit}
+            )
+            rows = await cur.fetchall()
+            if not rows:
+                break
+            batch: list[_Decoded] = []
+            seen: set[uuid.UUID] = set()
+            for row_id, data, written_at in rows:
+                try:
+                    record = decode_record(bytes(data))
+                except RecordError as exc:
+                    log.error("relay: skipped a malformed pending row %s: %s", row_id, exc)
+                    continue
+                if record.id in seen:
+                    continue
+                seen.add(record.id)
+                batch.append(_Decoded(record, written_at))
+            total += await self._record(lock, lease, batch, [r[0] for r in rows])
+            if len(rows) < limit:
+                break
+        return total
 
     async def _acquire(self, lock: psycopg.AsyncConnection[Any], slot: str) -> bool:
         """Take the capture lock; while another relay holds it, fence that relay if its lease
@@ -233,10 +380,12 @@ class WalCapture:
         # One batch is recorded (numbered, sent, written, committed) while the next one is
         # taken from the stream and decoded: its database work starts only once the batch
         # before it has committed, so a batch that rolls back never leaves its seqs to another.
-        recording: tuple[asyncio.Task[None], int] | None = None
+        recording: tuple[asyncio.Task[int], int] | None = None
+        sweep_at = time.monotonic() + SWEEP_EVERY_SECONDS
         try:
             while not self._state.stopping:
                 lease.check()
+                lease.progress()
                 if recording is None:
                     transactions = await stream.transactions(limit, IDLE_WAIT_SECONDS)
                 else:
@@ -265,6 +414,10 @@ class WalCapture:
                     continue  # nothing taken from the stream is confirmed before it is recorded
                 lease.check()
                 await stream.confirm()  # idle: nothing of ours up to the server's WAL end
+                if time.monotonic() >= sweep_at:
+                    # caught up: a row still pending since a while ago was not delivered
+                    await self._sweep(conn, lease, SWEEP_AGE_SECONDS)
+                    sweep_at = time.monotonic() + SWEEP_EVERY_SECONDS
                 if draining:
                     return
                 setting = await self._setting()
@@ -287,54 +440,59 @@ class WalCapture:
         conn: psycopg.AsyncConnection[Any],
         lease: CaptureLease,
         batch: list[_Decoded],
-    ) -> None:
-        """Number, send and record one decoded batch, in one transaction on the lock's session
-        (module docstring), under the lease."""
+        pending_ids: list[uuid.UUID] | None = None,
+    ) -> int:
+        """Number and record one batch (committed on disk), then send it and mark what the
+        broker took, on the lock's session (module docstring), under the lease. ``pending_ids``:
+        the pending rows to delete (default: the batch's). Returns how many were recorded."""
         started = time.perf_counter()
-        if not batch:
-            return
         stmts = self._stmts
         metrics = self._dispatcher.metrics
+        ids = [d.record.id for d in batch]
+        doomed = ids if pending_ids is None else pending_ids
+        if not doomed:
+            return 0
+        token = uuid.uuid4()
+        to_send: list[_Decoded] = []
         async with conn.transaction():
-            # The slot is confirmed right after this commit, so the commit must be on disk
-            # first: the relay's sessions otherwise commit without waiting for the flush
-            # (relay_session), and a slot position saved ahead of a lost commit would skip
-            # the batch after a server crash.
-            # The first three statements go in one round trip (a pipeline).
+            # Durable: the slot is confirmed after this batch, and its rows leave the pending
+            # table here (the relay's sessions otherwise commit without waiting for the flush).
+            # The first four statements go in one round trip (a pipeline).
             async with conn.pipeline():
                 await conn.execute(stmts.capture_durable)
                 checking = await lease.send_check_in(conn)
-                ids = [d.record.id for d in batch]
                 cur = await conn.execute(stmts.capture_known, {"ids": ids})
+                await conn.execute(stmts.capture_pending_delete, {"ids": doomed})
                 lease.checked_in(await checking.fetchone())
                 known = {r[0] for r in await cur.fetchall()}
+            lease.progress()
             if known:
                 batch = [d for d in batch if d.record.id not in known]
-                if not batch:
-                    return
-            waiting = await self._number(conn, batch)
-            to_send = self._hold_back(batch, waiting)
-            # The database and the broker overlap: the rows are written as if every send
-            # succeeds while the broker confirms them; a failed send is put right below.
-            # Nothing commits before both are done.
-            sending = asyncio.ensure_future(
-                self._dispatcher.publish(
-                    [_envelope(d) for d in to_send],
-                    lease.publish_deadline(self._config.publish_timeout),
-                )
+            if batch:
+                waiting = await self._number(conn, batch)
+                to_send = self._hold_back(batch, waiting)
+                await conn.execute(stmts.capture_record, self._record_params(batch, token))
+            lease.check()  # a lapsed lease commits nothing
+        lease.progress()
+        if to_send:
+            results, unreachable = await self._dispatcher.publish(
+                [_envelope(d) for d in to_send],
+                lease.publish_deadline(self._config.publish_timeout),
             )
-            try:
-                await conn.execute(stmts.capture_record, _record_params(batch))
-            finally:
-                results, unreachable = await sending
-            lease.check()  # a lapsed lease commits nothing (its sends stopped at the deadline)
+            lease.progress()
             if unreachable and results:
                 # The broker is down: the polling loop pauses too, and the messages wait for
                 # it as pending rows. An outage is never a message's attempt (as in polling).
                 self._dispatcher.pause(results[0])
             unsent = _unsent(to_send, results, unreachable)
-            if unsent:
-                await conn.execute(stmts.capture_unsent, _unsent_params(unsent))
+            gone = {d.record.id for d in unsent}
+            sent = [d.record.id for d in to_send if d.record.id not in gone]
+            async with conn.pipeline():
+                if sent:
+                    await conn.execute(stmts.capture_published, {"ids": sent, "token": token})
+                if unsent:
+                    await conn.execute(stmts.capture_unsent, _unsent_params(unsent, token))
+            lease.progress()
         published = collections.Counter(d.record.topic for d in batch if d.status == "published")
         failed = collections.Counter(d.record.topic for d in batch if d.error is not None)
         for topic, n in published.items():
@@ -344,6 +502,15 @@ class WalCapture:
         metrics.batch_seconds.observe(time.perf_counter() - started)
         if any(d.status == "pending" for d in batch):
             self._state.wake.set()  # the polling loop has work
+        return len(batch)
+
+    def _record_params(self, batch: list[_Decoded], token: uuid.UUID) -> dict[str, Any]:
+        return {
+            **_record_params(batch),
+            "owner": self._config.relay_id,
+            "token": token,
+            "lease_seconds": self._config.lease_seconds,
+        }
 
     async def _number(
         self, conn: psycopg.AsyncConnection[Any], batch: list[_Decoded]
@@ -443,8 +610,9 @@ def _unsent(
     return unsent
 
 
-def _unsent_params(unsent: list[_Decoded]) -> dict[str, Any]:
+def _unsent_params(unsent: list[_Decoded], token: uuid.UUID) -> dict[str, Any]:
     return {
+        "token": token,
         "ids": [d.record.id for d in unsent],
         "attempts": [d.attempts for d in unsent],
         "errors": [d.error for d in unsent],
@@ -467,6 +635,8 @@ def _envelope(d: _Decoded) -> Envelope:
 
 
 def _record_params(batch: list[_Decoded]) -> dict[str, Any]:
+    """The rows of ``outbox_capture_record``: those to be sent (status 'published' so far)
+    carry the batch's lease."""
     return {
         "ids": [d.record.id for d in batch],
         "topics": [d.record.topic for d in batch],
@@ -478,7 +648,11 @@ def _record_params(batch: list[_Decoded]) -> dict[str, Any]:
         "traceparents": [d.record.traceparent for d in batch],
         "created_ats": [d.created_at for d in batch],
         "available_ats": [d.record.available_at for d in batch],
-        "statuses": [d.status for d in batch],
-        "attempts": [d.attempts for d in batch],
-        "errors": [d.error for d in batch],
+        "leased": [d.status == "published" for d in batch],
     }
+
+
+def _cancel(task: asyncio.Task[Any] | None) -> None:
+    """The watchdog's way to end a stuck round (its lease is already ended)."""
+    if task is not None and not task.done():
+        task.cancel()

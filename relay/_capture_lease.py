@@ -13,6 +13,12 @@ the polling relays have on their claims:
 * a standby that cannot take the lock and finds the heartbeat older than the holder's lease
   terminates the holder's sessions (the lock's and the walsender's), takes the lock, ends any
   walsender still on the slot and streams from the slot's confirmed position;
+* the heartbeat is a watchdog too: it renews the lease only while the capture loop shows
+  progress (:meth:`CaptureLease.progress`, marked by every step of the loop). A loop stuck for
+  a whole lease (an await that never returns, a cancelled task that does not end) ends its
+  own lease: the heartbeat terminates the lease's sessions (``outbox_capture_lease_resign``),
+  which releases the lock at once, and cancels the stuck round; a heartbeat that cannot renew
+  lets the lease lapse, and a standby takes over;
 * the holder checks the lease before it sends a batch, in the batch's transaction before it
   records it, and before it confirms a position to the slot: a holder that wakes up after a
   takeover finds its sessions gone, its batch rolled back, and what it had sent is sent again
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -42,6 +49,10 @@ _BEAT_FRACTION = 0.25
 #: the holder stops sending and recording once its last heartbeat is this fraction of the
 #: lease old (a standby may take over at the full lease)
 _VALID_FRACTION = 0.9
+#: the watchdog ends the lease once the capture loop has shown no progress for this fraction
+#: of the lease (no step of a working loop waits longer: a send's deadline is within 90 % of
+#: the lease, and a stream read waits half a second)
+_STALL_FRACTION = 1.0
 
 
 def standby_interval(lease_seconds: float) -> float:
@@ -65,6 +76,14 @@ class CaptureLease:
         self._renewed = 0.0
         #: why the lease is lost (None: held)
         self.lost: str | None = None
+        #: monotonic time the capture loop last showed progress (the watchdog reads it)
+        self._progress = time.monotonic()
+        #: the watchdog ended the lease: the loop was stuck
+        self.stalled = False
+
+    def progress(self) -> None:
+        """The capture loop made a step: the heartbeat may renew the lease."""
+        self._progress = time.monotonic()
 
     async def take(self, lock: psycopg.AsyncConnection[Any]) -> None:
         """Write the lease with a new epoch, on the lock's session (the lock is held)."""
@@ -122,18 +141,32 @@ class CaptureLease:
             self._renewed + self.lease_seconds * _VALID_FRACTION,
         )
 
-    async def heartbeat(self, pool: AsyncConnectionPool[Any]) -> None:
-        """Renew the lease every quarter lease until it is lost (then return). A failed
-        heartbeat is retried at the next beat; :meth:`check` notices when they fail too long."""
+    async def heartbeat(
+        self, pool: AsyncConnectionPool[Any], on_stall: Callable[[], None] | None = None
+    ) -> None:
+        """Renew the lease every quarter lease while the capture loop makes progress, until
+        the lease is lost (then return). A failed heartbeat is retried at the next beat;
+        :meth:`check` notices when they fail too long. A loop that made no progress for a
+        whole lease is stuck: the lease is ended (its sessions terminated, so the lock is released
+        and a standby takes over at once) and ``on_stall`` is called (it cancels the round)."""
         interval = self.lease_seconds * _BEAT_FRACTION
         params = {"slot": self.slot, "epoch": self.epoch}
         while self.lost is None:
             await asyncio.sleep(interval)
+            stalled = time.monotonic() - self._progress
+            if stalled > self.lease_seconds * _STALL_FRACTION:
+                self.stalled = True
+                self._lose(f"the capture loop made no progress for {stalled:.1f}s")
+                await self._resign(pool, params, interval)
+                if on_stall is not None:
+                    on_stall()
+                return
             sent = time.monotonic()
             try:
-                async with pool.connection(timeout=interval) as conn:
-                    cur = await conn.execute(self._stmts.capture_lease_beat, params)
-                    row = await cur.fetchone()
+                async with asyncio.timeout(interval):
+                    async with pool.connection(timeout=interval) as conn:
+                        cur = await conn.execute(self._stmts.capture_lease_beat, params)
+                        row = await cur.fetchone()
             except Exception as exc:
                 log.warning("relay: capture lease heartbeat failed (%s)", exc)
                 continue
@@ -141,6 +174,19 @@ class CaptureLease:
                 self._lose("a standby took the slot over")
                 return
             self._renewed = max(self._renewed, sent)
+
+    async def _resign(
+        self, pool: AsyncConnectionPool[Any], params: dict[str, Any], within: float
+    ) -> None:
+        """End this lease's sessions from another connection (the lock is released at once);
+        if that fails, the lease lapses by itself (no more heartbeats) and a standby fences."""
+        try:
+            async with asyncio.timeout(within):
+                async with pool.connection(timeout=within) as conn:
+                    await conn.execute(self._stmts.capture_lease_resign, params)
+        except Exception as exc:
+            log.warning("relay: could not end the stuck capture lease's sessions (%s); it "
+                        "lapses in %gs", exc, self.lease_seconds)
 
     def _lose(self, reason: str) -> None:
         if self.lost is None:

@@ -39,6 +39,7 @@ class RelayMetrics:
             self.destination_paused = self.destination_errors = noop
             self.slot_lag = self.slot_retained = self.slot_active = noop
             self.slot_ok = self.slot_state = noop
+            self.capture_recovered = self.capture_pending = noop
             self.heartbeat = self.broker_unreachable = noop
             self.reconciliation_finished = self.reconciliation_failed = noop
             self.reconciliation_discrepancies = noop
@@ -130,7 +131,7 @@ class RelayMetrics:
         )
 
     def _declare_slot(self, kw: dict[str, Any]) -> None:
-        from prometheus_client import Gauge
+        from prometheus_client import Counter, Gauge
 
         # WAL capture mode (docs/explanation/capture.md): the replication slot, read on every
         # heartbeat
@@ -157,6 +158,19 @@ class RelayMetrics:
             "0 while the slot cannot capture this database (missing, another database's, "
             "another plugin's, or invalidated) in 'wal' mode, or is invalidated: alert on it",
             ["slot"],
+            **kw,
+        )
+        self.capture_recovered = Counter(
+            "outbox_capture_slot_recoveries_total",
+            "Times the capturing relay found its slot missing or invalidated, made a fresh one "
+            "and published what outbox_wal_pending held (nothing is lost; an alert may note it)",
+            ["slot"],
+            **kw,
+        )
+        self.capture_pending = Gauge(
+            "outbox_capture_pending_messages",
+            "Messages written in 'wal' mode that the relay has not recorded yet "
+            "(outbox_wal_pending)",
             **kw,
         )
         self.slot_state = Gauge(
@@ -237,6 +251,8 @@ class RelayMetrics:
         async with conn.cursor(row_factory=class_row(SlotHealth)) as cur:
             slot = await (await cur.execute(stmts.capture_slot, {"slot": slot_name})).fetchone()
         assert slot is not None  # one row, also for a missing slot
+        counted = await (await conn.execute(stmts.capture_pending_count)).fetchone()
+        self.capture_pending.set(int(counted[0]) if counted else 0)
         labels = (slot_name, slot.database or "")
         if labels != self._slot_labels:
             # Series only for the slot (and database) the mode row names now: a slot left

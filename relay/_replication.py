@@ -7,11 +7,13 @@ frames both ways. From the server: XLogData ('w') carrying pgoutput messages, an
 done (the slot's ``confirmed_flush_lsn``; the server keeps the WAL after it and sends it again
 after a reconnect).
 
-Of pgoutput we read Begin ('B': commit time), Message ('M': a logical message with our prefix)
-and Commit ('C': the end of the transaction's WAL). The publication is empty: tables are never
-decoded, only the logical messages, which pgoutput sends whatever the publication holds when
-``messages`` is on (PostgreSQL 14+). Transactions arrive whole and in commit order; empty ones
-are not sent (PostgreSQL 15+) or carry no message.
+Of pgoutput we read Begin ('B': commit time), Relation ('R': which table an insert is of),
+Insert ('I': a row of ``outbox_wal_pending``, the only table of the publication, whose
+``record`` column is the message), Message ('M': a logical message with our prefix, what
+writers of older versions emitted; pgoutput sends them whatever the publication holds when
+``messages`` is on, PostgreSQL 14+) and Commit ('C': the end of the transaction's WAL).
+Transactions arrive whole and in commit order; empty ones are not sent (PostgreSQL 15+) or
+carry no message.
 
 The socket is waited on with the event loop, so an idle stream costs no CPU: the server sends
 only when a transaction commits, and a keepalive every ``wal_sender_timeout / 2``. A reader task
@@ -28,13 +30,13 @@ import struct
 from dataclasses import dataclass, field
 
 from psycopg import pq, sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outbox._capture import PREFIX
 from relay._statements import TEMPLATES
 from relay.exceptions import RelayError
 
-__all__ = ["CommittedTransaction", "ReplicationStream", "format_lsn"]
+__all__ = ["PENDING_TABLE", "CommittedTransaction", "ReplicationStream", "format_lsn"]
 
 _PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 _XLOGDATA = struct.Struct(">QQq")  # start, end of WAL on the server, send time
@@ -44,6 +46,12 @@ _BEGIN = struct.Struct(">Qqi")  # final LSN, commit time, xid
 _COMMIT = struct.Struct(">bQQq")  # flags, commit LSN, end LSN, commit time
 _MESSAGE_HEAD = struct.Struct(">bQ")  # flags (1: transactional), LSN
 _PREFIX = PREFIX.encode()
+_RELATION_HEAD = struct.Struct(">I")  # the relation's oid
+_INSERT_HEAD = struct.Struct(">Ic")  # relation oid, 'N' (a new tuple)
+_COLUMNS = struct.Struct(">h")
+_LENGTH = struct.Struct(">i")
+#: the table whose inserts carry the messages (outbox/schema.py OUTBOX_WAL_PENDING)
+PENDING_TABLE = b"outbox_wal_pending"
 
 
 def format_lsn(lsn: int) -> str:
@@ -59,6 +67,30 @@ def _text(message: bytes | str | None) -> str:
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _cstring(data: bytes, offset: int) -> tuple[bytes, int]:
+    end = data.index(b"\x00", offset)
+    return data[offset:end], end + 1
+
+
+def _text_column(msg: bytes, offset: int, wanted: int) -> bytes | None:
+    """The bytea column ``wanted`` of a TupleData in text format ('\\x' and hex digits)."""
+    (count,) = _COLUMNS.unpack_from(msg, offset)
+    offset += _COLUMNS.size
+    for index in range(count):
+        kind = msg[offset : offset + 1]
+        offset += 1
+        if kind in (b"n", b"u"):
+            if index == wanted:
+                return None
+            continue
+        (size,) = _LENGTH.unpack_from(msg, offset)
+        offset += _LENGTH.size
+        if index == wanted:
+            return bytes.fromhex(msg[offset + 2 : offset + size].decode("ascii"))
+        offset += size
+    return None
 
 
 def _pg_time(micros: int) -> dt.datetime:
@@ -90,6 +122,8 @@ class ReplicationStream:
         self._arrived = asyncio.Event()  # set while _ready holds a transaction
         self._taken = asyncio.Event()  # set when transactions were taken (room to read again)
         self._reader: asyncio.Task[None] | None = None
+        #: relation oid -> index of the ``record`` column, for the pending table's relations
+        self._relations: dict[int, int] = {}
         #: everything up to here is done (reported to the server as flushed)
         self.confirmed = 0
         #: the server's WAL end seen in the last frame: safe to confirm when nothing is open
@@ -97,7 +131,11 @@ class ReplicationStream:
 
     async def start(self) -> None:
         """Connect and start streaming after the slot's confirmed position."""
-        conninfo = make_conninfo(self._dsn, replication="database")
+        # bytea in hex, whatever the role's or database's bytea_output says (_text_column)
+        options = conninfo_to_dict(self._dsn).get("options") or ""
+        conninfo = make_conninfo(
+            self._dsn, replication="database", options=f"{options} -c bytea_output=hex".strip()
+        )
         pg = await asyncio.to_thread(pq.PGconn.connect, conninfo.encode())
         if pg.status != pq.ConnStatus.OK:
             message = _text(pg.get_error_message())
@@ -285,6 +323,15 @@ class ReplicationStream:
             (length,) = struct.unpack_from(">i", rest, 0)
             if prefix == _PREFIX and flags & 1 and self._open is not None:
                 self._open.records.append(rest[4 : 4 + length])
+        elif kind == b"R":
+            self._relation(msg)
+        elif kind == b"I":
+            relid, _new = _INSERT_HEAD.unpack_from(msg, 1)
+            column = self._relations.get(relid)
+            if column is not None and self._open is not None:
+                record = _text_column(msg, 1 + _INSERT_HEAD.size, column)
+                if record is not None:
+                    self._open.records.append(record)
         elif kind == b"C":
             _flags, _commit, end, _time = _COMMIT.unpack_from(msg, 1)
             tx, self._open = self._open, None
@@ -294,7 +341,27 @@ class ReplicationStream:
                     self._ready.append(tx)
                     self._ready_records += len(tx.records)
                     self._arrived.set()
-        # Relation, type, origin and truncate messages: the publication has no tables.
+        # Type, origin and truncate messages: nothing of ours.
+
+    def _relation(self, msg: bytes) -> None:
+        """Note a relation of the pending table (sent before its first insert in a stream,
+        and again after a change): the index of its ``record`` column."""
+        (relid,) = _RELATION_HEAD.unpack_from(msg, 1)
+        offset = 1 + _RELATION_HEAD.size
+        _namespace, offset = _cstring(msg, offset)
+        name, offset = _cstring(msg, offset)
+        offset += 1  # replica identity
+        (count,) = _COLUMNS.unpack_from(msg, offset)
+        offset += _COLUMNS.size
+        self._relations.pop(relid, None)
+        if name != PENDING_TABLE:
+            return
+        for index in range(count):
+            offset += 1  # flags
+            column, offset = _cstring(msg, offset)
+            offset += 8  # type oid, type modifier
+            if column == b"record":
+                self._relations[relid] = index
 
     async def keepalive(self) -> None:
         """Answer the server's keepalive if it asked (else it drops us after

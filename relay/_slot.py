@@ -5,11 +5,11 @@ database it was created in only. So the slot ``outbox_capture`` names can be una
 anything of this database: missing (dropped, never restored, lost in a failover), foreign
 (another database's, as after ``CREATE DATABASE ... TEMPLATE`` or when a second database was
 enabled with the first one's slot name), of another output plugin, or invalidated (its WAL
-removed past ``max_slot_wal_keep_size``). Writers then write rows instead of emitting (the
-check in outbox/statements.sql), which the polling loop publishes; what was emitted into a slot
-before it was dropped or invalidated, and not captured yet, is lost. Every surface reads the
-state from here: ``outbox status`` and ``outbox capture``, the console, the relay's log and
-metrics (docs/how-to/wal-capture.md, "A slot that is missing, foreign or invalidated").
+removed past ``max_slot_wal_keep_size``). Nothing is lost then: every message waits in
+``outbox_wal_pending`` until the relay records it, and the capturing relay makes a fresh slot
+(missing, invalidated) or publishes from the table alone (relay/_capture.py). Every surface
+reads the state from here: ``outbox status`` and ``outbox capture``, the console, the relay's
+log and metrics (docs/how-to/wal-capture.md, "A slot that is missing, foreign or invalidated").
 """
 
 from __future__ import annotations
@@ -65,32 +65,42 @@ class SlotHealth:
 
     def problem(self, mode: str | None) -> str | None:
         """What is wrong, for an operator, or None. Alert-worthy: in 'wal' mode anything but
-        'ok' (writers fall back to rows; messages may have been lost); in 'polling' mode an
-        invalidated slot (what it had not captured before the switch is lost). In 'polling'
-        mode a slot that is gone or another database's is normal: nothing to drain."""
+        'ok' (messages wait in outbox_wal_pending until the relay repairs the slot or
+        publishes them from the table: latency, never a loss); in 'polling' mode an
+        invalidated slot (drop it). In 'polling' mode a slot that is gone or another
+        database's is normal: nothing to drain."""
         fix = "see docs/how-to/wal-capture.md, \"A slot that is missing, foreign or invalidated\""
-        meanwhile = (
-            "writers write rows meanwhile (the polling loop publishes them)"
-            if mode == "wal"
-            else "the database is in 'polling' mode"
-        )
         slot = self.slot
+        table = (
+            "no message is lost: every one waits in outbox_wal_pending until the relay "
+            "records it"
+        )
         if self.state == "invalidated":
+            if mode != "wal":
+                return (
+                    f"replication slot {slot!r} is invalidated (wal_status {self.wal_status}: "
+                    "its WAL was removed, max_slot_wal_keep_size); the database is in "
+                    "'polling' mode and the relay publishes what outbox_wal_pending still "
+                    f"holds from the table: drop the slot (`SELECT pg_drop_replication_slot"
+                    f"('{slot}')`) or run `outbox capture enable` again; {fix}"
+                )
             return (
                 f"replication slot {slot!r} is invalidated (wal_status {self.wal_status}: its "
-                "WAL was removed, max_slot_wal_keep_size): messages committed in 'wal' mode "
-                f"after its confirmed position {self.confirmed_lsn or 'unknown'} were never "
-                f"captured and are in no table; {meanwhile}. Run `outbox capture disable`, "
-                f"drop the slot, run `outbox capture enable`, and find the lost messages: {fix}"
+                "WAL was removed past max_slot_wal_keep_size, confirmed position "
+                f"{self.confirmed_lsn or 'unknown'}); {table}. The capturing relay drops it, "
+                "creates a fresh one and publishes the table's messages first, each key in "
+                "order; if it cannot (it lacks REPLICATION), it publishes from the table "
+                f"alone: run `outbox capture enable`; {fix}"
             )
         if mode != "wal" or self.state == "ok":
             return None
         if self.state == "missing":
             return (
-                f"replication slot {slot!r} does not exist: nothing decodes database "
-                f"{self.this_database!r}; {meanwhile}. Messages emitted before the slot "
-                f"disappeared and not yet captured are lost. Run `outbox capture enable` to "
-                f"create a slot; {fix}"
+                f"replication slot {slot!r} does not exist (dropped, or lost in a failover or "
+                f"a restore): nothing decodes database {self.this_database!r}; {table}. The "
+                "capturing relay creates a fresh slot and publishes the table's messages "
+                "first, each key in order; if it cannot (it lacks REPLICATION), it publishes "
+                f"from the table alone: run `outbox capture enable`; {fix}"
             )
         if self.state == "foreign":
             owner = (
@@ -100,13 +110,15 @@ class SlotHealth:
             )
             return (
                 f"replication slot {slot!r} {owner}, not to {self.this_database!r}: it decodes "
-                f"nothing of this database (slot names are global to the server); {meanwhile}. "
-                f"Give this database a slot of its own: `outbox capture enable` (it creates "
+                f"nothing of this database (slot names are global to the server); {table}, "
+                "and the relay publishes them from the table, a second slower. Give this "
+                f"database a slot of its own: `outbox capture enable` (it creates "
                 f"{default_slot(self.this_database)!r}) or `--slot NAME`; {fix}"
             )
         return (
             f"replication slot {slot!r} uses the output plugin {self.plugin!r}, not pgoutput; "
-            f"{meanwhile}. Run `outbox capture enable --slot NAME` with another name; {fix}"
+            f"{table}, and the relay publishes them from the table, a second slower. Run "
+            f"`outbox capture enable --slot NAME` with another name; {fix}"
         )
 
     def as_status(self, mode: str | None) -> dict[str, Any]:

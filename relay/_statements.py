@@ -17,6 +17,7 @@ from outbox.schema import (
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
     OUTBOX_SEQUENCES,
+    OUTBOX_WAL_PENDING,
     OUTBOX_WRITE_COUNTER,
     RECONCILIATION_RUNS,
 )
@@ -49,6 +50,10 @@ class RelayStatements:
     capture_bump: bytes
     capture_waiting_keys: bytes
     capture_record: bytes
+    capture_published: bytes
+    capture_pending_delete: bytes
+    capture_pending_sweep: bytes
+    capture_pending_count: bytes
     capture_durable: bytes
     capture_unsent: bytes
     capture_slot: bytes
@@ -58,6 +63,7 @@ class RelayStatements:
     capture_lease_check: bytes
     capture_lease_fence: bytes
     capture_slot_free: bytes
+    capture_lease_resign: bytes
     watch_reading: bytes
     durable_commit: bytes
     session: bytes
@@ -67,6 +73,8 @@ class RelayStatements:
     current_database: bytes
     publication_exists: bytes
     slot_create: bytes
+    slot_drop: bytes
+    publication_has_table: bytes
     capture_enable: bytes
     capture_disable: bytes
     capture_table: bytes
@@ -80,6 +88,7 @@ class RelayTemplates:
 
     capture_other: sql.SQL
     publication_create: sql.SQL
+    publication_add: sql.SQL
     start_replication: sql.SQL
 
 
@@ -98,6 +107,8 @@ def _names(schema: str | None) -> Names:
         "sequences": qualified(schema, OUTBOX_SEQUENCES),
         "capture": qualified(schema, OUTBOX_CAPTURE),
         "capture_lease": qualified(schema, OUTBOX_CAPTURE_LEASE),
+        "pending": qualified(schema, OUTBOX_WAL_PENDING),
+        "pending_name": table_name(schema, OUTBOX_WAL_PENDING),
         "counter": qualified(schema, OUTBOX_WRITE_COUNTER),
         "counter_name": table_name(schema, OUTBOX_WRITE_COUNTER),
         "messages_name": table_name(schema, OUTBOX_MESSAGES),

@@ -204,15 +204,23 @@ def _capture_line(state: dict[str, Any]) -> str:
     mode = state.get("mode") or "polling"
     slot = state.get("slot")
     problem = state.get("problem")
+    waiting = state.get("pending_messages") or 0
+    pending = (
+        f", {waiting} message(s) not yet recorded (outbox_wal_pending, oldest "
+        f"{state.get('oldest_pending_seconds') or 0:.1f}s)"
+        if waiting
+        else ""
+    )
     if problem:
-        return f"capture: {mode}, slot {slot} {str(state.get('slot_state')).upper()}: {problem}"
+        line = f"capture: {mode}, slot {slot} {str(state.get('slot_state')).upper()}: {problem}"
+        return line + pending
     if mode != "wal":
-        return "capture: polling"
+        return "capture: polling" + pending
     return (
         f"capture: wal, slot {slot} of database {state['slot_database']} "
         f"{'streaming' if state['active'] else 'idle'}, lag {state['lag_bytes']} bytes, "
         f"WAL retained {state['retained_bytes']} bytes ({state['wal_status']})"
-    )
+    ) + pending
 
 
 @click.group("capture")

@@ -505,22 +505,68 @@ WHERE EXISTS (
 )
 
 -- name: capture_record
--- outbox_capture_record: the batch's rows, in one statement: published ones with their
--- published_at, the others pending for the polling loop (with the broker's error and one
--- attempt counted when the send failed). created_at is the writing transaction's commit time.
+-- outbox_capture_record: the batch's rows, numbered, in one statement, all 'pending': those
+-- about to be sent carry this batch's lease (owner, a fresh token, until the lease ends), the
+-- others (delayed, behind an earlier row of their key, or for an at-most-once topic) none,
+-- for the polling loop. The batch's transaction commits (on disk) before anything is sent, so
+-- a seq is bound to its message before any broker sees it: a crash, a lost slot or a restore
+-- can never give that seq to another message. A leased row is not claimable (the claim takes
+-- a head whose lease has lapsed only), so the polling loop leaves it to the capturing relay
+-- until its lease ends; a relay that dies after the commit leaves its rows to the polling
+-- loop, which publishes them with their seqs (the inbox absorbs what was already sent).
+-- created_at is the writing transaction's commit time (or its row's time when taken from the
+-- table).
 INSERT INTO {messages}
     (id, topic, key, seq, headers, payload, content_type, traceparent, created_at,
-     available_at, status, attempts, last_error, published_at)
+     available_at, status, attempts, lease_owner, lease_token, lease_until)
 SELECT u.id, u.topic, u.key, u.seq, u.headers::jsonb, u.payload, u.content_type, u.traceparent,
-       u.created_at, coalesce(u.available_at, u.created_at), u.status, u.attempts,
-       u.last_error, CASE WHEN u.status = 'published' THEN clock_timestamp() END
+       u.created_at, coalesce(u.available_at, u.created_at), 'pending', 0,
+       CASE WHEN u.leased THEN %(owner)s END, CASE WHEN u.leased THEN %(token)s::uuid END,
+       CASE WHEN u.leased
+            THEN clock_timestamp() + %(lease_seconds)s * interval '1 second' END
 FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(keys)b::text[], %(seqs)b::int8[],
             %(headers)b::text[], %(payloads)b::bytea[], %(content_types)b::text[],
             %(traceparents)b::text[], %(created_ats)b::timestamptz[],
-            %(available_ats)b::timestamptz[], %(statuses)b::text[], %(attempts)b::int4[],
-            %(errors)b::text[])
+            %(available_ats)b::timestamptz[], %(leased)b::bool[])
     AS u(id, topic, key, seq, headers, payload, content_type, traceparent, created_at,
-         available_at, status, attempts, last_error)
+         available_at, leased)
+
+-- name: capture_published
+-- outbox_capture_published: after the sends, the rows the broker took are published. Fenced
+-- by the batch's token: a row whose lease lapsed and that the polling loop claimed meanwhile
+-- carries another token and is that relay's to mark. A primary-key probe per id
+-- (`status || ''` keeps the partial index out, see `heads` in outbox_claim_batch).
+UPDATE {messages} AS m
+   SET status = 'published', published_at = clock_timestamp(),
+       lease_owner = NULL, lease_token = NULL, lease_until = NULL
+ WHERE m.id = ANY(%(ids)b::uuid[]) AND m.lease_token = %(token)s::uuid
+   AND m.status || '' = 'pending'
+
+-- name: capture_pending_delete
+-- outbox_capture_pending_delete: in the batch's transaction, the pending rows of every message
+-- it decoded (also those already known): from the commit on, outbox_messages holds them. A
+-- primary-key probe per id.
+DELETE FROM {pending} AS p WHERE p.id = ANY(%(ids)b::uuid[])
+
+-- name: capture_pending_sweep
+-- outbox_capture_pending_sweep: what the table holds that the slot did not deliver (the slot
+-- was missing, invalidated, recreated, foreign, or is behind where the table says): committed
+-- pending rows written at least %(older)s seconds ago, oldest first. A key's rows come in the
+-- order they were written, which is their commit order whenever the key's writers serialize
+-- (one writer, or a lock held to commit); rows decoded from the slot come in exact commit
+-- order. The table holds only what the relay has not recorded yet, so the scan reads a few
+-- pages in steady state (no index but the primary key, which the writers pay for anyway).
+SELECT p.id, p.record, p.written_at FROM {pending} AS p
+ WHERE p.written_at <= clock_timestamp() - %(older)s * interval '1 second'
+ ORDER BY p.written_at, p.id
+ LIMIT %(limit)s
+
+-- name: capture_pending_count
+-- outbox_capture_pending_count: how many messages wait in outbox_wal_pending, and the age of
+-- the oldest (`outbox status`, the relay's metrics). A scan of a table that holds only the
+-- messages not recorded yet.
+SELECT count(*), extract(epoch FROM clock_timestamp() - min(p.written_at))::float8
+FROM {pending} AS p
 
 -- name: capture_durable
 -- name: durable_commit
@@ -532,13 +578,15 @@ FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(keys)b::text[], %(seqs)b::int
 SET LOCAL synchronous_commit = on
 
 -- name: capture_unsent
--- outbox_capture_unsent: sends of the batch the broker did not take (written 'published' while
--- the broker confirmed them), back to pending for the polling loop, with the broker's error and
--- the attempt it counts (none during an outage). A primary-key probe per id; rare.
+-- outbox_capture_unsent: sends of the batch the broker did not take, and their keys' later
+-- messages of the batch, lose the batch's lease: the polling loop retries them in order, with
+-- the broker's error and the attempt it counts (none during an outage). Fenced by the token
+-- as outbox_capture_published. A primary-key probe per id; rare.
 UPDATE {messages} AS m
-   SET status = 'pending', attempts = u.attempts, last_error = u.error, published_at = NULL
+   SET attempts = u.attempts, last_error = u.error,
+       lease_owner = NULL, lease_token = NULL, lease_until = NULL
   FROM unnest(%(ids)b::uuid[], %(attempts)b::int4[], %(errors)b::text[]) AS u(id, attempts, error)
- WHERE m.id = u.id
+ WHERE m.id = u.id AND m.lease_token = %(token)s::uuid
 
 -- name: capture_slot
 -- outbox_capture_slot: the slot as `outbox status` shows it, and whether it can capture this
@@ -637,9 +685,23 @@ WHERE p.pid IS NOT NULL
 -- name: capture_slot_free
 -- outbox_capture_slot_free: the new holder ends a walsender still streaming the slot (a
 -- fenced holder's that had not exited yet, or one the lease did not name): the slot takes one
--- streamer, and the lock says it is us. Waits up to 5 s for it to exit.
+-- streamer, and the lock says it is us. Waits up to 5 s for it to exit. Only a walsender: a
+-- slot being created or dropped (by `outbox capture enable`, an operator, another tool) is
+-- active on an ordinary backend, which is never terminated.
 SELECT pg_terminate_backend(s.active_pid, 5000) FROM pg_replication_slots AS s
+  JOIN pg_stat_activity AS a ON a.pid = s.active_pid AND a.backend_type = 'walsender'
  WHERE s.slot_name = %(slot)s AND s.active_pid IS NOT NULL AND s.active_pid <> pg_backend_pid()
+
+-- name: capture_lease_resign
+-- outbox_capture_lease_resign: the watchdog (relay/_capture_lease.py) ends this relay's own
+-- lease when its capture loop makes no progress: it terminates the lease's sessions (the
+-- lock's, which rolls back an open batch and releases the lock, and the walsender's, which
+-- frees the slot), so a standby takes over at its next look, and the stuck loop fails out.
+-- Run on another connection (the heartbeat's); only for this relay's epoch.
+SELECT pg_terminate_backend(p.pid)
+FROM {capture_lease} AS l
+CROSS JOIN LATERAL unnest(ARRAY[l.lock_pid, l.stream_pid]) AS p(pid)
+WHERE l.slot = %(slot)s AND l.epoch = %(epoch)s AND p.pid IS NOT NULL
 
 -- name: watch_reading
 -- outbox_watch_reading (relay/_watch.py), one statement, in this order: the snapshot (taken as
@@ -680,8 +742,20 @@ SELECT 1 FROM pg_publication WHERE pubname = %(publication)s
 
 -- name: slot_create
 -- The logical slot the relay streams; the caller checks what it got (capture_slot): a slot of
--- that name may have been created meanwhile, by another database too.
+-- that name may have been created meanwhile, by another database too. The capturing relay
+-- creates it too, when it finds it missing or invalidated (relay/_capture.py).
 SELECT pg_create_logical_replication_slot(%(slot)s, 'pgoutput')
+
+-- name: slot_drop
+-- An invalidated slot of this database, dropped by the capturing relay before it creates a
+-- fresh one (relay/_capture.py): it can decode nothing any more.
+SELECT pg_drop_replication_slot(%(slot)s)
+
+-- name: publication_has_table
+-- Does the publication publish outbox_wal_pending (enabled by an older version: it was empty)?
+SELECT 1 FROM pg_catalog.pg_publication_rel AS r
+JOIN pg_catalog.pg_publication AS p ON p.oid = r.prpubid
+WHERE p.pubname = %(publication)s AND r.prrelid = to_regclass({pending_name})
 
 -- name: capture_enable
 -- The switch to 'wal' mode. The slot is checked again here: one dropped since it was checked
@@ -715,9 +789,14 @@ WHERE c.mode = 'wal' OR EXISTS (
     WHERE s.slot_name = c.slot AND s.database = current_database())
 
 -- name: publication_create
--- The publication `outbox capture enable` creates (empty: pgoutput sends logical messages
--- whatever it holds). {publication}: its name, filled per call.
-CREATE PUBLICATION {publication}
+-- The publication `outbox capture enable` creates: the inserts into outbox_wal_pending, which
+-- carry the messages (pgoutput also sends the logical messages of older writers, whatever the
+-- publication holds). {publication}, {pending}: filled per call.
+CREATE PUBLICATION {publication} FOR TABLE {pending} WITH (publish = 'insert')
+
+-- name: publication_add
+-- A publication made by an older `outbox capture enable` (empty) publishes the table too.
+ALTER PUBLICATION {publication} ADD TABLE {pending}
 
 -- name: wake_relays
 -- Wakes the relays' LISTEN connections once the transaction commits (dead-letter re-queues
@@ -726,6 +805,7 @@ SELECT pg_notify({channel_name}, '')
 
 -- name: start_replication
 -- The replication command that streams the slot (relay/_replication.py), on a replication
--- connection: logical messages only (messages 'true'; the publication publishes no table).
+-- connection: the inserts into outbox_wal_pending (the publication's table) and the logical
+-- messages older writers emitted (messages 'true').
 -- {slot} and {publication}: filled per call.
 START_REPLICATION SLOT {slot} LOGICAL 0/0 (proto_version '1', publication_names {publication}, messages 'true')

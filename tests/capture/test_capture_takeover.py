@@ -193,7 +193,8 @@ def test_a_stuck_event_loop_loses_the_slot_to_a_standby_of_the_relay_role(
         admin.execute(f'CREATE ROLE "{role}" LOGIN REPLICATION')
     try:
         result = CliRunner().invoke(
-            outbox_cli, ["migrate", "grants", "--apply", "--url", wal_url, "--relay", role]
+            outbox_cli,
+            ["migrate", "grants", "--apply", "--url", wal_url, "--relay", role, "--producer", role],
         )
         assert result.exit_code == 0, result.output
         url = make_conninfo(**{**conninfo_to_dict(wal_url), "user": role})

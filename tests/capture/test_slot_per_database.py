@@ -25,10 +25,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from outbox import ConfigurationError, Message, publish, publish_batch
-from outbox._capture import slot_check_due
 from outbox._migrate import upgrade
 from relay import Relay, RelayMetrics, disable_capture
 from relay._admin import enable_capture, relay_status
@@ -85,6 +83,12 @@ def _databases(server: PgServer, count: int) -> Iterator[list[tuple[str, str]]]:
         for name, _url in made:
             _drop_slots_of(server, name)
             server.drop_database(name)
+
+
+def _pending(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox_wal_pending").fetchone()
+    return int(row[0]) if row else 0
 
 
 def _rows(url: str) -> int:
@@ -247,9 +251,10 @@ async def test_a_mode_row_naming_another_databases_slot_loses_nothing(
     logical_pg: PgServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The state the issue found (a second database switched to 'wal' on the first one's
-    slot), as an older `enable` or a restore leaves it: writers write rows, the relay
-    publishes them by polling and never streams the other database's slot, and every surface
-    says which database the slot belongs to; `enable` then gives the database its own slot."""
+    slot), as an older `enable` or a restore leaves it: writers write their pending rows, the
+    relay publishes them from the table and never streams the other database's slot, and
+    every surface says which database the slot belongs to; `enable` then gives the database
+    its own slot."""
     pytest.importorskip("prometheus_client")
     with _databases(logical_pg, 2) as [(db1, url1), (db2, url2)]:
         slot = enable_capture(url1)["slot"]
@@ -266,7 +271,7 @@ async def test_a_mode_row_naming_another_databases_slot_loses_nothing(
                 conn, [Message("orders", "b-batch", {"n": n}) for n in range(2)]
             )
             conn.commit()
-        assert _rows(url2) == 14  # every message is a row: none went to WAL nothing decodes
+        assert _pending(url2) == 14  # every message is a row, whatever the slot decodes
 
         state = relay_status(url2).capture
         assert (state["slot_state"], state["slot_database"], state["database"]) == (
@@ -310,7 +315,7 @@ async def test_a_mode_row_naming_another_databases_slot_loses_nothing(
             default_slot(db2), "ok", None,
         )
         after = _publish(url2, 2, "c")
-        assert _rows(url2) == 14  # emitted to the WAL again, through its own slot
+        assert _pending(url2) == 2  # decoded through its own slot from here on
         publisher2 = FakePublisher()  # the same metrics: the old slot's alert must stop
         relay2 = Relay(config(url2, heartbeat_interval=0.1), publisher2, metrics=metrics)
         async with running(relay2):
@@ -328,7 +333,7 @@ async def test_a_mode_row_naming_another_databases_slot_loses_nothing(
 
 
 @_in_loop
-async def test_a_slot_dropped_in_wal_mode_makes_writers_write_rows(
+async def test_a_slot_dropped_in_wal_mode_is_made_again_and_loses_nothing(
     logical_pg: PgServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     pytest.importorskip("prometheus_client")
@@ -336,46 +341,38 @@ async def test_a_slot_dropped_in_wal_mode_makes_writers_write_rows(
         slot = enable_capture(url)["slot"]
         writer = psycopg.connect(url)
         try:
-            lost = publish(writer, topic="orders", key="k", payload={"before": "the drop"})
+            before = publish(writer, topic="orders", key="k", payload={"before": "the drop"})
             writer.commit()
-            assert _rows(url) == 0  # in the WAL, for the slot
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-            # The connection trusts its last slot check for SLOT_CHECK_SECONDS; from then on
-            # it believes 'wal', the server refuses its checked emit, and it writes a row.
-            await _until(lambda: slot_check_due(writer), 5, "the connection's next slot check")
             kept = [publish(writer, topic="orders", key="k", payload={"n": n}) for n in range(3)]
             writer.commit()
         finally:
             writer.close()
         kept += _publish(url, 2, "k", sql_function=1)
-        assert _rows(url) == 6
+        assert (_rows(url), _pending(url)) == (0, 7)  # each one durable, slot or not
 
         state = relay_status(url).capture
         assert (state["mode"], state["slot_state"]) == ("wal", "missing")
         assert "does not exist" in state["problem"]
-        assert "outbox capture enable" in state["problem"]
+        assert "no message is lost" in state["problem"]
         publisher, metrics = FakePublisher(), RelayMetrics.prometheus()
         relay = Relay(config(url, heartbeat_interval=0.1), publisher, metrics=metrics)
-        caplog.set_level(logging.ERROR, logger="relay")
+        caplog.set_level(logging.WARNING, logger="relay")
         async with running(relay):
-            await _until(lambda: len(publisher.log) == 6, 30, "the rows published")
+            await _until(lambda: len(publisher.log) == 7, 30, "every message published")
             await _until(
-                lambda: _gauge(metrics, "outbox_capture_slot_state",
-                               {"slot": slot, "database": "", "state": "missing"}) == 1,
-                20, "the slot flagged missing",
+                lambda: _gauge(metrics, "outbox_capture_slot_ok", {"slot": slot}) == 1,
+                20, "the fresh slot ok",
             )  # fmt: skip
-            assert _gauge(metrics, "outbox_capture_slot_ok", {"slot": slot}) == 0
-        assert sorted(e.id for _, e in publisher.log) == sorted(kept)
+            assert _gauge(
+                metrics, "outbox_capture_slot_recoveries_total", {"slot": slot}
+            ) == 1
+        assert [e.id for _, e in publisher.log] == [before, *kept]  # in commit order
         assert _in_order(publisher.log)
-        # What the slot had not captured when it was dropped is gone: the documented loss,
-        # which only the producers' own records can find (docs/explanation/capture.md).
-        assert lost not in {e.id for _, e in publisher.log}
-        assert any("does not exist" in r.getMessage() for r in caplog.records)
-
-        assert enable_capture(url)["slot_state"] == "ok"  # a fresh slot, then 'wal' again
-        _publish(url, 1, "z")
-        assert _rows(url) == 6
+        assert any("created a fresh slot" in r.getMessage() for r in caplog.records)
+        assert relay_status(url).capture["slot_state"] == "ok"
+        assert _pending(url) == 0
 
 
 @_in_loop
@@ -383,8 +380,9 @@ async def test_a_clone_made_with_create_database_template_writes_rows_until_enab
     logical_pg: PgServer,
 ) -> None:
     """The clone's capture row names the original's slot, which decodes only the original:
-    the clone writes rows (published by its relay's polling loop) and the original keeps
-    capturing, each message once, each in its own database."""
+    the clone's relay publishes its pending rows from the table (those it was cloned with
+    too: a clone is a copy of the database) and the original keeps capturing, each message
+    once per database."""
     with _databases(logical_pg, 1) as [(db, url)]:
         enable_capture(url)
         before = _publish(url, 2, "o")
@@ -394,16 +392,16 @@ async def test_a_clone_made_with_create_database_template_writes_rows_until_enab
             assert relay_status(clone_url).capture["slot_state"] == "foreign"
             cloned = _publish(clone_url, 5, "c", sql_function=1)
             original = _publish(url, 3, "o")
-            assert (_rows(url), _rows(clone_url)) == (0, 6)
+            assert (_pending(url), _pending(clone_url)) == (5, 8)
             log1, log2 = FakePublisher(), FakePublisher()
             relays = [Relay(config(url), log1), Relay(config(clone_url), log2)]
             async with running(*relays):
                 await _until(lambda: len(log1.log) == 5, 30, "the original's messages")
-                await _until(lambda: len(log2.log) == 6, 30, "the clone's messages")
+                await _until(lambda: len(log2.log) == 8, 30, "the clone's messages")
                 assert relays[1].capture is not None
                 assert not relays[1].capture.capturing
             assert sorted(e.id for _, e in log1.log) == sorted(before + original)
-            assert sorted(e.id for _, e in log2.log) == sorted(cloned)
+            assert sorted(e.id for _, e in log2.log) == sorted(before + cloned)
             assert _in_order(log1.log)
             assert _in_order(log2.log)
             assert enable_capture(clone_url)["slot"] == default_slot(clone)
@@ -447,42 +445,38 @@ def _invalidate(url: str, slot: str) -> None:
 
 
 @_in_loop
-async def test_an_invalidated_slot_is_flagged_at_once_and_writers_write_rows(
+async def test_an_invalidated_slot_is_flagged_then_made_again_and_loses_nothing(
     tiny_wal_keep: PgServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     pytest.importorskip("prometheus_client")
     with _databases(tiny_wal_keep, 1) as [(db, url)]:
         slot = enable_capture(url)["slot"]
-        _publish(url, 2, "lost")  # emitted, never captured: the loss the docs describe
+        first = _publish(url, 2, "k")  # in the table, and in the slot that is about to go
         _invalidate(url, slot)
-        kept = _publish(url, 3, "k", sql_function=1)
-        assert _rows(url) == 4
+        kept = first + _publish(url, 3, "k", sql_function=1)
+        assert _pending(url) == 6
 
         state = relay_status(url).capture
         assert state["slot_state"] == "invalidated"
-        assert "after its confirmed position" in state["problem"]
+        assert "no message is lost" in state["problem"]
         assert state["confirmed_lsn"] in state["problem"]
         with pytest.raises(ConfigurationError, match="pg_drop_replication_slot"):
             enable_capture(url)
         publisher, metrics = FakePublisher(), RelayMetrics.prometheus()
         relay = Relay(config(url, heartbeat_interval=0.1), publisher, metrics=metrics)
-        caplog.set_level(logging.ERROR, logger="relay")
+        caplog.set_level(logging.WARNING, logger="relay")
         async with running(relay):
-            await _until(lambda: len(publisher.log) == 4, 30, "the rows published")
+            await _until(lambda: len(publisher.log) == 6, 30, "every message published")
             await _until(
-                lambda: _gauge(metrics, "outbox_capture_slot_ok", {"slot": slot}) == 0,
-                20, "the slot flagged",
+                lambda: _gauge(metrics, "outbox_capture_slot_ok", {"slot": slot}) == 1,
+                20, "the fresh slot ok",
             )  # fmt: skip
             assert _gauge(metrics, "outbox_capture_slot_state",
-                          {"slot": slot, "database": db, "state": "invalidated"}) == 1  # fmt: skip
-        assert sorted(e.id for _, e in publisher.log) == sorted(kept)
+                          {"slot": slot, "database": db, "state": "ok"}) == 1  # fmt: skip
+        assert [e.id for _, e in publisher.log] == kept  # one key, in commit order
+        assert _in_order(publisher.log)
         assert any("is invalidated" in r.getMessage() for r in caplog.records)
-
-        # the recovery of docs/explanation/capture.md
-        assert disable_capture(url)["problem"]  # still flagged in 'polling' mode: a loss
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(sql.SQL("SELECT pg_drop_replication_slot({})").format(sql.Literal(slot)))
-        assert enable_capture(url)["slot_state"] == "ok"
+        assert any("created a fresh slot" in r.getMessage() for r in caplog.records)
 
 
 def test_switching_slots_while_the_databases_slot_holds_messages_is_refused(

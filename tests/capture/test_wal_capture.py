@@ -68,24 +68,48 @@ async def _until(predicate: Any, within: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-def test_publish_in_wal_mode_writes_no_row_and_a_rollback_emits_nothing(wal_url: str) -> None:
+def test_publish_in_wal_mode_writes_one_pending_row_and_a_rollback_nothing(wal_url: str) -> None:
     with psycopg.connect(wal_url) as conn:
         publish(conn, topic="orders", key="o-1", payload={"n": 1})
         conn.rollback()
-        publish(conn, topic="orders", key="o-1", payload={"n": 2})
+        kept = publish(conn, topic="orders", key="o-1", payload={"n": 2})
         conn.commit()
         rows = conn.execute("SELECT count(*) FROM outbox_messages").fetchone()
         counters = conn.execute("SELECT count(*) FROM outbox_key_sequences").fetchone()
-    assert rows == (0,)  # no row, no counter: the relay numbers and records them
+        pending = conn.execute("SELECT id, record FROM outbox_wal_pending").fetchall()
+    assert rows == (0,)  # no message row, no counter: the relay numbers and records them
     assert counters == (0,)
+    assert [r[0] for r in pending] == [kept]  # the durable record, whatever the slot does
+    assert decode_record(pending[0][1]).payload == b'{"n":2}'
     with psycopg.connect(wal_url) as conn:
         peeked = conn.execute(
             "SELECT count(*) FROM pg_logical_slot_peek_binary_changes("
             "(SELECT slot FROM outbox_capture), NULL, NULL, 'proto_version', '1', "
             "'publication_names', 'outbox_capture', 'messages', 'true') "
-            "WHERE substring(data FROM 1 FOR 1) = 'M'"
+            "WHERE substring(data FROM 1 FOR 1) = 'I'"
         ).fetchone()
     assert peeked == (1,)  # the rolled-back message never reached the stream
+
+
+@_in_loop
+async def test_an_idempotency_key_published_twice_before_capture_is_one_message(
+    wal_url: str,
+) -> None:
+    with psycopg.connect(wal_url) as conn:
+        first = publish(conn, topic="t", key="k", payload={"n": 1}, idempotency_key="once")
+        conn.commit()
+        again = publish(conn, topic="t", key="k", payload={"n": 2}, idempotency_key="once")
+        conn.commit()
+        counts = conn.execute(
+            "SELECT (SELECT count(*) FROM outbox_wal_pending), "
+            "(SELECT count(*) FROM outbox_messages)"
+        ).fetchone()
+    assert first == again
+    assert counts == (1, 0)  # a no-op, as in polling mode: no row of the polling path
+    publisher = FakePublisher()
+    async with running(Relay(config(wal_url), publisher)):
+        await _until(lambda: len(publisher.log) == 1, 20, "the message")
+    assert [(e.id, e.seq, e.payload) for _, e in publisher.log] == [(first, 1, b'{"n":1}')]
 
 
 @_in_loop
@@ -584,7 +608,7 @@ async def test_switching_back_to_polling_publishes_what_was_emitted_before(wal_u
         open_tx.close()
 
 
-def test_publish_async_on_asyncpg_in_wal_mode_emits_and_writes_no_row(wal_url: str) -> None:
+def test_publish_async_on_asyncpg_in_wal_mode_writes_pending_rows_only(wal_url: str) -> None:
     """asyncpg writers (SQLAlchemy's postgresql+asyncpg) take the same WAL path as psycopg's."""
     pytest.importorskip("asyncpg")
     from sqlalchemy.engine import make_url
@@ -611,7 +635,7 @@ def test_publish_async_on_asyncpg_in_wal_mode_emits_and_writes_no_row(wal_url: s
             "SELECT count(*) FROM pg_logical_slot_peek_binary_changes("
             "(SELECT slot FROM outbox_capture), NULL, NULL, 'proto_version', '1', "
             "'publication_names', 'outbox_capture', 'messages', 'true') "
-            "WHERE substring(data FROM 1 FOR 1) = 'M'"
+            "WHERE substring(data FROM 1 FOR 1) = 'I'"
         ).fetchone()
     assert rows == (0,)  # no row: the relay numbers and records them
     assert peeked == (3,)  # the rolled-back message never reached the stream

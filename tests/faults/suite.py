@@ -583,6 +583,79 @@ def _sigterm_database_down(world: World, stop: threading.Event) -> str:
     return _sigterm_while_down(world, stop, world.pg.crash, world.pg.start, "the database")
 
 
+def _relays_down(world: World) -> None:
+    """``kill -9`` both relays and keep them down (the producers go on)."""
+    world.supervise = False
+    for proc in world.relays:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+
+
+def _drop_slot(world: World) -> None:
+    """Drop the capture slot as an operator, a failover or a restore loses it: any walsender on
+    it is ended first (a drop refuses an active slot)."""
+    with psycopg.connect(world.url, autocommit=True) as conn:
+        for _ in range(200):
+            conn.execute(
+                "SELECT pg_terminate_backend(s.active_pid) FROM pg_replication_slots AS s "
+                "JOIN outbox_capture AS c ON c.slot = s.slot_name WHERE s.active_pid IS NOT NULL"
+            )
+            try:
+                conn.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    "WHERE slot_name = (SELECT slot FROM outbox_capture)"
+                )
+                return
+            except psycopg.errors.ObjectInUse:  # its walsender is exiting, or a new one came
+                time.sleep(0.05)
+
+
+def _slot_dropped_while_down(world: World, stop: threading.Event) -> str:
+    stop.wait(2.0)
+    _relays_down(world)
+    stop.wait(3.0)  # the slot holds what is committed meanwhile
+    _drop_slot(world)
+    stop.wait(1.0)
+    world.supervise = True  # the relays come back to a missing slot
+    stop.wait()
+    return "relays kill -9 and kept down 4 s; slot dropped while they were down"
+
+
+def _slot_invalidated_while_down(world: World, stop: threading.Event) -> str:
+    stop.wait(2.0)
+    _relays_down(world)
+    with psycopg.connect(world.pg.admin_url, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        conn.execute("SELECT pg_reload_conf()")
+        conn.execute("CREATE TABLE IF NOT EXISTS filler (x text)")
+        lost = False
+        for _ in range(60):
+            conn.execute("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 100)")
+            conn.execute("SELECT pg_switch_wal()")
+            conn.execute("CHECKPOINT")
+            row = conn.execute(
+                "SELECT count(*) FROM pg_replication_slots WHERE wal_status = 'lost'"
+            ).fetchone()
+            if row and row[0]:
+                lost = True
+                break
+        conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        conn.execute("SELECT pg_reload_conf()")
+    stop.wait(1.0)
+    world.supervise = True  # the relays come back to an invalidated slot
+    stop.wait()
+    return f"relays kill -9 and kept down; slot {'invalidated' if lost else 'NOT invalidated'}"
+
+
+def _slot_dropped_while_streaming(world: World, stop: threading.Event) -> str:
+    n = 0
+    while not stop.wait(random.uniform(2.0, 3.0)):
+        _drop_slot(world)
+        n += 1
+    return f"{n} slot drops while a relay streamed it"
+
+
 def _nothing(world: World, stop: threading.Event) -> str:
     stop.wait()
     return "no fault"
@@ -636,6 +709,12 @@ SCENARIOS = {
         Scenario("wal-broker-kill-9", _broker_kill9, capture="wal"),
         Scenario("wal-postgres-crash", _postgres_crash, capture="wal"),
         Scenario("wal-producer-cut-mid-commit", _producer_cut, capture="wal"),
+        Scenario("wal-slot-dropped-while-relays-down", _slot_dropped_while_down,
+                 capture="wal", min_seconds=10),
+        Scenario("wal-slot-invalidated-while-relays-down", _slot_invalidated_while_down,
+                 capture="wal", min_seconds=10),
+        Scenario("wal-slot-dropped-while-streaming", _slot_dropped_while_streaming,
+                 capture="wal", min_seconds=10),
         Scenario(
             "wal-relay-frozen-90s",
             _streaming_relay_frozen,
@@ -646,6 +725,7 @@ SCENARIOS = {
     )
 }
 SHORT = ("relay-kill-9", "consumer-kill-9-after-commit", "broker-kill-9", "wal-relay-kill-9",
+         "wal-slot-dropped-while-relays-down",
          "sqs-broker-kill-9", "amqp1-broker-kill-9")
 
 
@@ -690,6 +770,17 @@ def _slot_caught_up(url: str, deadline: float) -> None:
             time.sleep(0.2)
 
 
+def _pending_recorded(url: str, deadline: float) -> None:
+    """Wait until the relay has recorded every message of outbox_wal_pending (what a lost slot
+    did not deliver is published from the table)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute("SELECT count(*) FROM outbox_wal_pending").fetchone()
+            if row and row[0] == 0:
+                return
+            time.sleep(0.2)
+
+
 def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0) -> Result:
     """One scenario: workload under its nemesis for ``seconds``, heal, settle, check."""
     scenario = SCENARIOS[name]
@@ -730,6 +821,7 @@ def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0)
         if world.capture == "wal":
             # a message has a row once the relay has decoded and recorded it
             _slot_caught_up(world.url, deadline)
+            _pending_recorded(world.url, deadline)
         # the truth about commits of unknown outcome, from the database
         with psycopg.connect(world.url) as conn:
             in_outbox = {r[0] for r in conn.execute("SELECT id FROM outbox_messages")}

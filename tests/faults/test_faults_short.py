@@ -1,4 +1,5 @@
-"""The fault suite's short set, in every CI run: relay kill -9 (in both capture modes), consumer
+"""The fault suite's short set, in every CI run: relay kill -9 (in both capture modes), the WAL
+capture slot dropped while the relays are down, consumer
 kill -9 between commit and ack, broker kill -9 and restart (NATS, and the same on a moto SQS
 server and on the private AMQP 1.0 node), each under a live workload on a private PostgreSQL
 and its broker. Nothing lost, duplicated, reordered or invented; only

@@ -1,22 +1,13 @@
-"""What a writer remembers after its WAL emit was refused in 'wal' mode, and what the slot's
-health says to an operator in each state (relay/_slot.py): pure logic, no server."""
+"""What a writer remembers of the capture mode, and what the slot's health says to an operator
+in each state (relay/_slot.py): pure logic, no server."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 
-from outbox import _capture
-from outbox._capture import (
-    MODE_POLLING,
-    MODE_WAL,
-    known_mode,
-    remember_mode,
-    slot_check_due,
-    slot_checked,
-)
+from outbox._capture import MODE_POLLING, MODE_WAL, known_mode, remember_mode
 from relay._slot import SLOT_STATES, SlotHealth
 
 
@@ -24,39 +15,15 @@ class _Conn:
     """Stands for a driver connection (weakly referenced, like one)."""
 
 
-def test_a_refused_emit_writes_rows_for_a_while_then_tries_the_wal_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_connection_remembers_the_mode_its_last_statement_reported() -> None:
     conn = _Conn()
-    assert known_mode(conn) is None  # a new connection tries the WAL first
+    assert known_mode(conn) is None  # a new connection tries the pending insert first
     remember_mode(conn, MODE_WAL)
     assert known_mode(conn) == MODE_WAL
-    now = time.monotonic()
-    monkeypatch.setattr(_capture.time, "monotonic", lambda: now)
-    remember_mode(conn, None)  # the emit was refused...
-    remember_mode(conn, MODE_WAL, refused=True)  # ...and the row's statement says 'wal'
+    remember_mode(conn, None)  # the insert inserted nothing: not in 'wal' mode (any more)
     assert known_mode(conn) == MODE_POLLING
-    remember_mode(conn, MODE_WAL)  # the next rows say 'wal' too: still rows, no emit
-    assert known_mode(conn) == MODE_POLLING
-    monkeypatch.setattr(
-        _capture.time, "monotonic", lambda: now + _capture.REFUSED_RETRY_SECONDS
-    )
-    assert known_mode(conn) == MODE_WAL  # time to try the WAL again
     remember_mode(conn, "polling")
     assert known_mode(conn) == MODE_POLLING
-
-
-def test_a_connection_checks_the_slot_first_then_at_most_every_slot_check_seconds(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    conn = _Conn()
-    now = time.monotonic()
-    monkeypatch.setattr(_capture.time, "monotonic", lambda: now)
-    assert slot_check_due(conn)  # its first emit checks
-    slot_checked(conn)
-    assert not slot_check_due(conn)
-    monkeypatch.setattr(_capture.time, "monotonic", lambda: now + _capture.SLOT_CHECK_SECONDS)
-    assert slot_check_due(conn)
 
 
 def _health(state: str, **kw: Any) -> SlotHealth:
@@ -89,8 +56,9 @@ def test_every_unusable_state_in_wal_mode_is_a_problem_with_its_recovery(state: 
     assert "outbox capture" in problem  # says what to run
     if state == "foreign":
         assert "belongs to database 'other', not to 'app'" in problem
-    if state == "invalidated":
-        assert "0/1" in problem  # where the loss starts
+    assert "no message is lost" in problem
+    if state in ("missing", "invalidated"):
+        assert "creates a fresh" in problem  # the relay repairs it itself
 
 
 def test_in_polling_mode_only_an_invalidated_slot_is_a_problem() -> None:

@@ -1,0 +1,175 @@
+"""The durable record stays bounded: a soak in 'wal' mode with the relay and retention running.
+
+    python bench/soak.py                      # 30 minutes; writes bench/results/soak.json
+    python bench/soak.py --minutes 5 --clients 4
+
+On a private PostgreSQL cluster (wal_level = logical, the server's default durability and
+autovacuum; bench/common.py), in 'wal' capture mode: ``--clients`` writer threads commit one
+message per transaction as fast as they can (the machine's sustained write rate) while one
+relay (a no-op publisher, so the database does all the work) streams the slot, records each
+message and deletes its ``outbox_wal_pending`` row, and deletes published rows older than
+``--retention-seconds`` every ``--retention-interval`` seconds. Every ``--sample-seconds`` it
+records the write rate, the sizes (with TOAST and indexes) and live and dead tuples of
+``outbox_wal_pending`` and ``outbox_messages``, and how many messages wait in the pending
+table. The result is the curve; the summary compares the last third of the run with the
+middle third (flat: the table size and dead tuples stop growing once retention has started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+_HERE = Path(__file__).resolve().parent
+# bench/relay.py would shadow the relay package: import it before bench/ joins sys.path
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+from outbox import publish  # noqa: E402
+from outbox._migrate import upgrade  # noqa: E402
+from relay import Relay, RelayConfig  # noqa: E402
+from relay._admin import enable_capture  # noqa: E402
+from relay.brokers.base import BrokerFeatures  # noqa: E402
+
+sys.path.insert(0, str(_HERE))
+from common import logical_cluster, write_result  # noqa: E402
+
+_TABLES = ("outbox_wal_pending", "outbox_messages")
+
+
+class _NoopPublisher:
+    """Takes every message at once: the soak measures the database, not a broker."""
+
+    features = BrokerFeatures("noop", 0.0, True, True, 0)
+
+    async def start(self) -> None:
+        return None
+
+    async def publish_batch(self, envelopes: Any) -> list[BaseException | None]:
+        return [None] * len(envelopes)
+
+    async def close(self) -> None:
+        return None
+
+
+def _writer(url: str, stop: threading.Event, counts: list[int], i: int) -> None:
+    with psycopg.connect(url) as conn:
+        n = 0
+        while not stop.is_set():
+            publish(conn, topic="soak", key=f"k{(i * 7919 + n) % 1000}", payload={"n": n})
+            conn.commit()
+            n += 1
+            counts[i] = n
+
+
+def _sample(url: str) -> dict[str, Any]:
+    with psycopg.connect(url) as conn:
+        out: dict[str, Any] = {}
+        for table in _TABLES:
+            row = conn.execute(
+                "SELECT pg_total_relation_size(c.oid), s.n_live_tup, s.n_dead_tup, "
+                "s.autovacuum_count FROM pg_class AS c JOIN pg_stat_user_tables AS s "
+                "ON s.relid = c.oid WHERE c.relname = %s",
+                (table,),
+            ).fetchone()
+            assert row is not None
+            out[table] = {
+                "bytes": int(row[0]), "live": int(row[1]), "dead": int(row[2]),
+                "autovacuums": int(row[3]),
+            }  # fmt: skip
+        pending = conn.execute("SELECT count(*) FROM outbox_wal_pending").fetchone()
+        out["pending_messages"] = int(pending[0]) if pending else 0
+    return out
+
+
+async def _soak(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    config = RelayConfig(
+        database_url=url,
+        retention_seconds=args.retention_seconds,
+        retention_interval=args.retention_interval,
+        heartbeat_interval=5.0,
+    )
+    relay = Relay(config, _NoopPublisher())
+    task = asyncio.create_task(relay.run())
+    stop = threading.Event()
+    counts = [0] * args.clients
+    writers = [
+        threading.Thread(target=_writer, args=(url, stop, counts, i)) for i in range(args.clients)
+    ]
+    for t in writers:
+        t.start()
+    samples: list[dict[str, Any]] = []
+    started = time.monotonic()
+    last_total, last_at = 0, started
+    try:
+        while time.monotonic() - started < args.minutes * 60:
+            await asyncio.sleep(args.sample_seconds)
+            now, total = time.monotonic(), sum(counts)
+            sample = await asyncio.to_thread(_sample, url)
+            sample["t_seconds"] = round(now - started, 1)
+            sample["writes_per_second"] = round((total - last_total) / (now - last_at), 1)
+            last_total, last_at = total, now
+            samples.append(sample)
+            print(sample, flush=True)
+    finally:
+        stop.set()
+        for t in writers:
+            await asyncio.to_thread(t.join)
+        relay.stop()
+        await task
+    return samples
+
+
+def _third(samples: list[dict[str, Any]], which: int, table: str, field: str) -> float:
+    n = len(samples)
+    part = samples[which * n // 3 : (which + 1) * n // 3] or samples[-1:]
+    return float(statistics.median(s[table][field] for s in part))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--sample-seconds", type=float, default=30.0)
+    parser.add_argument("--retention-seconds", type=float, default=120.0)
+    parser.add_argument("--retention-interval", type=float, default=30.0)
+    args = parser.parse_args()
+    with logical_cluster("outbox-soak-") as server:
+        with psycopg.connect(server.admin_url, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE soak")
+        url = server.url("soak")
+        upgrade(url)
+        enable_capture(url)
+        samples = asyncio.run(_soak(url, args))
+    summary = {
+        table: {
+            field: {
+                "middle_third_median": _third(samples, 1, table, field),
+                "last_third_median": _third(samples, 2, table, field),
+            }
+            for field in ("bytes", "dead")
+        }
+        for table in _TABLES
+    }
+    path = write_result(
+        "soak",
+        {
+            "config": vars(args),
+            "summary": summary,
+            "writes_per_second_median": statistics.median(
+                s["writes_per_second"] for s in samples
+            ),
+            "samples": samples,
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
