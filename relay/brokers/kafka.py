@@ -74,6 +74,7 @@ class KafkaPublisher:
         bootstrap_servers: str = "127.0.0.1:9092",
         *,
         destinations: Mapping[str, str] | None = None,
+        allowed_destinations: Sequence[str] | None = None,
         timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
         config: Mapping[str, Any] | None = None,
@@ -96,7 +97,7 @@ class KafkaPublisher:
             "error_cb": self._on_error,
         }
         self._bootstrap = bootstrap_servers
-        self._destination = Destinations(destinations)
+        self._destination = Destinations(destinations, broker="kafka", allow=allowed_destinations)
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._producer: Any = None
@@ -286,7 +287,6 @@ def _message_timeout(config: Mapping[str, Any]) -> float:
             f"got {raw!r}",
             option="message.timeout.ms",
         ) from exc
-
 
 
 def _outbox_id(msg: Any) -> bytes | None:

@@ -35,7 +35,12 @@ from relay.brokers._batch import (
     unavailable,
     unreachable,
 )
-from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
+from relay.brokers.base import (
+    DEFAULT_ACK_TIMEOUT,
+    BrokerFeatures,
+    Destinations,
+    nats_subject_matches,
+)
 
 __all__ = ["NatsPublisher"]
 
@@ -55,6 +60,7 @@ class NatsPublisher:
         servers: str | Sequence[str] = "nats://127.0.0.1:4222",
         *,
         destinations: Mapping[str, str] | None = None,
+        allowed_destinations: Sequence[str] | None = None,
         stream: str | None = None,
         stream_subjects: Sequence[str] | None = None,
         create_stream: bool = False,
@@ -66,7 +72,14 @@ class NatsPublisher:
     ) -> None:
         self._nats = require("nats", "nats")
         self._servers = [servers] if isinstance(servers, str) else list(servers)
-        self._destination = Destinations(destinations)
+        self._destination = Destinations(
+            destinations,
+            broker="nats",
+            allow=allowed_destinations
+            if allowed_destinations is not None
+            else (list(stream_subjects) if stream_subjects else None),
+            matches=nats_subject_matches,
+        )
         self._stream = stream
         self._stream_subjects = list(stream_subjects or [])
         self._create_stream = create_stream

@@ -55,6 +55,7 @@ class RabbitMQPublisher:
         url: str = "amqp://guest:guest@127.0.0.1:5672/",
         *,
         destinations: Mapping[str, str] | None = None,
+        allowed_destinations: Sequence[str] | None = None,
         timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
         max_payload_bytes: int = DEFAULT_MAX_MESSAGE_SIZE,
@@ -62,7 +63,9 @@ class RabbitMQPublisher:
     ) -> None:
         self._aio_pika = require("aio_pika", "rabbitmq")
         self._url = url
-        self._destination = Destinations(destinations)
+        self._destination = Destinations(
+            destinations, broker="rabbitmq", allow=allowed_destinations
+        )
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._persistent = persistent
@@ -108,7 +111,11 @@ class RabbitMQPublisher:
             raise RetryablePublishError(f"cannot open a RabbitMQ channel: {exc}") from exc
         batch = Batch(envelopes, self._destination)
         missing = await self._missing_exchanges(
-            {split_destination(d)[0] for d in batch.destinations}
+            {
+                split_destination(d)[0]
+                for d, r in zip(batch.destinations, batch.results, strict=True)
+                if r is None  # not refused before sending
+            }
         )
         pending: dict[int, asyncio.Future[Any]] = {}
         for i, env, dest in batch.items():
