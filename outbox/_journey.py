@@ -316,12 +316,23 @@ class Journey:
     notes: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
-        """The journey as JSON-ready values: times ISO 8601, gaps in seconds, ids as text."""
-        out: dict[str, Any] = _plain(self)
+        """The journey as JSON-ready values: times ISO 8601, gaps in seconds, ids as text;
+        every text masked by the redactor (a stored error may quote a URL with its password)."""
+        out: dict[str, Any] = _masked(_plain(self))
         return out
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), sort_keys=False)
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value) if value else value
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(v) for v in value]
+    return value
 
 
 # ------------------------------------------------------------------------------------------
