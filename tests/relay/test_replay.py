@@ -371,6 +371,21 @@ def test_cli_replay_progress_errors_and_audit(url: str) -> None:
     assert "no broker" in nobroker.output
 
 
+@pytest.mark.parametrize(
+    "template", ["{topic.x}", "{topic[0]}", "{topic!r}", "{topic:>9}", "{nope}", "{topic", "a}"]
+)
+def test_a_bad_destination_template_is_one_line(url: str, template: str) -> None:
+    out = CliRunner().invoke(
+        main,
+        ["replay", "--topic", TOPIC, "--to", "late", "--broker", "memory:", "--url", url,
+         "--destination", template],
+    )  # fmt: skip
+    assert out.exit_code == 2, out.output
+    [line] = out.output.strip().splitlines()
+    assert "only {topic} and {consumer} may be filled in" in line
+    assert "Traceback" not in out.output
+
+
 class _Stalling(FakePublisher):
     """Confirms ``batches`` batches, then hangs on the next one until cancelled (a Ctrl-C)."""
 
