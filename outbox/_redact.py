@@ -345,6 +345,7 @@ LIBRARY_LOGGERS = (
     "relay.brokers.rabbitmq",
 )  # fmt: skip
 LIBRARY_LOGGERS += ("relay.brokers.amqp1", "outbox.amqp1", "proton")  # AMQP 1.0, and its client
+LIBRARY_LOGGERS += ("relay.brokers.kafka.client",)  # librdkafka's own lines
 
 
 def redact_library_logs() -> None:

@@ -90,6 +90,8 @@ class NatsPublisher:
         self._connect_options = dict(connect_options or {})
         self._nc: Any = None
         self._last_error: BaseException | None = None
+        #: connection errors since the last connection (only the first is logged)
+        self._errors_said = 0
         self._js: Any = None
         #: the batch path's own PubAck inbox (see :meth:`_publish_frames`): its subject prefix,
         #: and the futures of the publishes not acknowledged yet, by reply token
@@ -120,6 +122,7 @@ class NatsPublisher:
         except Exception as exc:
             raise _unreachable(self._servers, self._last_error or exc) from exc
         self._nc = nc
+        self._errors_said = 0
         self._js = nc.jetstream(
             timeout=self._timeout, publish_async_max_pending=self._max_in_flight
         )
@@ -141,6 +144,7 @@ class NatsPublisher:
             "reconnect_time_wait": 0.5,
             "allow_reconnect": True,
             "error_cb": self._on_error,
+            "reconnected_cb": self._on_reconnected,
             **self._connect_options,
         }
         return await self._nats.connect(servers=self._servers, **options)
@@ -165,8 +169,16 @@ class NatsPublisher:
         return float(info.config.duplicate_window or DEFAULT_DUPLICATE_WINDOW)
 
     async def _on_error(self, exc: Exception) -> None:
+        """nats-py's error callback: one line per outage, not one per reconnect attempt."""
         self._last_error = exc
-        log.warning("NATS connection error: %s", exc)
+        if self._errors_said or self._nc is None:  # again, or start() raises it as one line
+            log.debug("NATS connection error: %s", exc)
+        else:
+            log.warning("NATS connection error: %s (said once until it connects again)", exc)
+        self._errors_said += 1
+
+    async def _on_reconnected(self) -> None:
+        self._errors_said = 0
 
     async def close(self) -> None:
         nc, self._nc, self._js = self._nc, None, None

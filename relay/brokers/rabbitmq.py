@@ -38,6 +38,17 @@ __all__ = ["RabbitMQPublisher"]
 
 log = logging.getLogger("relay.brokers.rabbitmq")
 
+
+class _SaidByTheAdapter(logging.Filter):
+    """aiormq logs a failed connection attempt at ERROR; the adapter raises it as one line of
+    its own (BrokerUnreachableError), so that record is dropped rather than said twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("error when creating transport")
+
+
+logging.getLogger("aiormq.connection").addFilter(_SaidByTheAdapter())
+
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024  # RabbitMQ's max_message_size default (3.8+)
 
 
