@@ -158,6 +158,11 @@ def describe_database_error(exc: psycopg.Error) -> str:
     kind = connect_failure(exc)
     if kind is not None:
         return f"{reason}: {_HINTS[kind]}"
+    if isinstance(exc, pg_errors.UndefinedObject) and reason.startswith("role "):
+        return (
+            f"{reason}: create the role first (CREATE ROLE ... LOGIN) or check its name; "
+            "`outbox migrate grants` grants to existing roles only"
+        )
     if "does not exist" in reason:
         return f"{reason}: {_HINTS['database']}"
     if getattr(exc, "sqlstate", None) in _SESSION_ENDED:

@@ -13,13 +13,17 @@ Three roles, each with only what its statements touch:
   reads the reconciliation runs' times and verdicts (the latest is a metric).
 * **consumer** (the inbox, and operators running ``outbox inbox ...``): its own tables only.
 * **console** (``outbox console``): reads every table it shows, and makes the audited changes
-  its operators make: requeue (the columns a retry sets) or purge outbox dead letters, decide
-  on held inbox keys, each with its audit row. It cannot publish, lease, register a relay,
-  change the capture mode or change a consumer's positions (it reads them: ``outbox trace``).
+  its operators make: requeue or purge outbox dead letters through the operator functions
+  ``outbox_dead_requeue`` and ``outbox_dead_purge`` (migration outbox_0018: they change dead
+  rows only and audit them; the role has no UPDATE or DELETE on ``outbox_messages``, so it
+  cannot mark a pending message published or delete one), decide on held inbox keys, each
+  with its audit row. It cannot publish, lease, register a relay, change the capture mode or
+  change a consumer's positions (it reads them: ``outbox trace``).
 * **reconcile** (the Spark reconciliation, ``outbox reconcile``): reads the columns the
-  reconciliation judges (no payloads, headers or errors) and records its runs. Member of
-  ``pg_read_all_stats``: without it ``pg_stat_activity`` hides other roles' open transactions,
-  and the inbox horizon would judge rows those transactions may still commit below it.
+  reconciliation judges (no payloads, headers or errors) and records its runs. The start of
+  the oldest transaction open in the database (which bounds the inbox horizon) comes from
+  ``outbox_oldest_xact_start()`` (migration outbox_0018), which it may execute: no
+  ``pg_read_all_stats``, which would also show it every session's query text.
   ``outbox ingest`` (which lands payloads) and ``outbox redrive`` (a change) need more.
 
 Role names and the schema are composed as identifiers, never formatted into the text.
@@ -103,17 +107,12 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT, INSERT", INBOX_DEAD_AUDIT, None),
     ],
     "console": [
-        # the pages (a dead letter's payload and headers included), and the purge
-        ("SELECT, DELETE", OUTBOX_MESSAGES, None),
-        # requeue (relay/statements.sql outbox_dead_retry): exactly the columns it sets
-        (
-            "UPDATE",
-            OUTBOX_MESSAGES,
-            ("status", "attempts", "available_at", "lease_owner", "lease_token", "lease_until"),
-        ),
+        # the pages (a dead letter's payload and headers included); requeue and purge go
+        # through the operator functions (_FUNCTIONS), not UPDATE or DELETE
+        ("SELECT", OUTBOX_MESSAGES, None),
         ("SELECT", OUTBOX_RELAYS, None),
         ("SELECT", OUTBOX_CAPTURE, None),
-        ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),
+        ("SELECT", OUTBOX_DEAD_AUDIT, None),
         ("SELECT", INBOX_MESSAGES, None),
         # where each consumer stands on a key (`outbox trace`: applied up to, waiting, held)
         ("SELECT", INBOX_POSITIONS, None),
@@ -167,14 +166,21 @@ _SEQUENCES: dict[str, list[tuple[str, str]]] = {
     "producer": [("USAGE", OUTBOX_WRITE_COUNTER)],
     "relay": [("SELECT, USAGE", OUTBOX_WRITE_COUNTER)],
     "consumer": [],
-    # a requeue takes a number from the write counter (it wakes relays watching commits)
-    "console": [("USAGE", OUTBOX_WRITE_COUNTER)],
+    # a requeue's number from the write counter is taken by the operator function
+    "console": [],
     "reconcile": [],
+}
+
+#: Operator functions (SECURITY DEFINER, outbox_0018) each kind of role may execute.
+_FUNCTIONS: dict[str, list[str]] = {
+    "console": ["outbox_dead_requeue(uuid[], text, text)", "outbox_dead_purge(uuid[], text, text)"],
+    # the horizon's bound, without pg_read_all_stats (which shows every session's query text)
+    "reconcile": ["outbox_oldest_xact_start()"],
 }
 
 #: Predefined roles each kind of role is made a member of (granting one needs a superuser, or
 #: a role holding it WITH ADMIN OPTION).
-_MEMBER_OF: dict[str, list[str]] = {"reconcile": ["pg_read_all_stats"]}
+_MEMBER_OF: dict[str, list[str]] = {}
 
 ROLE_KINDS = tuple(_NEEDS)
 
@@ -208,6 +214,14 @@ def grant_statements(kind: str, role: str, *, schema: str | None = None) -> list
         out.append(
             TEMPLATES.grant_sequence.format(
                 privileges=sql.SQL(privileges), sequence=name, role=grantee
+            )
+        )
+    for function in _FUNCTIONS.get(kind, []):
+        fname, _, fargs = function.partition("(")
+        routine = sql.Identifier(schema, fname) if schema else sql.Identifier(fname)
+        out.append(
+            TEMPLATES.grant_function.format(
+                function=sql.Composed([routine, sql.SQL("(" + fargs)]), role=grantee
             )
         )
     for member_of in _MEMBER_OF.get(kind, []):

@@ -31,6 +31,7 @@ from psycopg.rows import DictRow, dict_row
 from outbox._errors import describe_database_error, one_line
 from outbox._ids import id_from_idempotency_key
 from outbox._redact import redact, remember_secrets
+from outbox._shell import shell_line
 from outbox._trace_statements import TraceStatements, trace_statements
 from outbox.exceptions import ConfigurationError, OutboxError
 from outbox.schema import check_identifier
@@ -315,12 +316,23 @@ class Journey:
     notes: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
-        """The journey as JSON-ready values: times ISO 8601, gaps in seconds, ids as text."""
-        out: dict[str, Any] = _plain(self)
+        """The journey as JSON-ready values: times ISO 8601, gaps in seconds, ids as text;
+        every text masked by the redactor (a stored error may quote a URL with its password)."""
+        out: dict[str, Any] = _masked(_plain(self))
         return out
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), sort_keys=False)
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value) if value else value
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(v) for v in value]
+    return value
 
 
 # ------------------------------------------------------------------------------------------
@@ -814,12 +826,18 @@ def _summary(record: OutboxRecord | None, records: Sequence[InboxRecord]) -> str
     return f"{head}; " + "; ".join(parts)
 
 
-def _url_flag(source: TraceSource) -> str:
-    return f" --url '{redact(source.url.removeprefix('jdbc:'))}'"
+def _url_flag(source: TraceSource) -> tuple[str, ...]:
+    return ("--url", redact(source.url.removeprefix("jdbc:")))
 
 
-def _schema_flag(source: TraceSource) -> str:
-    return f" --schema {source.schema}" if source.schema else ""
+def _schema_flag(source: TraceSource) -> tuple[str, ...]:
+    return ("--schema", source.schema) if source.schema else ()
+
+
+def _cmd(*args: object) -> str:
+    """A suggested command: each argument quoted for the shell (outbox/_shell.py), so a key,
+    topic or consumer name chosen by whoever wrote it runs as that argument and nothing else."""
+    return shell_line(str(a) for a in args)
 
 
 def _actions(
@@ -842,13 +860,13 @@ def _actions(
             Action(
                 f"the relay gave up after {record.attempts} attempt(s): "
                 f"{record.last_error or 'no error recorded'}; fix the cause, then re-queue it",
-                f"outbox dead retry --id {mid} --reason '...'{ob}",
+                _cmd("outbox", "dead", "retry", "--id", mid, "--reason", "...", *ob),
             )
         )
     elif record is not None and record.status == "pending":
         _pending_actions(record, blocker, relays, ob, actions, notes)
     for r in records:
-        action = _inbox_action(r, mid, (topic, key, seq), record, ob, inbox_flags.get(r.inbox, ""))
+        action = _inbox_action(r, mid, (topic, key, seq), record, ob, inbox_flags.get(r.inbox, ()))
         if action is not None:
             actions.append(action)
     return actions, notes
@@ -858,7 +876,7 @@ def _pending_actions(
     record: OutboxRecord,
     blocker: KeyNeighbour | None,
     relays: Sequence[RelaySeen],
-    ob: str,
+    ob: tuple[str, ...],
     actions: list[Action],
     notes: list[str],
 ) -> None:
@@ -871,9 +889,9 @@ def _pending_actions(
     elif blocker is not None:
         status = blocker.status
         cmd = (
-            f"outbox dead retry --id {blocker.id} --reason '...'{ob}"
+            _cmd("outbox", "dead", "retry", "--id", blocker.id, "--reason", "...", *ob)
             if status == "dead"
-            else f"outbox trace {blocker.id}{ob}"
+            else _cmd("outbox", "trace", blocker.id, *ob)
         )
         actions.append(
             Action(
@@ -888,7 +906,7 @@ def _pending_actions(
             Action(
                 "no relay has heartbeated in the last minute: start one (see "
                 "docs/how-to/run-the-relay.md), then check",
-                f"outbox status{ob}",
+                _cmd("outbox", "status", *ob),
             )
         )
     if record.attempts and record.last_error:
@@ -903,8 +921,8 @@ def _inbox_action(
     mid: uuid.UUID,
     where: tuple[str, str, int],
     record: OutboxRecord | None,
-    ob: str,
-    inbox_url: str,
+    ob: tuple[str, ...],
+    inbox_url: tuple[str, ...],
 ) -> Action | None:
     """What to do about one consumer's record (None: nothing)."""
     topic, key, seq = where
@@ -918,7 +936,19 @@ def _inbox_action(
             f"consumer {consumer} gave up on it after {r.attempts} attempt(s) ({error}) and "
             f"holds its key{decided}: fix the handler, then retry it (or purge it to move the "
             "key on without it)",
-            f"outbox inbox dead retry --consumer {consumer} --id {mid} --reason '...'{inbox_url}",
+            _cmd(
+                "outbox",
+                "inbox",
+                "dead",
+                "retry",
+                "--consumer",
+                consumer,
+                "--id",
+                mid,
+                "--reason",
+                "...",
+                *inbox_url,
+            ),
         )
     if r.state == "dead":
         return Action(
@@ -929,8 +959,19 @@ def _inbox_action(
         return Action(
             f"consumer {consumer} keeps it parked behind dead seq {r.held_by_seq} of its key "
             f"({r.held_by}): retry (or purge) that one and this one follows",
-            f"outbox inbox dead retry --consumer {consumer} --id {r.held_by} "
-            f"--reason '...'{inbox_url}",
+            _cmd(
+                "outbox",
+                "inbox",
+                "dead",
+                "retry",
+                "--consumer",
+                consumer,
+                "--id",
+                r.held_by,
+                "--reason",
+                "...",
+                *inbox_url,
+            ),
         )
     if r.state == "retrying":
         return Action(
@@ -944,13 +985,15 @@ def _inbox_action(
         return Action(
             f"consumer {consumer} has applied the key up to seq {r.key_applied_seq}: it waits "
             f"for seq {nxt} first",
-            f"outbox trace --topic {topic} --key {key} --seq {nxt}{ob}",
+            _cmd("outbox", "trace", "--topic", topic, "--key", key, "--seq", nxt, *ob),
         )
     return Action(
         f"published at {_t(record.published_at)} but consumer {consumer} has no record of it: "
         "check that it runs and reads the topic's destination; if the broker lost it, "
         "re-publish it (same id: a consumer that has it drops the copy)",
-        f"echo {mid} > ids.txt && outbox redrive ids.txt --reason '...'{ob}",
+        _cmd("echo", mid)
+        + " > ids.txt && "
+        + _cmd("outbox", "redrive", "ids.txt", "--reason", "...", *ob),
     )
 
 

@@ -20,6 +20,7 @@ from outbox._limits import (
     MAX_TOPIC_BYTES,
 )
 from outbox._payload import JSON_ENCODER, encode_checked_headers, encode_payload
+from outbox._topic import check_topic
 from outbox._trace import current_traceparent
 from outbox.envelope import is_reserved_header
 from outbox.exceptions import InvalidMessageError, PayloadTooLargeError, SerializationError
@@ -286,7 +287,7 @@ def prepare_fields(
 ) -> PreparedMessage:
     """:func:`prepare` of the fields themselves, for ``publish()``, which has no Message to
     make (one object less per call)."""
-    topic = check_text(topic, "topic", MAX_TOPIC_BYTES)
+    topic = check_topic(check_text(topic, "topic", MAX_TOPIC_BYTES))  # a name, not an address
     key = check_text(key, "key", MAX_KEY_BYTES)
     data, stored_type = encode_payload(payload, content_type)
     headers_json = _headers(headers)

@@ -26,7 +26,7 @@ import logging
 import re
 import threading
 from collections.abc import Iterable, Mapping
-from urllib.parse import parse_qsl, quote, unquote
+from urllib.parse import quote, unquote
 
 __all__ = [
     "MASK",
@@ -60,7 +60,8 @@ _SETTING_RE = re.compile(
     rf"""(?P<key>(?<![\w.\-])(?:{_SECRET_KEY})(?![\w.\-])\s*=\s*
         |(?P<q>['"])(?:{_SECRET_KEY})(?P=q)\s*[:=]\s*)
         (?!{re.escape(MASK)})
-        (?P<value>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s'"]*[^\s'"),;\]}}])""",
+        (?P<value>'(?:[^'\\]|\\.)*'(?![^\s),;\]}}])|"(?:[^"\\]|\\.)*"(?![^\s),;\]}}])
+            |[^\s]*[^\s),;\]}}])""",
     re.IGNORECASE | re.VERBOSE,
 )
 
@@ -87,7 +88,7 @@ def redact(text: object, *, secrets: Iterable[str] = ()) -> str:
     if known is not None:
         out = known.sub(MASK, out)
     if "://" in out:
-        out = _URL_RE.sub(_redact_url_match, out)
+        out = _redact_urls(out)
     if "=" in out or ":" in out:
         out = _SETTING_RE.sub(_mask_setting, out)
     return out
@@ -105,22 +106,58 @@ def secrets_in(source: str | Mapping[str, object] | None) -> set[str]:
             if value is not None and _SECRET_KEY_RE.fullmatch(str(key)):
                 found.add(str(value))
         return found
-    for match in _URL_RE.finditer(source):
-        scheme, rest = match.group(1), match.group(2)
-        userinfo = _userinfo(rest)
-        if userinfo:
-            user, colon, password = userinfo.partition(":")
-            if colon:
-                found.add(unquote(password))
-            elif _lone_userinfo_is_secret(scheme):
-                found.add(unquote(user))
-        query = rest.partition("?")[2]
-        for key, value in parse_qsl(query.partition("#")[0], keep_blank_values=False):
-            if _SECRET_KEY_RE.fullmatch(key):
-                found.add(value)
-    for match in _SETTING_RE.finditer(source):
-        found.add(_unquote_setting(match.group("value")))
+    text = source.strip()
+    whole = _SCHEME_RE.match(text)
+    if whole is not None:
+        # a configured URL (or a comma-separated list of them): all of it is the URL
+        for url in _SPLIT_LIST_RE.split(text):
+            found |= _url_secrets(url)
+    elif "=" in text and "://" not in text:
+        found |= _conninfo_secrets(text)
+    else:
+        for match in _URL_RE.finditer(text):
+            found |= _url_secrets(match.group(0))
+        for match in _SETTING_RE.finditer(text):
+            found.add(_unquote_setting(match.group("value")))
     return {s for s in found if s}
+
+
+def _url_secrets(url: str) -> set[str]:
+    """The secrets of one whole URL: its password (raw as written and percent-decoded), a lone
+    NATS/Redis user-info, its secret query parameters, and those of URLs nested in its query
+    (``sqs://r?endpoint=http://KEY:SECRET@h``)."""
+    found: set[str] = set()
+    match = _SCHEME_RE.match(url)
+    if match is None:
+        return found
+    scheme, rest = match.group(0), url[match.end() :]
+    userinfo = _userinfo(rest)
+    if userinfo:
+        user, colon, password = userinfo.partition(":")
+        secret = password if colon else (user if _lone_userinfo_is_secret(scheme) else "")
+        found |= {secret, unquote(secret)}
+    query = rest[len(userinfo) :].partition("?")[2]
+    for item in query.split("&"):
+        key, equals, value = item.partition("=")
+        if not equals:
+            continue
+        if _SECRET_KEY_RE.fullmatch(unquote(key)):
+            found |= {value, unquote(value)}
+        elif "://" in unquote(value):
+            found |= _url_secrets(unquote(value))
+    return found
+
+
+def _conninfo_secrets(conninfo: str) -> set[str]:
+    """The secret values of a libpq conninfo string, read by libpq's own rules (psycopg's
+    parser); the settings pattern when it does not parse."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        params = conninfo_to_dict(conninfo)
+    except Exception:
+        return {_unquote_setting(m.group("value")) for m in _SETTING_RE.finditer(conninfo)}
+    return {str(v) for k, v in params.items() if v is not None and _SECRET_KEY_RE.fullmatch(k)}
 
 
 def remember_secrets(*sources: str | Mapping[str, object] | None) -> None:
@@ -134,6 +171,7 @@ def remember_secrets(*sources: str | Mapping[str, object] | None) -> None:
     for secret in list(new):
         new.add(quote(secret, safe=""))
         new.add(quote(secret))
+        new.add(unquote(secret))
     new = {s for s in new if len(s) >= _MIN_KNOWN}
     with _lock:
         if new <= _known:
@@ -169,29 +207,88 @@ def _lone_userinfo_is_secret(scheme: str) -> bool:
     return scheme.removesuffix("://").lower() not in _USER_ONLY_SCHEMES
 
 
-def _redact_url_match(match: re.Match[str]) -> str:
-    scheme, rest = match.group(1), match.group(2)
-    userinfo = _userinfo(rest)
-    if userinfo:
-        user, colon, _ = userinfo.partition(":")
-        if colon:
-            masked = f"{user}:{MASK}"
-        elif _lone_userinfo_is_secret(scheme):
-            masked = MASK
-        else:
-            masked = user
-        rest = masked + rest[len(userinfo) :]
+#: where a URL in free text starts; and a comma-separated list's next URL
+_SCHEME_RE = re.compile(r"(?<![\w+.\-])(?:jdbc:)?[A-Za-z][A-Za-z0-9+.\-]*://")
+_SPLIT_LIST_RE = re.compile(r",(?=(?:jdbc:)?[A-Za-z][A-Za-z0-9+.\-]*://)")
+#: what ends a URL's host, path and query in free text (a password may hold any of them)
+_URL_END = re.compile(r"[\s'\"<>`]|,(?=(?:jdbc:)?[A-Za-z][A-Za-z0-9+.\-]*://)")
+#: an ``@`` that ends a user-info: a host follows it
+_AT_HOST = re.compile(r"@(?=[\w\[])")
+
+
+def _redact_urls(text: str) -> str:
+    """Every URL of ``text`` with its user-info's secret and its secret query parameters
+    masked, and the URLs nested in its query too. A password may hold any character: the
+    user-info runs to the last ``@`` before the host, past quotes, brackets and backticks; a
+    ``user:`` followed by a blank before any ``@`` (a password with a space, written raw)
+    runs to the next ``@`` before a host on the same line."""
+    out: list[str] = []
+    pos = 0
+    while (match := _SCHEME_RE.search(text, pos)) is not None:
+        start = match.end()
+        out.append(text[pos:start])
+        line_end = text.find("\n", start)
+        line_end = len(text) if line_end < 0 else line_end
+        nxt = _SCHEME_RE.search(text, start, line_end)
+        limit = nxt.start() if nxt is not None else line_end
+        token = re.match(r"\S*", text[start:limit])
+        token_end = start + (token.end() if token else 0)
+        listed = _SPLIT_LIST_RE.search(text, start, token_end)
+        if listed is not None:
+            token_end = listed.start()
+        userinfo = _userinfo(text[start:token_end])
+        if not userinfo:
+            userinfo = _spaced_userinfo(text[start:limit])
+        head = _masked_userinfo(match.group(0), userinfo)
+        end_match = _URL_END.search(text, start + len(userinfo))
+        end = min(end_match.start() if end_match else len(text), max(limit, token_end))
+        end = max(end, start + len(userinfo))
+        out.append(head + _masked_query(text[start + len(userinfo) : end]))
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _spaced_userinfo(rest: str) -> str:
+    """``user:pass word`` before an ``@`` and a host on the same line ('' when ``rest`` does
+    not start like a user-info, or its ``:`` is a port's)."""
+    first = re.match(r"[^\s/?#@:]*:([^\s/?#@]*)", rest)
+    if first is None or not first.group(1) or first.group(1).isdigit():
+        return ""
+    ats = [m.start() for m in _AT_HOST.finditer(rest)]
+    return rest[: ats[-1]] if ats else ""
+
+
+def _masked_userinfo(scheme: str, userinfo: str) -> str:
+    if not userinfo:
+        return ""
+    user, colon, _ = userinfo.partition(":")
+    if colon:
+        return f"{user}:{MASK}"
+    return MASK if _lone_userinfo_is_secret(scheme) else user
+
+
+def _masked_query(rest: str) -> str:
+    """``rest`` (an ``@``-prefixed host, a path, a query) with its secret parameters masked and
+    the URLs in its parameter values redacted (raw or percent-encoded)."""
     head, question, query = rest.partition("?")
-    if question:
-        query, hash_, fragment = query.partition("#")
-        parts = []
-        for item in query.split("&"):
-            key, equals, _value = item.partition("=")
-            if equals and _SECRET_KEY_RE.fullmatch(unquote(key)):
-                item = f"{key}={MASK}"
-            parts.append(item)
-        rest = f"{head}?{'&'.join(parts)}{hash_}{fragment}"
-    return scheme + rest
+    if not question:
+        return rest
+    query, hash_, fragment = query.partition("#")
+    parts = []
+    for item in query.split("&"):
+        key, equals, value = item.partition("=")
+        if equals and _SECRET_KEY_RE.fullmatch(unquote(key)):
+            item = f"{key}={MASK}"
+        elif equals and "://" in value:
+            item = f"{key}={_redact_urls(value)}"
+        elif equals and "://" in unquote(value):
+            nested = unquote(value)
+            masked = _redact_urls(nested)
+            if masked != nested:
+                item = f"{key}={quote(masked, safe='*')}"
+        parts.append(item)
+    return f"{head}?{'&'.join(parts)}{hash_}{fragment}"
 
 
 def _mask_setting(match: re.Match[str]) -> str:
@@ -248,6 +345,7 @@ LIBRARY_LOGGERS = (
     "relay.brokers.rabbitmq",
 )  # fmt: skip
 LIBRARY_LOGGERS += ("relay.brokers.amqp1", "outbox.amqp1", "proton")  # AMQP 1.0, and its client
+LIBRARY_LOGGERS += ("relay.brokers.kafka.client",)  # librdkafka's own lines
 
 
 def redact_library_logs() -> None:

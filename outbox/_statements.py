@@ -71,6 +71,7 @@ class OutboxTemplates:
     grant_table: sql.SQL
     grant_columns: sql.SQL
     grant_sequence: sql.SQL
+    grant_function: sql.SQL
     grant_role: sql.SQL
 
 

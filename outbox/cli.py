@@ -178,8 +178,12 @@ def migrate_grants(
         click.echo(";\n".join(statements) + ";")
         return
     with _migrate._connected(database_url(url)) as conn:  # one transaction
+        # on psycopg's connection itself, without parameters: the text is sent as it is (a
+        # role name such as 'a%sb' is an identifier, never a placeholder)
+        driver = conn.connection.driver_connection
+        assert driver is not None
         for stmt in statements:
-            conn.exec_driver_sql(stmt)
+            driver.execute(stmt)
     click.echo(f"granted: {len(statements)} statement(s)")
 
 

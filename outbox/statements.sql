@@ -234,6 +234,11 @@ GRANT {privileges} ({columns}) ON TABLE {table} TO {role}
 -- name: grant_sequence
 GRANT {privileges} ON SEQUENCE {sequence} TO {role}
 
+-- name: grant_function
+-- EXECUTE on an operator function (outbox_0018: the console's requeue and purge), which runs
+-- as the tables' owner; EXECUTE is revoked from PUBLIC when it is created.
+GRANT EXECUTE ON FUNCTION {function} TO {role}
+
 -- name: grant_role
 -- Membership in a predefined role (pg_read_all_stats): needs a superuser, or a role holding
 -- it WITH ADMIN OPTION.

@@ -417,6 +417,66 @@ def dead_purge(
     )
 
 
+def _change_through(
+    statement: bytes,
+    url: Database,
+    where: DeadFilter,
+    *,
+    actor: str | None,
+    reason: str | None,
+    limit: int,
+    dry_run: bool,
+    schema: str | None,
+) -> list[uuid.UUID]:
+    """:func:`_change` through an operator function (the console's role may not UPDATE or
+    DELETE rows itself): the filter's ids, then the function, in one transaction."""
+    if dry_run:
+        return [m.id for m in dead_list(url, where, limit=limit, schema=schema)]
+    with connected(url, transaction=True) as conn:
+        ids = [m.id for m in dead_list(conn, where, limit=limit, schema=schema)]
+        if not ids:
+            return []
+        params = {"ids": ids, "actor": actor or default_actor(), "reason": reason}
+        rows = conn.execute(statement, params).fetchall()
+        if rows:
+            conn.execute(relay_statements(schema).wake_relays)
+    return [r[0] for r in rows]
+
+
+def dead_requeue(
+    url: Database,
+    where: DeadFilter,
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+    limit: int = 10_000,
+    dry_run: bool = False,
+    schema: str | None = None,
+) -> list[uuid.UUID]:
+    """:func:`dead_retry` through ``outbox_dead_requeue()`` (what the console role may run)."""
+    stmt = relay_statements(schema).dead_requeue_ids
+    return _change_through(
+        stmt, url, where, actor=actor, reason=reason, limit=limit, dry_run=dry_run, schema=schema
+    )
+
+
+def dead_drop(
+    url: Database,
+    where: DeadFilter,
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+    limit: int = 10_000,
+    dry_run: bool = False,
+    schema: str | None = None,
+) -> list[uuid.UUID]:
+    """:func:`dead_purge` through ``outbox_dead_purge()`` (what the console role may run)."""
+    stmt = relay_statements(schema).dead_purge_ids
+    return _change_through(
+        stmt, url, where, actor=actor, reason=reason, limit=limit, dry_run=dry_run, schema=schema
+    )
+
+
 def audit_log(
     url: Database, *, limit: int = 50, schema: str | None = None
 ) -> list[tuple[Any, ...]]:

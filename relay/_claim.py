@@ -19,6 +19,7 @@ import orjson
 import psycopg
 from psycopg.types.json import set_json_loads
 
+from outbox._redact import redact
 from outbox.envelope import Envelope
 from relay._config import RelayConfig
 from relay._statements import RelayStatements, relay_statements
@@ -204,7 +205,10 @@ def backoff_delay(attempts: int, config: RelayConfig, rng: random.Random | None 
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:2000]
+    """The error stored in ``last_error``: masked before it is stored (a broker's error may
+    quote a URL with its password), so every reader of the row (``outbox dead list``, the
+    console, ``outbox trace``) sees it masked."""
+    return redact(f"{type(exc).__name__}: {exc}")[:2000]
 
 
 def decide(

@@ -26,6 +26,7 @@ import datetime as dt
 import getpass
 import json
 import socket
+import string
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -109,12 +110,21 @@ def _envelope(row: Sequence[Any]) -> Envelope:
 
 def resolve_destination(template: str, *, topic: str, consumer: str) -> str:
     """``template`` with ``{topic}`` and ``{consumer}`` filled (a plain name stays as it is)."""
+    refused = ConfigurationError(
+        f"--destination {template!r}: only {{topic}} and {{consumer}} may be filled in "
+        "(no attribute, index, conversion or format spec)"
+    )
     try:
-        dest = template.format(topic=topic, consumer=consumer)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise ConfigurationError(
-            f"--destination {template!r}: only {{topic}} and {{consumer}} may be filled in"
-        ) from exc
+        fields = [
+            (name, spec, conversion)
+            for _, name, spec, conversion in string.Formatter().parse(template)
+            if name is not None
+        ]
+    except ValueError:  # an unmatched brace
+        raise refused from None
+    if any(name not in ("topic", "consumer") or spec or conv for name, spec, conv in fields):
+        raise refused
+    dest = template.format(topic=topic, consumer=consumer)
     if not dest:
         raise ConfigurationError("--destination is empty")
     return dest

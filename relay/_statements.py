@@ -43,6 +43,8 @@ class RelayStatements:
     dead_list: bytes
     dead_retry: bytes
     dead_purge: bytes
+    dead_requeue_ids: bytes
+    dead_purge_ids: bytes
     audit_list: bytes
     capture_mode: bytes
     capture_lock: bytes
@@ -115,6 +117,8 @@ def _names(schema: str | None) -> Names:
         "relays_name": table_name(schema, OUTBOX_RELAYS),
         "audit_name": table_name(schema, OUTBOX_DEAD_AUDIT),
         "capture_name": table_name(schema, OUTBOX_CAPTURE),
+        "requeue_fn": qualified(schema, "outbox_dead_requeue"),
+        "purge_fn": qualified(schema, "outbox_dead_purge"),
         "channel": sql.Identifier(WAKEUP_CHANNEL),
         "channel_name": sql.Literal(WAKEUP_CHANNEL),
     }

@@ -7,6 +7,7 @@ from outbox.exceptions import ConfigurationError, OutboxError
 __all__ = [
     "BrokerUnreachableError",
     "CaptureLeaseLostError",
+    "DestinationRefusedError",
     "DestinationUnavailableError",
     "NotSentError",
     "PermanentPublishError",
@@ -59,6 +60,14 @@ class DestinationUnavailableError(RetryablePublishError):
     counted, nothing dead-lettered), its topic is paused with backoff, and every other topic
     keeps flowing. ``outbox status`` and the metrics show the paused topic and the reason.
     """
+
+
+class DestinationRefusedError(DestinationUnavailableError):
+    """The relay will not send this topic: it is not a name (the topic grammar of
+    outbox/_topic.py; a row inserted directly or by an older writer), or the destination its
+    default mapping gives is the broker's own (``$JS.API...``, ``$SYS/...``) or outside the
+    operator's allowed destinations. Nothing is sent; like any unavailable destination, the
+    row is released untried and only its topic pauses, with this one-line reason."""
 
 
 class RelayIdInUseError(ConfigurationError):

@@ -445,6 +445,16 @@ INSERT INTO {audit} (actor, action, message_id, topic, key, seq, last_error, rea
 SELECT %(actor)s, 'purge', id, topic, key, seq, last_error, %(reason)s FROM gone
 RETURNING message_id
 
+-- name: dead_requeue_ids
+-- The console's requeue (outbox/console/_data.py): the operator function of outbox_0018, which
+-- runs as the tables' owner, changes rows still dead only and audits them in one statement
+-- (the console role has no UPDATE on outbox_messages). The ids come from dead_list's filter.
+SELECT {requeue_fn}(%(ids)s, %(actor)s, %(reason)s)
+
+-- name: dead_purge_ids
+-- The console's purge: the operator function of outbox_0018 (no DELETE for the console role).
+SELECT {purge_fn}(%(ids)s, %(actor)s, %(reason)s)
+
 -- name: audit_list
 -- outbox_dead_audit_list: the newest audit rows first: retries, purges and re-drives (the
 -- re-drive of lost messages, `outbox redrive`, is in outbox/statements.sql: the Spark job that

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from outbox._config import check_keys, check_value, env_secret, file_secret, read_toml
-from outbox._redact import redact
+from outbox._redact import redact, secrets_in
 from outbox.exceptions import ConfigurationError
 from outbox.schema import check_identifier
 
@@ -134,8 +134,14 @@ class Source:
             if port == 0:
                 raise ValueError("port 0")
         except ValueError as exc:  # urlsplit: bad IPv6 brackets; .port: "99999", "abc"
+            # urllib's words may quote a piece of a password that holds a raw '/', '?' or '#'
+            why = (
+                "a password must be percent-encoded (a raw '/', '?', '#' or '@' ends it)"
+                if secrets_in(raw)
+                else str(exc)
+            )
             raise ConfigurationError(
-                f"source {self.name!r}: invalid URL {redact(self.url)!r}: {exc}; expected "
+                f"source {self.name!r}: invalid URL {redact(self.url)!r}: {why}; expected "
                 f"{expected} with a port from 1 to 65535",
                 source=self.name,
             ) from exc

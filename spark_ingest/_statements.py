@@ -50,6 +50,7 @@ def _names(schema: str | None) -> Names:
     return {
         "messages": qualified(schema, OUTBOX_MESSAGES),
         "runs": qualified(schema, RECONCILIATION_RUNS),
+        "oldest_xact_fn": qualified(schema, "outbox_oldest_xact_start"),
     }
 
 

@@ -12,13 +12,14 @@
 -- start of the oldest transaction still open (or prepared) in that database. Why that makes the
 -- run consistent: spark_ingest/_sources.py. %(table)s is the quoted name of the table the job
 -- reads there (to_regclass: does it exist?). Catalog and statistics views only; no table is read.
+-- The oldest open transaction's start comes from outbox_oldest_xact_start() (outbox_0018), which
+-- sees every role's sessions as its owner and returns that time only: the reconcile role needs
+-- no pg_read_all_stats, which would show it every session's query text.
 SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
        clock_timestamp() AS now,
        least(
            clock_timestamp(),
-           (SELECT min(a.xact_start) FROM pg_stat_activity AS a
-             WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
-               AND a.backend_type = 'client backend' AND a.xact_start IS NOT NULL),
+           {oldest_xact_fn}(),
            (SELECT min(p.prepared) FROM pg_prepared_xacts AS p
              WHERE p.database = current_database())
        ) AS safe_time,

@@ -30,9 +30,9 @@ from relay._admin import (
     DeadMessage,
     RelayStatus,
     audit_log,
+    dead_drop,
     dead_list,
-    dead_purge,
-    dead_retry,
+    dead_requeue,
     relay_status,
 )
 
@@ -64,7 +64,8 @@ class Decisions:
 
 
 #: the outbox's dead letters (``outbox dead retry/purge``)
-OUTBOX_DEAD = Decisions(retry=dead_retry, purge=dead_purge)
+# through the operator functions: the console role may not UPDATE or DELETE rows itself
+OUTBOX_DEAD = Decisions(retry=dead_requeue, purge=dead_drop)
 #: the inbox's held keys (``outbox inbox dead retry/purge``)
 INBOX_HELD = Decisions(retry=inbox_dead.dead_retry, purge=inbox_dead.dead_purge)
 

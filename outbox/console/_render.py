@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
@@ -65,6 +66,17 @@ def payload_text(payload: bytes) -> str:
     return text
 
 
+def _finalize(value: Any) -> Any:
+    """What ``{{ value }}`` prints: text masked (markup stays markup)."""
+    if not isinstance(value, str) or not value:
+        return value
+    masked = redact(value)
+    if masked == value:
+        return value
+    # markup already (a template's own): masking replaces a secret, it adds no markup
+    return Markup(masked) if isinstance(value, Markup) else masked  # noqa: S704
+
+
 class Pages:
     """Renders the console's pages for the database at ``url`` (named, password masked, to
     whoever may read) and a console with or without ``token``."""
@@ -75,6 +87,9 @@ class Pages:
         self._templates.env.filters["ago"] = ago
         self._templates.env.filters["gap"] = gap
         self._templates.env.filters["redact"] = lambda text: redact(text) if text else ""
+        # Every value a page prints passes the redactor (a last_error, a relay's broker, an
+        # audit reason, a header): no field can show a secret the process knows or a URL's.
+        self._templates.env.finalize = _finalize
 
     def render(
         self, request: Request, name: str, status_code: int = 200, **context: Any

@@ -1,8 +1,10 @@
 """Who may see and change what.
 
 With a token, every page needs a session opened with it (the login page and the static assets
-excepted), changes need the session's CSRF token, and failed logins are limited per client
-address. Without a token the console is read-only and answers on the loopback interface only:
+excepted), changes need the session's CSRF token, and failed logins are limited per browser
+session and client address (:class:`LoginThrottle`). A login is also recorded server-side
+(:class:`SessionStore`): logging out ends it, so a copy of the cookie no longer works.
+Without a token the console is read-only and answers on the loopback interface only:
 it shows payloads, errors and the relays' hosts, so it must not be reachable by anyone else.
 """
 
@@ -23,8 +25,10 @@ from outbox.exceptions import ConfigurationError
 
 __all__ = [
     "MIN_TOKEN_LENGTH",
+    "SESSION_SECONDS",
     "Forbidden",
     "LoginThrottle",
+    "SessionStore",
     "allowed_hosts",
     "check_change",
     "check_listen",
@@ -38,6 +42,8 @@ __all__ = [
 ]
 
 MIN_TOKEN_LENGTH = 16
+#: how long an operator session lasts (the cookie's max_age too)
+SESSION_SECONDS = 8 * 3600
 _LOCALHOST = ("127.0.0.1", "localhost", "[::1]")
 
 
@@ -112,8 +118,71 @@ def csrf_token(request: Request) -> str:
     return str(session["csrf"])
 
 
+def session_id(request: Request) -> str:
+    """This browser session's id (made with its first page): the login throttle's key."""
+    session: dict[str, Any] = request.session
+    if "sid" not in session:
+        session["sid"] = secrets.token_urlsafe(16)
+    return str(session["sid"])
+
+
+class SessionStore:
+    """The operator sessions open now, server-side: a login's id in the (signed) cookie counts
+    only while it is here, so logging out (or the end of its 8 hours) ends it for every copy of
+    the cookie. In memory, for one console process; bounded (the oldest forgotten first)."""
+
+    def __init__(
+        self,
+        seconds: float = SESSION_SECONDS,
+        *,
+        most: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._seconds, self._most, self._clock = seconds, most, clock
+        self._open: OrderedDict[str, float] = OrderedDict()
+
+    def open(self) -> str:
+        login = secrets.token_urlsafe(24)
+        self._open[login] = self._clock() + self._seconds
+        while len(self._open) > self._most:
+            self._open.popitem(last=False)
+        return login
+
+    def is_open(self, login: object) -> bool:
+        until = self._open.get(login) if isinstance(login, str) else None
+        if until is None:
+            return False
+        if until <= self._clock():
+            self._open.pop(str(login), None)
+            return False
+        return True
+
+    def close(self, login: object) -> None:
+        if isinstance(login, str):
+            self._open.pop(login, None)
+
+
+def _sessions(request: Request) -> SessionStore | None:
+    store = getattr(getattr(request.app.state, "console", None), "sessions", None)
+    return store if isinstance(store, SessionStore) else None
+
+
 def logged_in(request: Request) -> bool:
-    return bool(request.session.get("operator"))
+    """An operator session that is open server-side (not logged out, not expired)."""
+    if not request.session.get("operator"):
+        return False
+    store = _sessions(request)
+    return store is not None and store.is_open(request.session.get("login"))
+
+
+def log_out(request: Request) -> None:
+    """End the session server-side and in the cookie; the browser stays known to the throttle
+    (it logged in before, so others' failures from its address do not lock it out)."""
+    store = _sessions(request)
+    if store is not None:
+        store.close(request.session.get("login"))
+    request.session.clear()
+    request.session["known"] = True
 
 
 def may_read(request: Request, token: str | None) -> bool:
@@ -126,9 +195,14 @@ def log_in(request: Request, token: str | None, given: str, operator: str) -> bo
     time); a new CSRF token goes with every new session."""
     if token is None or not hmac.compare_digest(given.encode(), token.encode()):
         return False
+    store = _sessions(request)
+    if store is None:
+        return False
     request.session.clear()
     request.session["operator"] = operator
     request.session["csrf"] = secrets.token_urlsafe(32)
+    request.session["login"] = store.open()
+    request.session["known"] = True
     return True
 
 
@@ -149,9 +223,15 @@ def check_change(request: Request, token: str | None, form: Any) -> str:
 
 
 class LoginThrottle:
-    """At most ``attempts`` failed logins per client address in ``window`` seconds.
+    """At most ``attempts`` failed logins per key in ``window`` seconds.
 
-    In memory, for one process; the addresses kept are bounded (``clients``, the least recently
+    A login attempt's keys (:meth:`keys`): its browser session at its address, always; and its
+    address alone, unless that browser logged in before. So fresh sessions (a script's) share
+    their address's limit, while an operator's browser is never locked out by others'
+    failures from the same address (a NAT, a proxy). The route checks and counts with no
+    ``await`` in between, so concurrent attempts cannot all pass the check first.
+
+    In memory, for one process; the keys kept are bounded (``clients``, the least recently
     failing forgotten first), so a flood of addresses cannot grow it without end.
     """
 
@@ -166,6 +246,12 @@ class LoginThrottle:
         self.attempts, self.window, self._clients, self._clock = attempts, window, clients, clock
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
 
+    @staticmethod
+    def keys(source: str, session: str, *, known: bool) -> tuple[str, ...]:
+        """The keys a login of ``session`` from ``source`` counts against."""
+        mine = f"{source} {session}"
+        return (mine,) if known else (mine, source)
+
     def _recent(self, client: str) -> deque[float]:
         failures = self._failures.get(client, deque())
         horizon = self._clock() - self.window
@@ -173,22 +259,29 @@ class LoginThrottle:
             failures.popleft()
         return failures
 
-    def retry_after(self, client: str) -> int:
-        """Seconds until ``client`` may try again (0: now)."""
-        failures = self._recent(client)
-        if len(failures) < self.attempts:
-            return 0
-        return max(1, math.ceil(failures[0] + self.window - self._clock()))
+    def retry_after(self, *keys: str) -> int:
+        """Seconds until a login counted against ``keys`` may try again (0: now)."""
+        wait = 0
+        for key in keys:
+            failures = self._recent(key)
+            if len(failures) >= self.attempts:
+                wait = max(wait, max(1, math.ceil(failures[0] + self.window - self._clock())))
+        return wait
 
-    def failed(self, client: str) -> int:
-        """Count a failed login of ``client``; returns its failures within the window."""
-        failures = self._recent(client)
-        failures.append(self._clock())
-        self._failures[client] = failures
-        self._failures.move_to_end(client)
+    def failed(self, *keys: str) -> int:
+        """Count a failed login against each of ``keys``; returns the most failures of one
+        key within the window."""
+        most = 0
+        for key in keys:
+            failures = self._recent(key)
+            failures.append(self._clock())
+            self._failures[key] = failures
+            self._failures.move_to_end(key)
+            most = max(most, len(failures))
         while len(self._failures) > self._clients:
             self._failures.popitem(last=False)
-        return len(failures)
+        return most
 
-    def succeeded(self, client: str) -> None:
-        self._failures.pop(client, None)
+    def succeeded(self, *keys: str) -> None:
+        for key in keys:
+            self._failures.pop(key, None)

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from outbox.console._data import ConsoleData
 from outbox.console._history import History
 from outbox.console._render import Pages
-from outbox.console._security import LoginThrottle
+from outbox.console._security import LoginThrottle, SessionStore
 from outbox.console._settings import Settings
 
 __all__ = ["Console", "console_of"]
@@ -24,6 +24,7 @@ class Console:
     pages: Pages
     history: History
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    sessions: SessionStore = field(default_factory=SessionStore)
 
     @classmethod
     def of(cls, settings: Settings) -> Console:

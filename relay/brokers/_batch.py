@@ -19,6 +19,7 @@ from typing import Any
 from outbox.envelope import Envelope
 from relay.exceptions import (
     BrokerUnreachableError,
+    DestinationRefusedError,
     DestinationUnavailableError,
     NotSentError,
     PermanentPublishError,
@@ -96,12 +97,32 @@ class Batch:
     def __init__(self, envelopes: Sequence[Envelope], destination: Callable[[str], str]) -> None:
         self.envelopes = envelopes
         by_topic: dict[str, str] = {}  # a batch has few topics: resolve each once
-        self.destinations = [
-            by_topic.get(e.topic) or by_topic.setdefault(e.topic, destination(e.topic))
-            for e in envelopes
-        ]
+        refused: dict[str, DestinationRefusedError] = {}
+        try:
+            self.destinations = [
+                by_topic.get(e.topic) or by_topic.setdefault(e.topic, destination(e.topic))
+                for e in envelopes
+            ]
+        except DestinationRefusedError:
+            # The rare path: a topic the relay will not send (not a name, or a destination
+            # the operator's configuration does not allow). Its messages are refused before
+            # anything is sent; skip_if_blocked() keeps every adapter from sending them.
+            self.destinations = []
+            for e in envelopes:
+                if e.topic not in by_topic and e.topic not in refused:
+                    try:
+                        by_topic[e.topic] = destination(e.topic)
+                    except DestinationRefusedError as exc:
+                        refused[e.topic] = exc
+                self.destinations.append(by_topic.get(e.topic, e.topic))
         self.results: list[BaseException | None] = [None] * len(envelopes)
         self._blocked: dict[tuple[str, str], Envelope] = {}
+        for i, e in enumerate(envelopes):
+            refusal = refused.get(e.topic)
+            if refusal is not None:
+                reason = getattr(refusal, "reason", str(refusal))
+                dest = getattr(refusal, "destination", None) or e.topic
+                self.refuse(i, unavailable(reason, e, dest, refusal))
 
     def items(self) -> list[tuple[int, Envelope, str]]:
         return [(i, e, self.destinations[i]) for i, e in enumerate(self.envelopes)]
@@ -117,6 +138,8 @@ class Batch:
         earlier = self._blocked.get((env.topic, env.key))
         if earlier is None:
             return False
+        if earlier is env:  # refused before sending: its result is its own refusal
+            return True
         self.results[i] = retryable(
             f"not sent: message {earlier.id} of key {env.key!r} before it in this batch failed",
             env,

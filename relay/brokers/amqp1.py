@@ -271,6 +271,7 @@ class Amqp1Publisher:
         url: str = "amqp1://127.0.0.1:5672",
         *,
         destinations: Mapping[str, str] | None = None,
+        allowed_destinations: Sequence[str] | None = None,
         timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
         max_payload_bytes: int = 0,
@@ -287,7 +288,7 @@ class Amqp1Publisher:
             self._endpoint, sasl_mechanisms=sasl_mechanisms, tls_ca=tls_ca,
             tls_verify=tls_verify, virtual_host=virtual_host, heartbeat=heartbeat,
         )  # fmt: skip
-        self._destination = Destinations(destinations)
+        self._destination = Destinations(destinations, broker="amqp1", allow=allowed_destinations)
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._durable = durable

@@ -13,15 +13,27 @@ The destination of an envelope is chosen by :class:`Destinations` (topic -> dest
 
 from __future__ import annotations
 
+import fnmatch
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from outbox._topic import topic_problem
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
+from relay.exceptions import DestinationRefusedError
 
-__all__ = ["DEFAULT_ACK_TIMEOUT", "BrokerFeatures", "Destinations", "Publisher"]
+__all__ = [
+    "DEFAULT_ACK_TIMEOUT",
+    "RESERVED_DESTINATIONS",
+    "BrokerFeatures",
+    "Destinations",
+    "Publisher",
+    "glob_matches",
+    "mqtt_topic_matches",
+    "nats_subject_matches",
+]
 
 WILDCARD = "*"
 
@@ -30,16 +42,77 @@ WILDCARD = "*"
 DEFAULT_ACK_TIMEOUT = 8.0
 
 
+#: Per broker, prefixes of its own addresses (API subjects, system topics, internal topics,
+#: reserved exchanges). A destination whose start comes from the topic (no ``"*"`` template,
+#: or one that starts with ``{topic}``) is refused when it starts with one. A template's own
+#: text (``amq.topic/{topic}``) and an exact entry of ``destinations`` are the operator's and
+#: may name anything.
+RESERVED_DESTINATIONS: dict[str, tuple[str, ...]] = {
+    "nats": ("$", "_INBOX", "_R_"),
+    "mqtt": ("$",),
+    "kafka": ("__", "_confluent", "_schemas"),
+    "rabbitmq": ("amq.",),
+    "amqp1": ("$", "amq.", "/"),
+    "redis": ("__",),
+}
+
+#: Per broker, the characters that would make a topic used as its destination name an address
+#: of the broker's rather than a name (RabbitMQ: ``exchange/routing_key``).
+ADDRESS_SEPARATORS: dict[str, str] = {"rabbitmq": "/"}
+
+
+def glob_matches(pattern: str, name: str) -> bool:
+    """Shell-style matching (``orders-*``), case-sensitive."""
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def mqtt_topic_matches(pattern: str, topic: str) -> bool:
+    """MQTT filter matching: ``+`` is one level, a final ``#`` any number of levels."""
+    want, have = pattern.split("/"), topic.split("/")
+    for i, level in enumerate(want):
+        if level == "#" and i == len(want) - 1:
+            return True
+        if i >= len(have) or (level != "+" and level != have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def nats_subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` is one token, a final ``>`` one or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, part in enumerate(want):
+        if part == ">" and i == len(want) - 1:
+            return len(have) > i
+        if i >= len(have) or (part != "*" and part != have[i]):
+            return False
+    return len(want) == len(have)
+
+
 class Destinations:
     """Maps an outbox topic to a broker destination (subject, stream, exchange/routing key...).
 
     Look-up order: an exact entry for the topic; else the ``"*"`` entry, a template in which
     ``{topic}`` is replaced by the topic (``{"*": "events.{topic}"}``); else the topic itself.
+
+    A topic is a name, never an address (docs/explanation/security.md): every topic must
+    follow the grammar of ``outbox._topic`` (rows written by older writers, or inserted
+    directly, are checked here), and a destination made by the default mapping must not start
+    with one of ``reserved`` (the broker's own prefixes, :data:`RESERVED_DESTINATIONS`) and,
+    when ``allow`` is given, must match one of its patterns (``matches(pattern, destination)``,
+    shell-style globs unless the broker has its own wildcards). Otherwise the call raises
+    DestinationRefusedError: the relay pauses that topic, nothing is sent.
     """
 
-    __slots__ = ("_default", "_exact")
+    __slots__ = ("_allow", "_default", "_exact", "_matches", "_reserved", "_separators")
 
-    def __init__(self, mapping: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        mapping: Mapping[str, str] | None = None,
+        *,
+        broker: str | None = None,
+        allow: Sequence[str] | None = None,
+        matches: Callable[[str, str], bool] | None = None,
+    ) -> None:
         mapping = dict(mapping or {})
         for topic, dest in mapping.items():
             if not isinstance(dest, str) or not dest:
@@ -49,22 +122,67 @@ class Destinations:
                 )
         default = mapping.pop(WILDCARD, None)
         if default is not None:
-            fields = {f for _, f, _, _ in string.Formatter().parse(default) if f is not None}
+            try:
+                fields = {f for _, f, _, _ in string.Formatter().parse(default) if f is not None}
+            except ValueError as exc:
+                raise ConfigurationError(
+                    f"the '*' destination template {default!r} is not a template: {exc}",
+                    template=default,
+                ) from None
             if fields - {"topic"}:
                 raise ConfigurationError(
                     f"the '*' destination template {default!r} may only use {{topic}}",
                     template=default,
                 )
+        if allow is not None and (
+            isinstance(allow, str) or not all(isinstance(p, str) and p for p in allow)
+        ):
+            raise ConfigurationError(
+                f"allowed_destinations must be a list of non-empty patterns, got {allow!r}",
+                allow=allow,
+            )
         self._exact = mapping
         self._default = default
+        topic_first = default is None or default.startswith("{topic")
+        self._reserved = RESERVED_DESTINATIONS.get(broker or "", ()) if topic_first else ()
+        self._separators = ADDRESS_SEPARATORS.get(broker or "", "") if topic_first else ""
+        self._allow = tuple(allow) if allow is not None else None
+        self._matches = matches or glob_matches
 
     def __call__(self, topic: str) -> str:
+        problem = topic_problem(topic)
+        if problem is not None:
+            reason = f"{problem}; not sent"
+            raise DestinationRefusedError(reason, reason=reason, destination=None)
         dest = self._exact.get(topic)
         if dest is not None:
             return dest
-        if self._default is not None:
-            return self._default.format(topic=topic)
-        return topic
+        dest = topic if self._default is None else self._default.format(topic=topic)
+        refusal = self._refusal(topic, dest)
+        if refusal is not None:
+            raise DestinationRefusedError(refusal, reason=refusal, destination=dest)
+        return dest
+
+    def _refusal(self, topic: str, dest: str) -> str | None:
+        for char in self._separators:
+            if char in topic:
+                return (
+                    f"topic {topic!r} holds {char!r}, which would make it a broker address "
+                    f"({dest!r}); not sent (map the topic to a destination in destinations)"
+                )
+        for prefix in self._reserved:
+            if dest.startswith(prefix):
+                return (
+                    f"destination {dest!r} starts with {prefix!r}, which the broker keeps for "
+                    "itself; not sent (map the topic to a destination in destinations)"
+                )
+        if self._allow is not None and not any(self._matches(p, dest) for p in self._allow):
+            return (
+                f"destination {dest!r} is not among the allowed destinations "
+                f"({', '.join(self._allow)}); not sent (map the topic in destinations, or "
+                "widen allowed_destinations)"
+            )
+        return None
 
     def __repr__(self) -> str:
         extra = {WILDCARD: self._default} if self._default is not None else {}

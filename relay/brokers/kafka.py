@@ -74,6 +74,7 @@ class KafkaPublisher:
         bootstrap_servers: str = "127.0.0.1:9092",
         *,
         destinations: Mapping[str, str] | None = None,
+        allowed_destinations: Sequence[str] | None = None,
         timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
         config: Mapping[str, Any] | None = None,
@@ -94,9 +95,13 @@ class KafkaPublisher:
             **(config or {}),
             **_ENFORCED,
             "error_cb": self._on_error,
+            # librdkafka's own lines (one per failed connection attempt) go through the
+            # project's logging and its redactor, at DEBUG: what matters (every broker down,
+            # a failed start) the adapter says once, at WARNING, or raises
+            "logger": _LIBRDKAFKA_LOG,
         }
         self._bootstrap = bootstrap_servers
-        self._destination = Destinations(destinations)
+        self._destination = Destinations(destinations, broker="kafka", allow=allowed_destinations)
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._producer: Any = None
@@ -215,7 +220,8 @@ class KafkaPublisher:
     def _on_error(self, error: Any) -> None:
         """librdkafka's error callback (poll thread): note that every broker went down."""
         if error.code() == self._ck.KafkaError._ALL_BROKERS_DOWN:
-            if not self._all_down:
+            # once per outage; not while start() connects (it raises the failure as one line)
+            if not self._all_down and self._producer is not None:
                 log.warning("Kafka: every broker is down (%s); pausing", error.str())
             self._all_down = True
 
@@ -287,6 +293,19 @@ def _message_timeout(config: Mapping[str, Any]) -> float:
             option="message.timeout.ms",
         ) from exc
 
+
+class _ClientLog:
+    """librdkafka's log lines (``logger`` setting) on the ``relay.brokers.kafka.client``
+    logger, at DEBUG whatever their syslog level."""
+
+    def __init__(self) -> None:
+        self._log = logging.getLogger("relay.brokers.kafka.client")
+
+    def log(self, _level: int, message: str, *args: Any) -> None:
+        self._log.debug(message, *args)
+
+
+_LIBRDKAFKA_LOG = _ClientLog()
 
 
 def _outbox_id(msg: Any) -> bytes | None:

@@ -39,7 +39,7 @@ from relay.brokers._batch import (
     retryable,
     unreachable,
 )
-from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
+from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations, mqtt_topic_matches
 from relay.exceptions import BrokerUnreachableError
 
 __all__ = ["MqttPublisher"]
@@ -60,6 +60,7 @@ class MqttPublisher:
         port: int = 1883,
         *,
         destinations: Mapping[str, str] | None = None,
+        allowed_destinations: Sequence[str] | None = None,
         qos: int = 1,
         qos_by_topic: Mapping[str, int] | None = None,
         username: str | None = None,
@@ -77,7 +78,9 @@ class MqttPublisher:
             if value not in (0, 1):
                 raise ConfigurationError(f"MQTT QoS for {name!r} must be 0 or 1, got {value!r}")
         self._host, self._port = host, port
-        self._destination = Destinations(destinations)
+        self._destination = Destinations(
+            destinations, broker="mqtt", allow=allowed_destinations, matches=mqtt_topic_matches
+        )
         self._qos, self._qos_by_topic = qos, dict(qos_by_topic or {})
         self._auth = (username, password)
         self._client_id, self._tls = client_id, tls

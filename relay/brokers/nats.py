@@ -35,7 +35,12 @@ from relay.brokers._batch import (
     unavailable,
     unreachable,
 )
-from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
+from relay.brokers.base import (
+    DEFAULT_ACK_TIMEOUT,
+    BrokerFeatures,
+    Destinations,
+    nats_subject_matches,
+)
 
 __all__ = ["NatsPublisher"]
 
@@ -55,6 +60,7 @@ class NatsPublisher:
         servers: str | Sequence[str] = "nats://127.0.0.1:4222",
         *,
         destinations: Mapping[str, str] | None = None,
+        allowed_destinations: Sequence[str] | None = None,
         stream: str | None = None,
         stream_subjects: Sequence[str] | None = None,
         create_stream: bool = False,
@@ -66,7 +72,14 @@ class NatsPublisher:
     ) -> None:
         self._nats = require("nats", "nats")
         self._servers = [servers] if isinstance(servers, str) else list(servers)
-        self._destination = Destinations(destinations)
+        self._destination = Destinations(
+            destinations,
+            broker="nats",
+            allow=allowed_destinations
+            if allowed_destinations is not None
+            else (list(stream_subjects) if stream_subjects else None),
+            matches=nats_subject_matches,
+        )
         self._stream = stream
         self._stream_subjects = list(stream_subjects or [])
         self._create_stream = create_stream
@@ -77,6 +90,8 @@ class NatsPublisher:
         self._connect_options = dict(connect_options or {})
         self._nc: Any = None
         self._last_error: BaseException | None = None
+        #: connection errors since the last connection (only the first is logged)
+        self._errors_said = 0
         self._js: Any = None
         #: the batch path's own PubAck inbox (see :meth:`_publish_frames`): its subject prefix,
         #: and the futures of the publishes not acknowledged yet, by reply token
@@ -107,6 +122,7 @@ class NatsPublisher:
         except Exception as exc:
             raise _unreachable(self._servers, self._last_error or exc) from exc
         self._nc = nc
+        self._errors_said = 0
         self._js = nc.jetstream(
             timeout=self._timeout, publish_async_max_pending=self._max_in_flight
         )
@@ -128,6 +144,7 @@ class NatsPublisher:
             "reconnect_time_wait": 0.5,
             "allow_reconnect": True,
             "error_cb": self._on_error,
+            "reconnected_cb": self._on_reconnected,
             **self._connect_options,
         }
         return await self._nats.connect(servers=self._servers, **options)
@@ -152,8 +169,16 @@ class NatsPublisher:
         return float(info.config.duplicate_window or DEFAULT_DUPLICATE_WINDOW)
 
     async def _on_error(self, exc: Exception) -> None:
+        """nats-py's error callback: one line per outage, not one per reconnect attempt."""
         self._last_error = exc
-        log.warning("NATS connection error: %s", exc)
+        if self._errors_said or self._nc is None:  # again, or start() raises it as one line
+            log.debug("NATS connection error: %s", exc)
+        else:
+            log.warning("NATS connection error: %s (said once until it connects again)", exc)
+        self._errors_said += 1
+
+    async def _on_reconnected(self) -> None:
+        self._errors_said = 0
 
     async def close(self) -> None:
         nc, self._nc, self._js = self._nc, None, None

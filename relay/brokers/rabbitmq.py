@@ -38,6 +38,17 @@ __all__ = ["RabbitMQPublisher"]
 
 log = logging.getLogger("relay.brokers.rabbitmq")
 
+
+class _SaidByTheAdapter(logging.Filter):
+    """aiormq logs a failed connection attempt at ERROR; the adapter raises it as one line of
+    its own (BrokerUnreachableError), so that record is dropped rather than said twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("error when creating transport")
+
+
+logging.getLogger("aiormq.connection").addFilter(_SaidByTheAdapter())
+
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024  # RabbitMQ's max_message_size default (3.8+)
 
 
@@ -55,6 +66,7 @@ class RabbitMQPublisher:
         url: str = "amqp://guest:guest@127.0.0.1:5672/",
         *,
         destinations: Mapping[str, str] | None = None,
+        allowed_destinations: Sequence[str] | None = None,
         timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
         max_payload_bytes: int = DEFAULT_MAX_MESSAGE_SIZE,
@@ -62,7 +74,9 @@ class RabbitMQPublisher:
     ) -> None:
         self._aio_pika = require("aio_pika", "rabbitmq")
         self._url = url
-        self._destination = Destinations(destinations)
+        self._destination = Destinations(
+            destinations, broker="rabbitmq", allow=allowed_destinations
+        )
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._persistent = persistent
@@ -108,7 +122,11 @@ class RabbitMQPublisher:
             raise RetryablePublishError(f"cannot open a RabbitMQ channel: {exc}") from exc
         batch = Batch(envelopes, self._destination)
         missing = await self._missing_exchanges(
-            {split_destination(d)[0] for d in batch.destinations}
+            {
+                split_destination(d)[0]
+                for d, r in zip(batch.destinations, batch.results, strict=True)
+                if r is None  # not refused before sending
+            }
         )
         pending: dict[int, asyncio.Future[Any]] = {}
         for i, env, dest in batch.items():

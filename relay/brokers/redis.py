@@ -46,6 +46,7 @@ class RedisPublisher:
         url: str = "redis://127.0.0.1:6379/0",
         *,
         destinations: Mapping[str, str] | None = None,
+        allowed_destinations: Sequence[str] | None = None,
         maxlen: int | None = None,
         timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
@@ -53,7 +54,7 @@ class RedisPublisher:
     ) -> None:
         self._redis = require("redis.asyncio", "redis")
         self._url = url
-        self._destination = Destinations(destinations)
+        self._destination = Destinations(destinations, broker="redis", allow=allowed_destinations)
         self._maxlen = maxlen
         self._timeout = timeout
         self._connect_timeout = connect_timeout

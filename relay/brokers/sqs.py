@@ -104,6 +104,7 @@ class _AwsPublisher:
         region: str | None = None,
         *,
         destinations: Mapping[str, str] | None = None,
+        allowed_destinations: Sequence[str] | None = None,
         default_destination: str | None = None,
         endpoint_url: str | None = None,
         timeout: float = DEFAULT_ACK_TIMEOUT,
@@ -120,7 +121,9 @@ class _AwsPublisher:
         self._endpoint_url = endpoint_url
         if default_destination is not None:
             destinations = {"*": default_destination, **(destinations or {})}
-        self._destination = Destinations(destinations)
+        self._destination = Destinations(
+            destinations, broker=self.service, allow=allowed_destinations
+        )
         self._timeout = timeout
         self._call_timeout = min(call_timeout or timeout / 2, timeout)
         self._connect_timeout = min(connect_timeout, self._call_timeout / 2)

@@ -483,3 +483,57 @@ def test_the_console_role_of_outbox_grants_serves_every_page_and_change(
             conn.execute(f"DROP ROLE {role}")
     assert _status(database_url, dead["timeout"][0]) == "pending"
     assert _status(database_url, dead["too_large"][0]) is None
+
+
+def test_concurrent_wrong_logins_are_limited_while_the_operator_still_logs_in(
+    database_url: str, console: Any
+) -> None:
+    """100 wrong logins at once, each from a fresh session: the limit's check and count are
+    one step, so 5 are compared and 95 get 429; an operator's browser that logged in before
+    (same address) still logs in with the right token, while a fresh session must wait."""
+    import asyncio
+
+    import httpx
+
+    async def attempt(base: str, token: str) -> int:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+            csrf = csrf_of((await client.get("/login")).text)
+            answer = await client.post(
+                "/login", data={"csrf": csrf, "operator": "mallory", "token": token}
+            )
+            return answer.status_code
+
+    with console(database_url, token=TOKEN) as base, httpx.Client(base_url=base) as operator:
+        csrf = http_login(operator, "olga")  # the operator's browser, known from before
+        operator.post("/logout", data={"csrf": csrf})
+        assert operator.get("/dead").status_code != 200
+
+        async def attack() -> list[int]:
+            return list(await asyncio.gather(*(attempt(base, "wrong" * 5) for _ in range(100))))
+
+        codes = asyncio.run(attack())
+        assert sorted(set(codes)) == [403, 429]
+        assert codes.count(403) == 5  # compared: exactly the limit
+        assert codes.count(429) == 95
+        assert asyncio.run(attempt(base, TOKEN)) == 429  # a fresh session waits
+        csrf = csrf_of(operator.get("/login").text)
+        answer = operator.post("/login", data={"csrf": csrf, "operator": "olga", "token": TOKEN})
+        assert answer.status_code == 303, answer.text
+        assert operator.get("/dead").status_code == 200
+
+
+def test_logout_ends_the_session_for_every_copy_of_the_cookie(
+    database_url: str, console: Any
+) -> None:
+    import httpx
+
+    with console(database_url, token=TOKEN) as base:
+        with httpx.Client(base_url=base) as alice:
+            csrf = http_login(alice, "alice")
+            copied = dict(alice.cookies)
+            with httpx.Client(base_url=base, cookies=copied) as thief:
+                assert thief.get("/dead").status_code == 200  # the copy works while logged in
+                assert alice.post("/logout", data={"csrf": csrf}).status_code == 303
+                after = thief.get("/dead")
+        assert after.status_code != 200
+        assert "/login" in after.headers.get("location", "") or 'name="token"' in after.text

@@ -197,8 +197,8 @@ def test_the_console_role_reads_and_makes_the_audited_changes_only(
     from inbox.admin import dead_audit, dead_purge
     from outbox.console._statements import console_statements
     from relay._admin import DeadFilter, audit_log, dead_list, relay_status
-    from relay._admin import dead_purge as outbox_purge
-    from relay._admin import dead_retry as outbox_retry
+    from relay._admin import dead_drop as outbox_purge  # the console's, through the functions
+    from relay._admin import dead_requeue as outbox_retry
 
     console = operator_urls["console"]
     (first, second, third), held = _dead_and_held(database_url)
@@ -220,8 +220,25 @@ def test_the_console_role_reads_and_makes_the_audited_changes_only(
     assert dead_purge(console, HeldFilter(ids=[held]), reason="give up") == [held]
     assert {r[2] for r in audit_log(console)} == {"retry", "purge"}
     assert [r["action"] for r in dead_audit(console)] == ["purge"]
-    # Nothing else: no publishing, no relay's work, no rewriting the audit or the capture mode.
+    # The operator functions change dead rows only: a pending message stays pending.
+    with psycopg.connect(database_url) as conn:
+        [pending] = publish_batch(conn, [Message("orders", "P", 4)])
+        conn.commit()
+    with psycopg.connect(console, autocommit=True) as conn:
+        for fn in ("outbox_dead_requeue", "outbox_dead_purge"):
+            done = conn.execute(f"SELECT {fn}(ARRAY[%s]::uuid[], 'x', 'y')", (pending,))
+            assert done.fetchall() == []
+        row = conn.execute("SELECT status FROM outbox_messages WHERE id = %s", (pending,))
+        assert row.fetchall() == [("pending",)]
+    # Nothing else: no publishing, no relay's work, no rewriting the audit or the capture mode;
+    # no marking a pending message published (dropped unsent), no deleting rows.
     for statement in (
+        f"UPDATE outbox_messages SET status = 'published' WHERE id = '{pending}'",
+        f"UPDATE outbox_messages SET status = 'pending' WHERE id = '{third}'",
+        f"DELETE FROM outbox_messages WHERE id = '{pending}'",
+        f"DELETE FROM outbox_messages WHERE id = '{third}'",
+        "INSERT INTO outbox_dead_audit (actor, action, message_id, topic, key, seq) "
+        "VALUES ('x', 'retry', gen_random_uuid(), 't', 'k', 1)",
         "INSERT INTO outbox_messages (id, topic, key, seq, payload) "
         "VALUES (gen_random_uuid(), 't', 'k', 1, '')",
         f"UPDATE outbox_messages SET published_at = now() WHERE id = '{third}'",
@@ -290,21 +307,30 @@ def test_the_reconcile_role_reads_what_the_reconciliation_judges_and_records_its
 def test_the_reconcile_role_sees_other_roles_open_transactions(
     database_url: str, operator_urls: dict[str, str]
 ) -> None:
-    """The inbox horizon stops at the oldest open transaction of any role: the reconcile
-    role's membership of pg_read_all_stats lets it see them (without it, pg_stat_activity
-    hides another role's xact_start and the horizon would run on past it)."""
+    """The inbox horizon stops at the oldest open transaction of any role: the reconcile role
+    reads its start through outbox_oldest_xact_start() (it runs as the tables' owner), and
+    cannot read other sessions' query text (it is no member of pg_read_all_stats)."""
+    from spark_ingest._errors import SourceError
     from spark_ingest._sources import read_horizon
 
     reconcile = operator_urls["reconcile"]
     role = conninfo_to_dict(reconcile)["user"]
     source = _source(reconcile, "inbox")
     with psycopg.connect(database_url) as writer:  # another role, a transaction left open
-        opened = writer.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        opened = writer.execute("SELECT now(), 'card=4111111111111111'").fetchone()[0]  # type: ignore[index]
         assert read_horizon(source, "inbox_messages").safe_time == opened
+        with psycopg.connect(reconcile, autocommit=True) as spy:
+            texts = [r[0] for r in spy.execute(
+                "SELECT query FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+            )]  # fmt: skip
+            assert texts  # the other sessions are listed ...
+            assert not any("4111" in (t or "") for t in texts)  # ... without their query text
+            member = spy.execute("SELECT pg_has_role('pg_read_all_stats', 'USAGE')").fetchone()
+            assert member == (False,)
         with psycopg.connect(database_url, autocommit=True) as admin:
-            admin.execute(f'REVOKE pg_read_all_stats FROM "{role}"')
-        blind = read_horizon(source, "inbox_messages")
-        assert blind.safe_time == blind.now  # the open transaction is invisible: unsafe
+            admin.execute(f'REVOKE EXECUTE ON FUNCTION outbox_oldest_xact_start() FROM "{role}"')
+        with pytest.raises((SourceError, psycopg.Error)):  # refused loudly, never blind
+            read_horizon(source, "inbox_messages")
         writer.rollback()
 
 
@@ -341,3 +367,36 @@ def test_a_relay_role_granted_before_it_read_the_runs_keeps_heartbeating(
     assert "outbox migrate grants --relay" in refusals[0].getMessage()
     assert sample("outbox_reconciliation_last_run_timestamp_seconds") == 0
     assert not [r for r in caplog.records if "heartbeat failed" in r.getMessage()]
+
+
+@pytest.mark.parametrize("shape", ["a%sb", "a%%b", "o'ne\"il", "a;b", "A B"])
+def test_role_names_are_identifiers(database_url: str, shape: str) -> None:
+    """A role name with ``%``, quotes or blanks is an identifier: the grants reach that role
+    and no other (never placeholder parsing: ``a%sb`` once became ``a$1b``)."""
+    role = f"oi_{uuid.uuid4().hex[:6]}_{shape}"
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        args = ["migrate", "grants", "--apply", "--url", database_url, "--producer", role]
+        result = CliRunner().invoke(outbox_cli, args)
+        assert result.exit_code == 0, result.output
+        with psycopg.connect(database_url) as conn:
+            got = conn.execute(
+                "SELECT has_table_privilege(%s, 'outbox_key_sequences', 'INSERT')", (role,)
+            ).fetchone()
+        assert got == (True,)
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_missing_role_is_named_not_blamed_on_the_database(database_url: str) -> None:
+    role = f"oi_missing_{uuid.uuid4().hex[:6]}"
+    args = ["migrate", "grants", "--apply", "--url", database_url, "--relay", role]
+    result = CliRunner().invoke(outbox_cli, args)
+    assert result.exit_code == 2, result.output
+    [line] = result.output.strip().splitlines()
+    assert f'role "{role}" does not exist' in line
+    assert "create the role" in line
+    assert "database name" not in line

@@ -437,3 +437,132 @@ def test_reconcile_on_unusable_sources_is_one_line_without_the_secret(database_u
 
     for what, done in _in_parallel({k: (lambda a=a: one(a)) for k, a in runs.items()}).items():
         _assert_one_clean_line(done, f"reconcile / {what}")
+
+
+#: a password with each character the redactor must not stop at, and non-ASCII
+HOSTILE_PASSWORDS = {
+    c: f"Sntl{uuid.uuid4().hex[:6]}{c}q7{c}pw"
+    for c in ["'", '"', "<", ">", "`", " ", "%", "@", ":", "/", "#", "?", "&", "é"]
+}
+
+
+def test_hostile_passwords_in_stored_errors_show_nowhere(database_url: str) -> None:
+    """A broker error quoting a URL with a password that holds a quote, a bracket, a blank,
+    ``%@:/#?&`` or non-ASCII: stored by the relay masked; shown masked by ``dead list``,
+    ``status``, ``trace`` and every console page, also when an older relay (or the inbox)
+    stored it raw."""
+    import asyncio
+    from urllib.parse import quote
+
+    import httpx
+    from psycopg_pool import ConnectionPool
+
+    from inbox import HandlerRunner, Outcome
+    from outbox import Message, publish_batch
+    from outbox.envelope import Envelope
+    from relay import Relay
+    from relay.exceptions import PermanentPublishError
+    from tests.console.console_helpers import serve
+    from tests.relay.relay_helpers import FakePublisher, await_for, config, running
+
+    tags = [p[4:10] for p in HOSTILE_PASSWORDS.values()]
+    urls = [f"amqp://relay:{p}@broker.internal:5672/" for p in HOSTILE_PASSWORDS.values()]
+    with psycopg.connect(database_url) as conn:
+        ids = publish_batch(
+            conn, [Message("orders", f"k{i}", {}) for i in range(len(urls))], wakeup=False
+        )
+        [raw_id] = publish_batch(conn, [Message("orders", "raw", {})], wakeup=False)
+        # an older relay's row: the error stored as the broker said it
+        conn.execute(
+            "UPDATE outbox_messages SET status = 'dead', attempts = 1, last_error = %s "
+            "WHERE id = %s",
+            ("PermanentPublishError: " + " ".join(urls), raw_id),
+        )
+        conn.commit()
+    by_id = dict(zip(ids, urls, strict=True))
+    publisher = FakePublisher()
+    publisher.fail = lambda env: PermanentPublishError(f"refused by {by_id[env.id]}")
+    relay_url = f"amqp://relay:{quote(HOSTILE_PASSWORDS['%'], safe='')}@broker.internal:5672/"
+    relay = Relay(config(database_url, broker_url=relay_url), publisher)
+
+    async def dead_letter() -> None:
+        async with running(relay):
+            await await_for(
+                lambda: _dead_count(database_url) == len(ids) + 1, what="every row dead"
+            )
+
+    asyncio.run(dead_letter())
+    with psycopg.connect(database_url) as conn:
+        stored = [r[0] for r in conn.execute("SELECT last_error FROM outbox_messages")]
+    for tag in tags:
+        assert not any(tag in (e or "") for e in stored if e and "refused by" in e), stored
+
+    # the inbox stores a handler's error as it is; the held page shows it
+    def handler(_conn: Any, msg: Any) -> None:
+        raise ValueError("cannot reach " + " ".join(urls))
+
+    with ConnectionPool(database_url, min_size=1, max_size=2, open=True) as pool:
+        runner = HandlerRunner(
+            pool, handler, consumer="billing", ordered=True, max_attempts=1, on_dead="hold"
+        )
+        env = Envelope(id=uuid.uuid4(), topic="orders", key="K", seq=1, payload=b"{}")
+        assert runner.handle(env).outcome is Outcome.DEAD
+
+    outputs = {
+        "dead list": _run(["dead", "list", "--url", database_url]),
+        "status": _run(["status", "--url", database_url]),
+        "status --json": _run(["status", "--json", "--url", database_url]),
+        "trace": _run(["trace", str(raw_id), "--url", database_url]),
+        "trace --json": _run(["trace", str(raw_id), "--json", "--url", database_url]),
+        "inbox held": _run(["inbox", "held", "--url", database_url]),
+    }
+    for name, done in outputs.items():
+        # trace exits 1 for a message an operator must act on
+        assert done.returncode == (1 if name.startswith("trace") else 0), f"{name}: {done.stderr}"
+        for tag in tags:
+            assert tag not in done.stdout + done.stderr, f"{name}:\n{done.stdout}{done.stderr}"
+    with serve(database_url) as base, httpx.Client(base_url=base) as client:
+        paths = ["/", "/dead", f"/dead/{raw_id}", f"/dead/{ids[0]}", f"/messages/{raw_id}",
+                 f"/messages/{raw_id}/journey", "/held", "/audit"]  # fmt: skip
+        pages = {path: client.get(path) for path in paths}
+    shown = [p for p, r in pages.items() if r.status_code == 200]
+    assert {"/", "/dead", f"/dead/{raw_id}", "/held"} <= set(shown), pages
+    for path, response in pages.items():
+        for tag in tags:
+            assert tag not in response.text, f"{path} shows the password"
+
+
+@pytest.mark.parametrize("char", sorted(HOSTILE_PASSWORDS))
+def test_the_spark_sources_never_show_a_hostile_password(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, char: str
+) -> None:
+    from urllib.parse import quote
+
+    from outbox.exceptions import ConfigurationError
+    from spark_ingest._config import Source
+    from spark_ingest._errors import SourceError
+    from spark_ingest._sources import connect
+
+    password = HOSTILE_PASSWORDS[char]
+    tag = password[4:10]
+    for url in (
+        f"jdbc:postgresql://app:{password}@127.0.0.1:5432/x",
+        f"postgresql://app:{quote(password, safe='')}@127.0.0.1:99999/x",
+    ):
+        with pytest.raises(ConfigurationError) as refused:
+            Source("outbox", url)
+        assert tag not in str(refused.value), str(refused.value)
+    monkeypatch.setenv("HOSTILE_PW", password)
+    source = Source("outbox", "postgresql://app@127.0.0.1:1/x", password_env="HOSTILE_PW")
+    assert tag not in repr(source)
+    if char == "'":  # one connection attempt (the sentinel test above covers the others)
+        with pytest.raises((SourceError, psycopg.Error)) as failed:
+            connect(source)
+        assert tag not in str(failed.value)
+
+
+def _dead_count(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox_messages WHERE status = 'dead'").fetchone()
+    assert row is not None
+    return int(row[0])

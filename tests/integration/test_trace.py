@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -204,13 +205,16 @@ def test_dead_at_the_relay_holds_its_key(dbs: tuple[str, str, str]) -> None:
     assert j.next is not None
     assert (j.next.id, j.next.status) == (behind, "pending")
     [action] = j.actions
-    assert action.command == f"outbox dead retry --id {dead} --reason '...' --url '{outbox_url}'"
+    assert (
+        action.command
+        == f"outbox dead retry --id {dead} --reason ... --url {shlex.quote(outbox_url)}"
+    )
 
     # the message behind it: pending, waiting for the dead one
     jb = trace_message(_sources(outbox_url), behind)
     assert jb.blocked_by is not None
     assert (jb.blocked_by.id, jb.blocked_by.status) == (dead, "dead")
-    retry = f"outbox dead retry --id {dead} --reason '...' --url '{outbox_url}'"
+    retry = f"outbox dead retry --id {dead} --reason ... --url {shlex.quote(outbox_url)}"
     assert jb.actions[0].command == retry
     assert "waits behind seq 1" in jb.actions[0].why
 
@@ -236,7 +240,8 @@ def test_dead_and_held_at_a_consumer(dbs: tuple[str, str, str]) -> None:
     [action, absent] = j.actions
     assert "consumer shipping has no record" in absent.why
     assert action.command == (
-        f"outbox inbox dead retry --consumer billing --id {s1} --reason '...' --url '{billing_url}'"
+        f"outbox inbox dead retry --consumer billing --id {s1} --reason ... "
+        f"--url {shlex.quote(billing_url)}"
     )
 
     jp = trace_message(sources, s3)
@@ -389,6 +394,6 @@ def test_a_consumer_retrying_it_and_one_waiting_for_an_earlier_seq(
     assert retrying.command is None
     assert "waits for seq 2 first" in waiting.why
     assert waiting.command == (
-        f"outbox trace --topic orders --key W --seq 2 --url '{outbox_url}'"
+        f"outbox trace --topic orders --key W --seq 2 --url {shlex.quote(outbox_url)}"
     )
     assert w1 != w2

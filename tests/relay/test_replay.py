@@ -371,6 +371,50 @@ def test_cli_replay_progress_errors_and_audit(url: str) -> None:
     assert "no broker" in nobroker.output
 
 
+@pytest.mark.parametrize(
+    "template", ["{topic.x}", "{topic[0]}", "{topic!r}", "{topic:>9}", "{nope}", "{topic", "a}"]
+)
+def test_a_bad_destination_template_is_one_line(url: str, template: str) -> None:
+    out = CliRunner().invoke(
+        main,
+        ["replay", "--topic", TOPIC, "--to", "late", "--broker", "memory:", "--url", url,
+         "--destination", template],
+    )  # fmt: skip
+    assert out.exit_code == 2, out.output
+    [line] = out.output.strip().splitlines()
+    assert "only {topic} and {consumer} may be filled in" in line
+    assert "Traceback" not in out.output
+
+
+@pytest.mark.parametrize(
+    "broker",
+    ["nats://relay:{pw}@127.0.0.1:{port}", "kafka://relay:{pw}@127.0.0.1:{port}",
+     "amqp://relay:{pw}@127.0.0.1:{port}/", "redis://:{pw}@127.0.0.1:{port}/0",
+     "mqtt://relay:{pw}@127.0.0.1:{port}"],
+)  # fmt: skip
+def test_an_unreachable_broker_is_one_line(url: str, broker: str) -> None:
+    """Not one line per reconnect attempt (nats-py's error callback), nor librdkafka's own
+    lines (they go to the project's logger at DEBUG), nor aiormq's: the one error line."""
+    import subprocess
+    import sys
+
+    from tests.support.server_process import free_port
+
+    _write_history(url, range(1), 1)
+    _publish_history_small(url, 1)
+    password = "Sntl" + uuid.uuid4().hex[:8]
+    done = subprocess.run(
+        [sys.executable, "-m", "outbox.cli", "replay", "--topic", TOPIC, "--to", "late",
+         "--broker", broker.format(pw=password, port=free_port()), "--url", url],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert len(output.strip().splitlines()) == 1, output
+    assert output.startswith("error: "), output
+    assert password not in output
+
+
 class _Stalling(FakePublisher):
     """Confirms ``batches`` batches, then hangs on the next one until cancelled (a Ctrl-C)."""
 

@@ -4,12 +4,13 @@ client address) and out (``/logout``)."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from outbox.console._security import log_in, logged_in
+from outbox.console._security import log_in, log_out, logged_in, session_id
 from outbox.console._state import console_of
 
 __all__ = ["MAX_OPERATOR", "routes"]
@@ -23,10 +24,15 @@ MAX_OPERATOR = 100
 async def login(request: Request) -> Response:
     pages = console_of(request).pages
     if request.method == "GET":
+        session_id(request)
         return pages.render(request, "login.html")
+    form = await request.form()
+    # From here to the answer nothing awaits: the limit's check and its count are one step,
+    # so concurrent attempts cannot all pass the check before any of them is counted.
     throttle = console_of(request).throttle
     client = request.client.host if request.client else "unknown"
-    wait = throttle.retry_after(client)
+    keys = throttle.keys(client, session_id(request), known=bool(request.session.get("known")))
+    wait = throttle.retry_after(*keys)
     if wait:
         answer = pages.render(
             request,
@@ -36,13 +42,12 @@ async def login(request: Request) -> Response:
         )
         answer.headers["Retry-After"] = str(wait)
         return answer
-    return await _check_login(request, client)
+    return _check_login(request, form, client, keys)
 
 
-async def _check_login(request: Request, client: str) -> Response:
-    """A posted login form from ``client``, which may try now."""
+def _check_login(request: Request, form: Any, client: str, keys: tuple[str, ...]) -> Response:
+    """A posted login form from ``client``, which may try now (synchronous: see login)."""
     console = console_of(request)
-    form = await request.form()
     if str(form.get("csrf", "")) != request.session.get("csrf"):
         return console.pages.problem(request, 403, "stale login form: reload it")
     operator = str(form.get("operator") or "").strip()
@@ -54,7 +59,7 @@ async def _check_login(request: Request, client: str) -> Response:
             problem=f"give your name (for the audit; at most {MAX_OPERATOR} characters)",
         )
     if not log_in(request, console.settings.token, str(form.get("token", "")), operator):
-        failures = console.throttle.failed(client)
+        failures = console.throttle.failed(*keys)
         log.warning(
             "console: failed login from %s as %r (%d within %.0f s)",
             client,
@@ -63,7 +68,7 @@ async def _check_login(request: Request, client: str) -> Response:
             console.throttle.window,
         )
         return console.pages.render(request, "login.html", 403, problem="wrong token")
-    console.throttle.succeeded(client)
+    console.throttle.succeeded(keys[0])
     log.info("console: %r logged in from %s", operator, client)
     return RedirectResponse("/", status_code=303)
 
@@ -71,7 +76,7 @@ async def _check_login(request: Request, client: str) -> Response:
 async def logout(request: Request) -> Response:
     form = await request.form()
     if logged_in(request) and str(form.get("csrf", "")) == request.session.get("csrf"):
-        request.session.clear()
+        log_out(request)  # server-side too: a copy of the cookie no longer works
     return RedirectResponse("/", status_code=303)
 
 
