@@ -1,16 +1,16 @@
 """A topic is a name, never a broker address: ``outbox_check_topic`` and ``outbox_publish``.
 
 Revision ID: outbox_0018
-Revises: outbox_0016
+Revises: outbox_0017
 Create Date: 2026-11-28
 
 ``outbox_check_topic(topic)`` raises ``invalid_parameter_value`` unless ``topic`` follows the
 grammar of outbox/_topic.py (docs/explanation/security.md): 1 to 255 ASCII letters, digits,
 ``.``, ``-``, ``_``, ``/``, starting with a letter or a digit, not starting with ``amq.``
 (any case). So ``$JS.API...``, ``$SYS/...``, ``$share/...``, ``_INBOX...``,
-``__consumer_offsets`` and URLs are refused. ``outbox_publish`` is replaced by outbox_0015's
+``__consumer_offsets`` and URLs are refused. ``outbox_publish`` is replaced by outbox_0017's
 function with one line more, a call of it after the topic's length check; same signature,
-replaced in place, its grants stay. Downgrading restores outbox_0015's function and drops
+replaced in place, its grants stay. Downgrading restores outbox_0017's function and drops
 the check.
 
 Rows inserted directly (a producer's INSERT, an older writer) are not checked here: the relay
@@ -44,7 +44,7 @@ from alembic import op
 from outbox._migrate import configured_schema
 
 revision = "outbox_0018"
-down_revision = "outbox_0016"
+down_revision = "outbox_0017"
 branch_labels = None
 depends_on = None
 
@@ -160,19 +160,14 @@ def _revision(name: str) -> ModuleType:
 
 
 def _create_publish(checked: bool) -> None:
-    """outbox_0015's ``outbox_publish``, with the topic check's call when ``checked``."""
+    """outbox_0017's ``outbox_publish``, with the topic check's call when ``checked``."""
     schema = configured_schema(op.get_context().config)
-    r0015 = _revision("outbox_0015_wal_slot_check")
-    text, names_of, counter = r0015._previous()
-    text = text.replace(r0015._ANCHOR, r0015._CHECKED, 1)
+    text, fill = _revision("outbox_0017_wal_pending").publish_function()
     if text.count(_ANCHOR) != 1 or not text.lstrip().startswith("CREATE OR REPLACE FUNCTION"):
-        raise RuntimeError("outbox_0018: outbox_publish of outbox_0015 changed; fix the anchor")
+        raise RuntimeError("outbox_0018: outbox_publish of outbox_0017 changed; fix the anchor")
     if checked:
         text = text.replace(_ANCHOR, _CALL + _ANCHOR, 1)
-    names = names_of(schema)
-    op.execute(
-        text.format(**names, capture=f"{names['fn']}outbox_capture", counter=counter(schema))
-    )
+    op.execute(fill(text, schema))
 
 
 def upgrade() -> None:
