@@ -394,22 +394,29 @@ async def test_metrics_show_the_slot_streamed_and_its_lag(wal_url: str) -> None:
 async def test_a_batch_is_on_disk_before_the_slot_is_told_it_is_done(
     wal_url: str, logical_pg: Any
 ) -> None:
-    """The relay confirms a batch to the slot right after committing its rows; the server may
-    save that position to disk at once, so the commit must be flushed first, or a server crash
-    would lose the rows and skip the batch. With the WAL writer held back for 10 s, a commit
-    that did not wait for its flush is visible long before it is on disk: the row's page would
-    be ahead of the flushed WAL."""
+    """The relay confirms a batch to the slot after committing its rows (and deleting their
+    pending rows); the server may save that position to disk at once, so that commit must be
+    flushed first, or a server crash would lose the rows and skip the batch. With the WAL
+    writer held back for 10 s, a commit that did not wait for its flush is visible long before
+    it is on disk: the pending row's page, changed by that commit only (the row's delete),
+    would be ahead of the flushed WAL. (The later mark 'published' needs no flush: lost, it
+    leaves the row pending, sent again.)"""
     with psycopg.connect(logical_pg.admin_url, autocommit=True) as admin:
         admin.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
         admin.execute("SELECT pg_reload_conf()")
     try:
         with psycopg.connect(wal_url, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
+        with psycopg.connect(wal_url) as conn:
+            msg_id = publish(conn, topic="t", key="k", payload={"n": 1})
+            conn.commit()
+            where = conn.execute(
+                "SELECT ((ctid::text::point)[0])::int FROM outbox_wal_pending WHERE id = %s",
+                (msg_id,),
+            ).fetchone()
+        assert where is not None
         relay = Relay(config(wal_url), FakePublisher())
         async with running(relay):
-            with psycopg.connect(wal_url) as conn:
-                msg_id = publish(conn, topic="t", key="k", payload={"n": 1})
-                conn.commit()
             seen: list[tuple[bool, str, str]] = []
 
             def recorded() -> bool:
@@ -417,9 +424,9 @@ async def test_a_batch_is_on_disk_before_the_slot_is_told_it_is_done(
                     row = conn.execute(
                         "SELECT pg_current_wal_flush_lsn() >= h.lsn, h.lsn::text, "
                         "pg_current_wal_flush_lsn()::text FROM outbox_messages AS m, "
-                        "page_header(get_raw_page('outbox_messages', "
-                        "((m.ctid::text::point)[0])::int)) AS h WHERE m.id = %s",
-                        (msg_id,),
+                        "page_header(get_raw_page('outbox_wal_pending', %s)) AS h "
+                        "WHERE m.id = %s",
+                        (where[0], msg_id),
                     ).fetchone()
                 if row is not None:
                     seen.append(row)
