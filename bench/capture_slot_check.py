@@ -40,7 +40,7 @@ import outbox._publish_sync as publish_module  # noqa: E402
 from outbox import publish  # noqa: E402
 from outbox._migrate import upgrade  # noqa: E402
 from outbox._statements import ProducerStatements, producer_statements  # noqa: E402
-from relay._admin import enable_capture  # noqa: E402
+from relay.admin import enable_capture  # noqa: E402
 
 sys.path.insert(0, str(_HERE))
 from common import load_file, write_result  # noqa: E402

@@ -21,16 +21,16 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
-from outbox import _proton
-from outbox._limits import (
+from outbox.envelope import Envelope
+from outbox.exceptions import InvalidMessageError
+from outbox.kit import (
     DEFAULT_MAX_RECEIVE_BYTES,
     MAX_HEADER_NAME_BYTES,
     MAX_HEADER_VALUE_BYTES,
     MAX_RECEIVED_HEADERS,
+    require,
 )
-from outbox._optional import require
-from outbox.envelope import Envelope
-from outbox.exceptions import InvalidMessageError
+from outbox.kit import amqp1_reactor as _proton
 from outbox.wire import amqp1 as wire
 
 __all__ = ["Amqp1Consumer"]

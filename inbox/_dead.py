@@ -22,9 +22,8 @@ from psycopg.rows import RowFactory, class_row, tuple_row
 from inbox._receive import translate
 from inbox._retention import _libpq_url
 from inbox._statements import inbox_statements
-from outbox._actor import default_actor
-from outbox._database import Database, connected
 from outbox.exceptions import ConfigurationError
+from outbox.kit import Database, connected, default_actor
 
 __all__ = ["HeldFilter", "HeldKey", "dead_audit", "dead_purge", "dead_retry", "held_keys"]
 

@@ -17,11 +17,9 @@ from typing import Any
 from inbox._consumer import Batching, BrokerConsumer, Invalid, ResultCallback, described
 from inbox._receive import MessageRef
 from inbox._runner import AsyncAlso, AsyncBatchAlso, AsyncHandlerRunner, Outcome, Result
-from outbox._connections import resolve_async
-from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
-from outbox._optional import require
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
+from outbox.kit import DEFAULT_MAX_RECEIVE_BYTES, require, resolve_async
 from outbox.wire import kafka as wire
 
 __all__ = ["KafkaConsumer"]

@@ -27,8 +27,7 @@ from inbox._receive_common import (
     translate,
 )
 from inbox._statements import InboxStatements, inbox_statements
-from outbox._asyncpg import AsyncpgConnection
-from outbox._connections import AsyncTarget, resolve_async
+from outbox.kit import AsyncpgConnection, AsyncTarget, resolve_async
 
 __all__ = ["receive_async", "record_async", "record_on_async", "run_steps_async"]
 

@@ -19,11 +19,10 @@ from psycopg.types.json import Jsonb
 
 from inbox._statements import InboxStatements
 from inbox.exceptions import ConcurrentDeliveryError, OutOfOrderError
-from outbox._connections import AsyncRaw as AsyncRaw
-from outbox._errors import translate as translate_database_error
-from outbox._limits import MAX_KEY_BYTES, MAX_TOPIC_BYTES
-from outbox._message import check_text
 from outbox.exceptions import InvalidMessageError
+from outbox.kit import MAX_KEY_BYTES, MAX_TOPIC_BYTES, check_text
+from outbox.kit import AsyncRaw as AsyncRaw
+from outbox.kit import translate as translate_database_error
 
 __all__ = [
     "AsyncRaw",

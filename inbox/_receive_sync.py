@@ -28,7 +28,7 @@ from inbox._receive_common import (
     translate,
 )
 from inbox._statements import InboxStatements, inbox_statements
-from outbox._connections import Target, resolve_sync
+from outbox.kit import Target, resolve_sync
 
 __all__ = ["receive", "record", "record_on", "run_steps"]
 

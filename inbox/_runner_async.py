@@ -52,7 +52,7 @@ from inbox._runner_common import (
     log,
 )
 from inbox._transactions import AsyncTransactions, AsyncTransactionSource, async_transactions
-from outbox._connections import resolve_async
+from outbox.kit import resolve_async
 
 __all__ = ["AsyncHandlerRunner"]
 

@@ -53,7 +53,7 @@ from inbox._runner_common import (
     log,
 )
 from inbox._transactions import Transactions, TransactionSource, sync_transactions
-from outbox._connections import resolve_sync
+from outbox.kit import resolve_sync
 
 __all__ = ["HandlerRunner"]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
-from outbox._optional import require
 from outbox.exceptions import ConfigurationError
+from outbox.kit import require
 from outbox.wire import sqs as wire
 
 __all__ = ["SqsConsumer"]

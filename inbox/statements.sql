@@ -351,6 +351,20 @@ WHERE (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s
 
+-- name: consumer_activity
+-- Per consumer (the console's overview): its last processed message, what it processed in the
+-- last minute, and its dead and parked records (one scan of the inbox table; an operator's
+-- page view, not a hot path).
+SELECT consumer,
+       max(processed_at) AS last_processed_at,
+       extract(epoch FROM clock_timestamp() - max(processed_at))::float8 AS silent_s,
+       count(*) FILTER (WHERE processed_at > clock_timestamp() - interval '1 minute')
+           AS last_minute,
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) FILTER (WHERE status = 'parked') AS parked
+FROM {messages}
+GROUP BY consumer ORDER BY consumer
+
 -- Batches (runner.handle_batch): one statement per step for the whole batch. The same
 -- decisions as the single-message statements above, taken for N messages at once. Rows are
 -- inserted and locked in (message_id) and (topic, key) order, so two transactions whose

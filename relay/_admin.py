@@ -18,10 +18,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import class_row, dict_row, kwargs_row
 
-from outbox._actor import default_actor
-from outbox._database import Database, connected
-from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
+from outbox.kit import Database, connected, default_actor, redact
 from outbox.schema import OUTBOX_CAPTURE, check_identifier
 from relay._slot import SlotHealth, default_slot
 from relay._statements import TEMPLATES, RelayStatements, relay_statements
@@ -32,12 +30,14 @@ __all__ = [
     "RelayStatus",
     "broker_kind",
     "dead_list",
+    "dead_listing",
     "dead_purge",
     "dead_retry",
     "default_actor",
     "delete_published",
     "disable_capture",
     "enable_capture",
+    "published_since",
     "relay_status",
 ]
 
@@ -323,6 +323,25 @@ def dead_list(
     stmts = relay_statements(schema)
     with connected(url) as conn, conn.cursor(row_factory=kwargs_row(_dead_message)) as cur:
         return cur.execute(stmts.dead_list, {**where.params(), "limit": limit}).fetchall()
+
+
+def dead_listing(
+    url: Database, where: DeadFilter, *, error: str = "", limit: int = 100,
+    schema: str | None = None,
+) -> list[dict[str, Any]]:
+    """The dead letters ``where`` selects whose error contains ``error`` (case-folded), in key
+    order, without payloads or headers: id, topic, key, seq, attempts, created_at, last_error."""
+    stmts = relay_statements(schema)
+    params = {**where.params(), "error": error, "limit": limit}
+    with connected(url) as conn, conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(stmts.dead_listing, params).fetchall()
+
+
+def published_since(url: Database, seconds: float, *, schema: str | None = None) -> dict[str, int]:
+    """Messages published per topic in the last ``seconds`` (topics with none are left out)."""
+    with connected(url) as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(relay_statements(schema).published_since, {"seconds": seconds})
+        return {row["topic"]: int(row["published"]) for row in rows.fetchall()}
 
 
 def _dead_message(*, payload: bytes, headers: dict[str, str] | None, **row: Any) -> DeadMessage:

@@ -40,8 +40,8 @@ import psycopg
 from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
-from outbox._capture import MODE_WAL, RecordError, WalRecord, decode_record
 from outbox.envelope import Envelope
+from outbox.kit import MODE_WAL, RecordError, WalRecord, decode_record
 from relay._capture_lease import CaptureLease, fence_lapsed_holder, standby_interval
 from relay._config import RelayConfig
 from relay._dispatch import Dispatcher

@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
-from outbox._noop_metric import NoopMetric
 from outbox.exceptions import ConfigurationError
+from outbox.kit import NoopMetric
 from relay._slot import SLOT_STATES, SlotHealth
 from relay._statements import RelayStatements
 

@@ -33,9 +33,9 @@ from typing import Any
 
 import psycopg
 
-from outbox._redact import redact
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError, OutboxError
+from outbox.kit import redact
 from relay._replay_statements import ReplayStatements, replay_statements
 from relay.brokers.base import Publisher
 from relay.exceptions import PermanentPublishError

@@ -18,9 +18,8 @@ from typing import Any
 
 import click
 
-from outbox._errors import one_line
-from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
+from outbox.kit import one_line, redact
 from relay._admin import (
     DeadFilter,
     audit_log,
@@ -477,7 +476,7 @@ def replay_cmd(
     run the same command again and it continues where the broker last confirmed.
 
     Start the consumer first, reading both its live destination and this one."""
-    from outbox._redact import remember_secrets
+    from outbox.kit import remember_secrets
 
     if not broker:
         raise click.UsageError(

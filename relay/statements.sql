@@ -445,6 +445,27 @@ INSERT INTO {audit} (actor, action, message_id, topic, key, seq, last_error, rea
 SELECT %(actor)s, 'purge', id, topic, key, seq, last_error, %(reason)s FROM gone
 RETURNING message_id
 
+-- name: dead_listing
+-- The dead letters the console lists, and the ids a filtered change there acts on: the
+-- dead-letter filter of `outbox dead list` and the error text, case-folded, in the query, so
+-- the LIMIT counts matches. No payload or headers: those are read only for the one message a
+-- page shows (dead_list). status = 'dead' lets the partial index on (topic, key, seq) of
+-- unpublished rows serve it in its order, so a long published history is not scanned.
+SELECT id, topic, key, seq, attempts, created_at, last_error
+FROM {messages}
+WHERE {dead_filter}
+  AND (%(error)s::text = '' OR strpos(lower(coalesce(last_error, '')), lower(%(error)s)) > 0)
+ORDER BY topic, key, seq LIMIT %(limit)s
+
+-- name: published_since
+-- Messages published per topic in the last given seconds (the console's publish-rate chart,
+-- sampled while it runs). A range on published_at under status = 'published': the partial
+-- index retention uses serves it, so a large published history is not scanned.
+SELECT topic, count(*) AS published FROM {messages}
+WHERE status = 'published'
+  AND published_at > clock_timestamp() - %(seconds)s * interval '1 second'
+GROUP BY topic
+
 -- name: audit_list
 -- outbox_dead_audit_list: the newest audit rows first: retries, purges and re-drives (the
 -- re-drive of lost messages, `outbox redrive`, is in outbox/statements.sql: the Spark job that

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from outbox._config import check_keys, check_value, env_secret, file_secret, read_toml
-from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
+from outbox.kit import check_keys, check_value, env_secret, file_secret, read_toml, redact
 from outbox.schema import check_identifier
 
 __all__ = [

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox._errors import one_line
+from outbox.kit import one_line
 from spark_ingest._config import DISCREPANCY_CLASSES, Source
 from spark_ingest._errors import SourceError
 from spark_ingest._report import format_duration

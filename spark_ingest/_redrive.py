@@ -13,10 +13,8 @@ from typing import Any
 
 import psycopg
 
-from outbox._actor import default_actor
-from outbox._statements import redrive_statements
-from outbox._wakeup import doorbell_for, ring_after_commit
 from outbox.exceptions import ConfigurationError
+from outbox.kit import default_actor, doorbell_for, redrive_statements, ring_after_commit
 
 __all__ = ["RedriveResult", "read_id_file", "redrive", "wait_for_wakeup"]
 

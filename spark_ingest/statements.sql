@@ -46,6 +46,19 @@ WHERE window_end <= %(start)s
 ORDER BY window_end DESC, finished_at DESC
 LIMIT 1
 
+-- name: latest_runs
+-- The latest reconciliation runs, newest first (the console's overview; a row a run: a small
+-- table).
+SELECT run_id, started_at, finished_at, window_start, window_end, messages, discrepancies,
+       outcome, summary->'files'->>'report' AS report
+FROM {runs}
+ORDER BY started_at DESC
+LIMIT %(limit)s
+
+-- name: run_report
+-- Where one run's HTML report was written (the console's link to it).
+SELECT summary->'files'->>'report' AS report FROM {runs} WHERE run_id = %(run_id)s
+
 -- The JDBC reads (spark_ingest/_sources.py, spark_ingest/_ingest.py). {table}: the source's
 -- qualified table, filled per read; the executors add each partition's predicate.
 

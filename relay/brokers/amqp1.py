@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox import _proton
-from outbox._optional import require
 from outbox.envelope import Envelope
+from outbox.kit import amqp1_reactor as _proton
+from outbox.kit import require
 from outbox.wire import amqp1 as wire
 from relay.brokers._batch import Batch, check_size, permanent, retryable, unavailable, unreachable
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations

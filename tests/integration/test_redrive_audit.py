@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from outbox import WAKEUP_CHANNEL, publish
 from outbox._migrate import upgrade
 from outbox.cli import main
-from relay._admin import audit_log
+from relay.admin import audit_log
 from spark_ingest import redrive
 from spark_ingest._redrive import wait_for_wakeup
 

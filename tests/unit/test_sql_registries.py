@@ -21,7 +21,6 @@ from outbox import schema as tables
 from outbox._sql import SqlFileError, load, qualified, registry, render, table_name, templates
 from outbox._statements import doorbell_statements, producer_statements, redrive_statements
 from outbox._trace_statements import trace_statements
-from outbox.console._statements import console_statements
 from outbox.exceptions import ConfigurationError
 from relay._replay_statements import replay_statements
 from relay._statements import relay_statements
@@ -34,7 +33,6 @@ REGISTRIES: dict[str, Callable[[str | None], Any]] = {
     "inbox": inbox_statements,
     "spark": spark_statements,
     "doorbell": doorbell_statements,
-    "console": console_statements,
     "trace": trace_statements,
     "replay": replay_statements,
 }
@@ -255,7 +253,7 @@ STATEMENT = re.compile(
     )""",
     re.VERBOSE | re.DOTALL,
 )
-PACKAGES = ["outbox", "inbox", "relay", "spark_ingest"]
+PACKAGES = ["outbox", "inbox", "relay", "spark_ingest", "outbox_console"]
 
 
 def _literals(path: Path) -> list[tuple[int, str]]:

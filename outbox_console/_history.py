@@ -17,8 +17,7 @@ from typing import Any
 
 import psycopg
 
-from outbox.console._statements import console_statements
-from relay._admin import relay_status
+from relay.admin import published_since, relay_status
 
 __all__ = ["History"]
 
@@ -41,14 +40,13 @@ class History:
     def sample(self) -> dict[str, Any]:
         """One sample now: pending messages per topic, and messages published per second per
         topic over the last interval."""
-        stmts = console_statements(self._schema)
         with self._connection() as conn:
             status = relay_status(conn, schema=self._schema)
-            published = conn.execute(stmts.published_since, {"seconds": self.interval}).fetchall()
+            published = published_since(conn, self.interval, schema=self._schema)
         point = {
             "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "backlog": {t["topic"]: int(t["pending"]) for t in status.topics},
-            "rate": {topic: round(n / self.interval, 2) for topic, n in published},
+            "rate": {topic: round(n / self.interval, 2) for topic, n in published.items()},
         }
         self.samples.append(point)
         return point

@@ -19,13 +19,13 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
-from outbox._journey import TraceSource
-from outbox._redact import redact
-from outbox.console._middleware import middleware
-from outbox.console._routes import routes
-from outbox.console._settings import settings
-from outbox.console._state import Console, console_of
 from outbox.exceptions import OutboxError
+from outbox.kit import redact
+from outbox.trace import TraceSource
+from outbox_console._middleware import middleware
+from outbox_console._routes import routes
+from outbox_console._settings import settings
+from outbox_console._state import Console, console_of
 
 __all__ = ["create_app"]
 

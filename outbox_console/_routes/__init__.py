@@ -7,7 +7,7 @@ from pathlib import Path
 from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 
-from outbox.console._routes import audit, dead, held, login, messages, overview, reports
+from outbox_console._routes import audit, dead, held, login, messages, overview, reports
 
 __all__ = ["routes"]
 

@@ -12,10 +12,10 @@ import psycopg
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from outbox.console._data import Decisions
-from outbox.console._security import Forbidden, check_change
-from outbox.console._state import console_of
 from outbox.exceptions import OutboxError
+from outbox_console._data import Decisions
+from outbox_console._security import Forbidden, check_change
+from outbox_console._state import console_of
 
 __all__ = ["change"]
 

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from outbox.console._data import ConsoleData
-from outbox.console._history import History
-from outbox.console._render import Pages
-from outbox.console._security import LoginThrottle
-from outbox.console._settings import Settings
+from outbox_console._data import ConsoleData
+from outbox_console._history import History
+from outbox_console._render import Pages
+from outbox_console._security import LoginThrottle
+from outbox_console._settings import Settings
 
 __all__ = ["Console", "console_of"]
 

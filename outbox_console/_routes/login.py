@@ -9,8 +9,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from outbox.console._security import log_in, logged_in
-from outbox.console._state import console_of
+from outbox_console._security import log_in, logged_in
+from outbox_console._state import console_of
 
 __all__ = ["MAX_OPERATOR", "routes"]
 

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
-from outbox._redact import redact
-from outbox.console._security import csrf_token, may_read
+from outbox.kit import redact
+from outbox_console._security import csrf_token, may_read
 
 __all__ = ["PAYLOAD_SHOWN", "Pages", "ago", "gap", "payload_text"]
 

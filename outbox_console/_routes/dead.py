@@ -9,13 +9,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from outbox.console._data import CHANGE_LIMIT, LIST_LIMIT, OUTBOX_DEAD
-from outbox.console._render import payload_text
-from outbox.console._routes.changes import change
-from outbox.console._routes.forms import dead_filter, message_ids, require_all
-from outbox.console._state import console_of
 from outbox.exceptions import OutboxError
-from relay._admin import DeadFilter
+from outbox_console._data import CHANGE_LIMIT, LIST_LIMIT, OUTBOX_DEAD
+from outbox_console._render import payload_text
+from outbox_console._routes.changes import change
+from outbox_console._routes.forms import dead_filter, message_ids, require_all
+from outbox_console._state import console_of
+from relay.admin import DeadFilter
 
 __all__ = ["routes"]
 

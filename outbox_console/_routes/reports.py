@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
-from outbox.console._state import console_of
+from outbox_console._state import console_of
 
 __all__ = ["report_file", "routes"]
 

@@ -7,9 +7,9 @@ import math
 import uuid
 from typing import Any
 
-from outbox.console._data import CHANGE_LIMIT
 from outbox.exceptions import OutboxError
-from relay._admin import DeadFilter
+from outbox_console._data import CHANGE_LIMIT
+from relay.admin import DeadFilter
 
 __all__ = ["MAX_MINUTES", "dead_filter", "message_ids", "minutes", "require_all"]
 

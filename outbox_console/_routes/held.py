@@ -7,10 +7,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from inbox.admin import HeldFilter
-from outbox.console._data import INBOX_HELD
-from outbox.console._routes.changes import change
-from outbox.console._routes.forms import message_ids
-from outbox.console._state import console_of
+from outbox_console._data import INBOX_HELD
+from outbox_console._routes.changes import change
+from outbox_console._routes.forms import message_ids
+from outbox_console._state import console_of
 
 __all__ = ["routes"]
 

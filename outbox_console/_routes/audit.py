@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from outbox.console._state import console_of
+from outbox_console._state import console_of
 
 __all__ = ["routes"]
 

@@ -9,12 +9,12 @@ Jinja2, uvicorn).
 
 from __future__ import annotations
 
-from outbox._optional import require
+from outbox.kit import require
 
 # the console's own objects need Starlette: say which extra brings it
 for _module in ("starlette", "jinja2", "itsdangerous"):
     require(_module, "console")
 
-from outbox.console._app import create_app  # noqa: E402
+from outbox_console._app import create_app  # noqa: E402
 
 __all__ = ["create_app"]

@@ -109,10 +109,10 @@ def console_cmd(
     """Serve the operator console (the `console` extra)."""
     import uvicorn
 
-    from outbox._journey import load_trace_sources
     from outbox.cli import database_url
-    from outbox.console._app import create_app
     from outbox.exceptions import ConfigurationError
+    from outbox.trace import load_trace_sources
+    from outbox_console._app import create_app
 
     if _wildcard(host) and not allowed_host:
         raise click.UsageError(

@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from outbox._journey import TraceSource
-from outbox._redact import remember_secrets
-from outbox.console._security import allowed_hosts, check_listen, check_token
 from outbox.exceptions import ConfigurationError
+from outbox.kit import remember_secrets
+from outbox.trace import TraceSource
+from outbox_console._security import allowed_hosts, check_listen, check_token
 
 __all__ = ["Settings", "inbox_source", "settings"]
 

@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from outbox.console._state import console_of
+from outbox_console._state import console_of
 
 __all__ = ["routes"]
 

@@ -1,10 +1,11 @@
 """What the console reads and changes, on a pool of connections opened for the app's lifetime.
 
-Reads are the console's own statements (``_statements.py``) and the status functions of the
-relay and the inbox; every change goes through the functions behind the CLI (``outbox dead
-retry`` and ``purge``, ``outbox inbox dead retry`` and ``purge``), which write the audit row in
-the same transaction as the change and wake the relays. Each call runs in a worker thread on a
-connection of the pool.
+The console has no SQL of its own: it reads through the public functions of the packages that
+own the tables (:mod:`relay.admin`, :mod:`inbox.admin`, :mod:`spark_ingest`,
+:mod:`outbox.trace`), and every change goes through the functions behind the CLI (``outbox
+dead retry`` and ``purge``, ``outbox inbox dead retry`` and ``purge``), which write the audit
+row in the same transaction as the change and wake the relays. Each call runs in a worker
+thread on a connection of the pool.
 """
 
 from __future__ import annotations
@@ -18,23 +19,23 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolClosed
 
-import inbox._dead as inbox_dead
-from outbox._journey import Journey, TraceSource, TraceSources, trace_message
-from outbox._redact import redact
-from outbox.console._statements import ConsoleStatements, console_statements
-from relay._admin import (
+import inbox.admin as inbox_admin
+from outbox.kit import redact
+from outbox.trace import Journey, TraceSource, TraceSources, trace_message
+from relay.admin import (
     DeadFilter,
     DeadMessage,
     RelayStatus,
     audit_log,
     dead_list,
+    dead_listing,
     dead_purge,
     dead_retry,
     relay_status,
 )
+from spark_ingest import latest_runs, run_report
 
 __all__ = [
     "CHANGE_LIMIT",
@@ -66,12 +67,7 @@ class Decisions:
 #: the outbox's dead letters (``outbox dead retry/purge``)
 OUTBOX_DEAD = Decisions(retry=dead_retry, purge=dead_purge)
 #: the inbox's held keys (``outbox inbox dead retry/purge``)
-INBOX_HELD = Decisions(retry=inbox_dead.dead_retry, purge=inbox_dead.dead_purge)
-
-
-def _rows(conn: psycopg.Connection[Any], sql: bytes, params: dict[str, Any]) -> list[Row]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(sql, params).fetchall()
+INBOX_HELD = Decisions(retry=inbox_admin.dead_retry, purge=inbox_admin.dead_purge)
 
 
 class ConsoleData:
@@ -89,7 +85,6 @@ class ConsoleData:
         #: where the message page looks: this database, then the inbox databases
         self.sources = TraceSources(TraceSource("outbox", url, schema=schema), inboxes)
         self.reports = reports
-        self.statements: ConsoleStatements = console_statements(schema)
         self._pool: ConnectionPool | None = None
 
     # ---- the pool ------------------------------------------------------------------------
@@ -144,19 +139,18 @@ class ConsoleData:
     def _overview(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:
         status: RelayStatus = relay_status(conn, schema=self.schema)
         held: dict[str, int] = {}
-        for k in inbox_dead.held_keys(conn, limit=LIST_LIMIT, schema=self.schema):
+        for k in inbox_admin.held_keys(conn, limit=LIST_LIMIT, schema=self.schema):
             held[k.consumer] = held.get(k.consumer, 0) + 1
         return {
             "status": status,
-            "consumers": _rows(conn, self.statements.consumers, {}),
+            "consumers": inbox_admin.consumer_activity(conn, schema=self.schema),
             "held": held,
-            "runs": _rows(conn, self.statements.runs, {"limit": 5}),
+            "runs": latest_runs(conn, limit=5, schema=self.schema),
         }
 
     async def dead_letters(self, where: DeadFilter, error: str, limit: int) -> list[Row]:
         """The dead letters ``where`` selects whose error contains ``error`` (no payloads)."""
-        params = {**where.params(), "error": error, "limit": limit}
-        return await self.run(_rows, self.statements.dead_listing, params)
+        return await self.run(dead_listing, where, error=error, limit=limit, schema=self.schema)
 
     async def dead_message(self, message_id: uuid.UUID) -> DeadMessage | None:
         """One dead letter, payload and headers included; None if it is not dead."""
@@ -171,8 +165,8 @@ class ConsoleData:
             trace_message, self.sources, message_id, reports_dir=self.reports, **lookup
         )
 
-    async def held_keys(self, where: inbox_dead.HeldFilter) -> list[inbox_dead.HeldKey]:
-        return await self.run(inbox_dead.held_keys, where, limit=LIST_LIMIT, schema=self.schema)
+    async def held_keys(self, where: inbox_admin.HeldFilter) -> list[inbox_admin.HeldKey]:
+        return await self.run(inbox_admin.held_keys, where, limit=LIST_LIMIT, schema=self.schema)
 
     async def audit(self) -> dict[str, Any]:
         """The newest audit rows of the outbox's and the inbox's decisions."""
@@ -181,13 +175,12 @@ class ConsoleData:
     def _audit(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:
         return {
             "outbox_rows": audit_log(conn, limit=LIST_LIMIT, schema=self.schema),
-            "inbox_rows": inbox_dead.dead_audit(conn, limit=LIST_LIMIT, schema=self.schema),
+            "inbox_rows": inbox_admin.dead_audit(conn, limit=LIST_LIMIT, schema=self.schema),
         }
 
     async def report_of(self, run_id: uuid.UUID) -> str | None:
         """Where the report of run ``run_id`` was written, as its row says (None: nowhere)."""
-        rows = await self.run(_rows, self.statements.run_report, {"run_id": run_id})
-        return str(rows[0]["report"]) if rows and rows[0]["report"] else None
+        return await self.run(run_report, run_id, schema=self.schema)
 
     # ---- changes -------------------------------------------------------------------------
 

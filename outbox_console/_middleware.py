@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from outbox.console._render import Pages
-from outbox.console._security import is_remote, may_read
-from outbox.console._settings import Settings
+from outbox_console._render import Pages
+from outbox_console._security import is_remote, may_read
+from outbox_console._settings import Settings
 
 __all__ = ["MAX_FORM_BYTES", "middleware"]
 

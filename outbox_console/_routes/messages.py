@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from outbox._journey import AmbiguousMessageError, MessageNotFoundError
-from outbox._redact import redact
-from outbox.console._state import console_of
 from outbox.exceptions import ConfigurationError
+from outbox.kit import redact
+from outbox.trace import AmbiguousMessageError, MessageNotFoundError
+from outbox_console._state import console_of
 
 __all__ = ["MAX_FIELD", "routes"]
 
