@@ -16,7 +16,7 @@ __all__ = ["RabbitMQConsumer"]
 class RabbitMQConsumer(BrokerConsumer):
     """Consume ``queue`` with ``prefetch`` unacknowledged messages in flight.
 
-    A failed or out-of-order message is requeued after ``redeliver_delay``; an undecodable one
+    A failed or out-of-order message is requeued after ``redeliver_delay=``; an undecodable one
     is rejected without requeue (to the queue's dead-letter exchange, if it has one).
     """
 

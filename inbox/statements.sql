@@ -135,7 +135,7 @@ WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)b::uuid[])
 -- name: purge_cutoff
 -- The retention's cut-off (inbox/_retention.py): records received before it are old. Taken
 -- once, on the server's clock, so every batch of one purge deletes up to the same instant.
-SELECT clock_timestamp() - %(older_than)s::interval
+SELECT clock_timestamp() - %(older_than)s::interval AS before
 
 -- name: kafka_offset_store
 -- inbox_kafka_offset_store: in the transaction of the effect, so the offset and the effect
@@ -176,8 +176,8 @@ LIMIT %(limit)s
 -- only small partial sets (the partial index of waiting positions; held keys' dead messages).
 SELECT (SELECT count(*) FROM {positions}
         WHERE consumer = %(consumer)s AND blocked_since IS NOT NULL
-          AND blocked_since <= clock_timestamp() - %(min_age)s::interval),
-       (SELECT count(*) FROM {held} WHERE consumer = %(consumer)s AND role = 'dead')
+          AND blocked_since <= clock_timestamp() - %(min_age)s::interval) AS blocked,
+       (SELECT count(*) FROM {held} WHERE consumer = %(consumer)s AND role = 'dead') AS held
 
 -- Key-aware dead letters (on_dead="hold"): a held key's dead message and later messages are
 -- kept whole in inbox_held; the consumer applies them, in seq order, once an operator has

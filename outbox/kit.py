@@ -3,14 +3,15 @@ the console, and a broker plug-in from outside this repository.
 
 outbox's modules are private (``outbox._*``); a package above it takes what it needs from here
 and from outbox's public modules (:mod:`outbox`, :mod:`outbox.envelope`, :mod:`outbox.wire`,
-:mod:`outbox.schema`, :mod:`outbox.exceptions`), never from a private module (a unit test,
-``tests/unit/test_layers.py``, fails on such an import). The names are grouped by what they do:
+:mod:`outbox.schema`, :mod:`outbox.exceptions`, :mod:`outbox.amqp1_reactor`), never from a
+private module (a unit test, ``tests/unit/test_layers.py``, fails on such an import).
+The names are grouped by what they do:
 
 * SQL: ``load``, ``registry``, ``templates``, ``Names``, ``qualified``, ``table_name`` (one
   ``statements.sql`` a package, rendered once per schema: ``outbox/_sql.py``);
 * connections: ``Database``, ``connected``, ``Target``, ``AsyncTarget``, ``AsyncRaw``,
-  ``resolve_sync``, ``resolve_async``, ``AsyncpgConnection``; ``amqp1_reactor``, the Qpid
-  Proton reactor the AMQP 1.0 publisher and consumer share (a module);
+  ``resolve_sync``, ``resolve_async``, ``AsyncpgConnection``; rows read by name from a
+  cursor that gives tuples (``rows_by_name``, ``row_by_name``);
 * settings: ``read_toml``, ``parse_env``, ``check_keys``, ``check_value``, ``env_secret``,
   ``file_secret``;
 * secrets and errors: ``redact``, ``remember_secrets``, ``install_log_redaction``,
@@ -26,13 +27,12 @@ and from outbox's public modules (:mod:`outbox`, :mod:`outbox.envelope`, :mod:`o
 
 from __future__ import annotations
 
-from outbox import _proton as amqp1_reactor
 from outbox._actor import default_actor
 from outbox._asyncpg import AsyncpgConnection
 from outbox._capture import MODE_WAL, PREFIX, RecordError, WalRecord, decode_record
 from outbox._config import check_keys, check_value, env_secret, file_secret, parse_env, read_toml
 from outbox._connections import AsyncRaw, AsyncTarget, Target, resolve_async, resolve_sync
-from outbox._database import Database, connected
+from outbox._database import Database, connected, row_by_name, rows_by_name
 from outbox._errors import (
     connect_failure,
     describe_cli_error,
@@ -76,7 +76,6 @@ __all__ = [
     "RecordError",
     "Target",
     "WalRecord",
-    "amqp1_reactor",
     "check_keys",
     "check_text",
     "check_value",
@@ -105,6 +104,8 @@ __all__ = [
     "resolve_async",
     "resolve_sync",
     "ring_after_commit",
+    "row_by_name",
+    "rows_by_name",
     "schema_not_installed",
     "table_name",
     "templates",

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 import orjson
 import psycopg
-from psycopg.rows import class_row
+from psycopg.rows import class_row, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from outbox.envelope import Envelope
@@ -129,10 +129,11 @@ class WalCapture:
         the slot cannot capture this database (missing, another database's, invalidated:
         logged as an error, see :meth:`_report`; writers write rows meanwhile)."""
         async with self._pool.connection() as conn:
-            row = await (await conn.execute(self._stmts.capture_mode)).fetchone()
+            cur = conn.cursor(row_factory=dict_row)
+            row = await (await cur.execute(self._stmts.capture_mode)).fetchone()
             if row is None:
                 return None
-            mode, slot, publication = row
+            mode, slot, publication = row["mode"], row["slot"], row["publication"]
             if slot is None:
                 return None
             async with conn.cursor(row_factory=class_row(SlotHealth)) as cur:
@@ -210,8 +211,9 @@ class WalCapture:
         interval = standby_interval(self._config.lease_seconds)
         until = time.monotonic() + RECHECK_SECONDS
         while not self._state.stopping:
-            row = await (await lock.execute(self._stmts.capture_lock, {"slot": slot})).fetchone()
-            if row and row[0]:
+            cur = lock.cursor(row_factory=dict_row)
+            row = await (await cur.execute(self._stmts.capture_lock, {"slot": slot})).fetchone()
+            if row and row["locked"]:
                 return True
             if await fence_lapsed_holder(lock, self._stmts, slot):
                 continue  # its sessions are gone: the lock is free now
@@ -305,9 +307,11 @@ class WalCapture:
                 await conn.execute(stmts.capture_durable)
                 checking = await lease.send_check_in(conn)
                 ids = [d.record.id for d in batch]
-                cur = await conn.execute(stmts.capture_known, {"ids": ids})
+                cur = await conn.cursor(row_factory=dict_row).execute(
+                    stmts.capture_known, {"ids": ids}
+                )
                 lease.checked_in(await checking.fetchone())
-                known = {r[0] for r in await cur.fetchall()}
+                known = {r["id"] for r in await cur.fetchall()}
             if known:
                 batch = [d for d in batch if d.record.id not in known]
                 if not batch:
@@ -367,10 +371,15 @@ class WalCapture:
             **self._config.dead_policy_params(),
         }
         async with conn.pipeline():
-            bumped = await conn.execute(self._stmts.capture_bump, bump)
-            held = await conn.execute(self._stmts.capture_waiting_keys, waiting)
-            next_seq = {(t, k): last - counts[(t, k)] + 1 for t, k, last in await bumped.fetchall()}
-            waiting_keys = {(t, k) for t, k in await held.fetchall()}
+            bumped = await conn.cursor(row_factory=dict_row).execute(self._stmts.capture_bump, bump)
+            held = await conn.cursor(row_factory=dict_row).execute(
+                self._stmts.capture_waiting_keys, waiting
+            )
+            next_seq = {
+                (r["topic"], r["key"]): r["last_seq"] - counts[(r["topic"], r["key"])] + 1
+                for r in await bumped.fetchall()
+            }
+            waiting_keys = {(r["topic"], r["key"]) for r in await held.fetchall()}
         for d in batch:
             key = (d.record.topic, d.record.key)
             d.seq = next_seq[key]

@@ -6,7 +6,7 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass
 
-from psycopg.rows import class_row
+from psycopg.rows import class_row, dict_row
 
 from outbox.kit import Database, connected
 from spark_ingest._statements import spark_statements
@@ -40,6 +40,6 @@ def latest_runs(url: Database, *, limit: int = 5, schema: str | None = None) -> 
 def run_report(url: Database, run_id: uuid.UUID, *, schema: str | None = None) -> str | None:
     """Where the report of run ``run_id`` was written, as its row says (None: nowhere, or no
     such run)."""
-    with connected(url) as conn:
-        row = conn.execute(spark_statements(schema).run_report, {"run_id": run_id}).fetchone()
-    return None if row is None or row[0] is None else str(row[0])
+    with connected(url) as conn, conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(spark_statements(schema).run_report, {"run_id": run_id}).fetchone()
+    return None if row is None or row["report"] is None else str(row["report"])

@@ -109,7 +109,7 @@ def test_redrive_audits_each_requeue_and_wakes_a_listener_after_commit(database_
         assert len(_audit(database_url)) == 2
         assert list(listener.notifies(timeout=0.3)) == []
     # The relay's audit list (`outbox dead audit`) shows re-drives next to retries and purges.
-    assert {r[2] for r in audit_log(database_url)} == {"redrive"}
+    assert {r["action"] for r in audit_log(database_url)} == {"redrive"}
 
 
 def test_rolled_back_redrive_audits_nothing_and_wakes_nobody(database_url: str) -> None:
