@@ -13,7 +13,8 @@ The names are grouped by what they do:
   ``resolve_sync``, ``resolve_async``, ``AsyncpgConnection``; rows read by name from a
   cursor that gives tuples (``rows_by_name``, ``row_by_name``);
 * settings: ``read_toml``, ``parse_env``, ``check_keys``, ``check_value``, ``env_secret``,
-  ``file_secret``;
+  ``file_secret``; the reconciliation job file's keys (``JOB_TOP_KEYS``, ``JOB_SOURCE_KEYS``),
+  which the job and ``outbox trace`` both check;
 * secrets and errors: ``redact``, ``remember_secrets``, ``install_log_redaction``,
   ``redact_library_logs``, ``one_line``, ``translate``, ``connect_failure``,
   ``describe_cli_error``, ``describe_database_error``, ``schema_not_installed``;
@@ -30,7 +31,16 @@ from __future__ import annotations
 from outbox._actor import default_actor
 from outbox._asyncpg import AsyncpgConnection
 from outbox._capture import MODE_WAL, PREFIX, RecordError, WalRecord, decode_record
-from outbox._config import check_keys, check_value, env_secret, file_secret, parse_env, read_toml
+from outbox._config import (
+    JOB_SOURCE_KEYS,
+    JOB_TOP_KEYS,
+    check_keys,
+    check_value,
+    env_secret,
+    file_secret,
+    parse_env,
+    read_toml,
+)
 from outbox._connections import AsyncRaw, AsyncTarget, Target, resolve_async, resolve_sync
 from outbox._database import Database, connected, row_by_name, rows_by_name
 from outbox._errors import (
@@ -59,6 +69,8 @@ from outbox._wakeup import doorbell_for, ring_after_commit
 
 __all__ = [
     "DEFAULT_MAX_RECEIVE_BYTES",
+    "JOB_SOURCE_KEYS",
+    "JOB_TOP_KEYS",
     "MAX_HEADER_NAME_BYTES",
     "MAX_HEADER_VALUE_BYTES",
     "MAX_KEY_BYTES",

@@ -20,13 +20,14 @@ from typing import Any
 from relay._config import RelayConfig, TopicPolicy
 from relay._metrics import RelayMetrics
 from relay._relay import Relay
-from relay._replay import ReplayError, ReplayProgress, ReplayResult, replay
+from relay._replay import ReplayProgress, ReplayResult, replay
 from relay.exceptions import (
     BrokerUnreachableError,
     NotSentError,
     PermanentPublishError,
     RelayError,
     RelayIdInUseError,
+    ReplayError,
     RetryablePublishError,
 )
 

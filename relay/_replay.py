@@ -35,11 +35,11 @@ import psycopg
 from psycopg.rows import dict_row
 
 from outbox.envelope import Envelope
-from outbox.exceptions import ConfigurationError, OutboxError
+from outbox.exceptions import ConfigurationError
 from outbox.kit import redact
 from relay._replay_statements import ReplayStatements, replay_statements
 from relay.brokers.base import Publisher
-from relay.exceptions import PermanentPublishError
+from relay.exceptions import PermanentPublishError, ReplayError
 
 __all__ = [
     "DEFAULT_DESTINATION",
@@ -54,10 +54,6 @@ DEFAULT_DESTINATION = "replay.{consumer}.{topic}"
 
 #: consecutive failed attempts of one batch before the replay stops (and can be re-run)
 MAX_BATCH_ATTEMPTS = 5
-
-
-class ReplayError(OutboxError):
-    """The replay stopped; the cursor keeps what the broker confirmed: run it again."""
 
 
 @dataclass(frozen=True)

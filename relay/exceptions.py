@@ -12,6 +12,7 @@ __all__ = [
     "PermanentPublishError",
     "RelayError",
     "RelayIdInUseError",
+    "ReplayError",
     "RetryablePublishError",
 ]
 
@@ -63,3 +64,7 @@ class DestinationUnavailableError(RetryablePublishError):
 
 class RelayIdInUseError(ConfigurationError):
     """Another live relay process uses this relay id; give every relay its own id."""
+
+
+class ReplayError(OutboxError):
+    """The replay stopped; the cursor keeps what the broker confirmed: run it again."""
