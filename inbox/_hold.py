@@ -111,7 +111,7 @@ def release_failure_steps(
         return None, "processed"
     failed = yield stmts.record_failure, ref.params(error=error, max_attempts=max_attempts)
     assert failed is not None
-    attempts, status = int(failed[0]), str(failed[1])
+    attempts, status = int(failed["attempts"]), str(failed["status"])
     if status == "dead":
         yield stmts.hold_key, held_params(ref, message)
     else:

@@ -132,7 +132,7 @@ def _failure_steps(
     row = yield stmts.record_failure, params
     if row is None:  # processed concurrently by another delivery
         return None, "processed"
-    attempts, status = int(row[0]), str(row[1])
+    attempts, status = int(row["attempts"]), str(row["status"])
     if status == "dead" and cfg.ordered:
         if cfg.on_dead == "hold":
             yield stmts.hold_key, held_params(ref, message)

@@ -12,8 +12,8 @@ functions it is passed to, anywhere in the packages scanned, to a fixed point. I
 * ``Record(*row)``: a row spread into arguments by position;
 * ``dict(cur.fetchall())``: rows taken as (key, value) pairs by position.
 
-Not followed: the rows ``inbox``'s statement generators receive from ``run_steps`` (``x =
-yield statement, params``), which still read a few columns by position.
+A statement generator's step (``x = yield statement, params``: ``run_steps`` sends back the
+statement's first row, or its rows) is a row too.
 
 A column is read by name instead: ``dict_row`` (``row["topic"]``), ``class_row`` or
 ``kwargs_row`` into a dataclass (``row.topic``).
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROW, ROWS, CURSOR = "row", "rows", "cursor"
+ROW, ROWS, CURSOR, SENT = "row", "rows", "cursor", "sent"
 _FETCH = {"fetchone": ROW, "fetchall": ROWS, "fetchmany": ROWS}
 _CURSORS = {"execute", "stream", "cursor"}
 _FUNCTIONS = ast.FunctionDef | ast.AsyncFunctionDef
@@ -42,7 +42,7 @@ class _Program:
     changed: bool = False
 
     def learn(self, table: dict[object, str], key: object, kind: str) -> None:
-        if table.get(key) != kind and kind in (ROW, ROWS):
+        if table.get(key) != kind and kind in (ROW, ROWS, SENT):
             table[key] = kind  # type: ignore[index]
             self.changed = True
 
@@ -66,14 +66,16 @@ class _Scope:
             node = node.value
         if isinstance(node, ast.Name):
             return self.names.get(node.id)
+        if isinstance(node, ast.Yield):
+            return SENT  # a statement generator's step: run_steps sends its row (or rows) back
         if isinstance(node, ast.IfExp):
             return self.kind(node.body) or self.kind(node.orelse)
         if isinstance(node, ast.BoolOp):
             return next((k for k in map(self.kind, node.values) if k), None)
         if isinstance(node, ast.Subscript):
             inner = self.kind(node.value)
-            if inner == ROWS:
-                return ROWS if isinstance(node.slice, ast.Slice) else ROW
+            if inner in (ROWS, SENT):
+                return inner if isinstance(node.slice, ast.Slice) else ROW
             return None
         if isinstance(node, ast.Call):
             return self._call(node)
@@ -113,7 +115,7 @@ class _Scope:
         elif isinstance(node, ast.AnnAssign | ast.NamedExpr) and node.value is not None:
             self._target(node.target, self.kind(node.value))
         elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
-            if self.kind(node.iter) in (ROWS, CURSOR):
+            if self.kind(node.iter) in (ROWS, CURSOR, SENT):
                 self._target(node.target, ROW)
         elif isinstance(node, ast.With | ast.AsyncWith):
             for item in node.items:
@@ -133,16 +135,16 @@ class _Scope:
                 return
             for i, arg in enumerate(node.args):
                 kind = self.kind(arg)
-                if kind in (ROW, ROWS) and i < len(params):
+                if kind in (ROW, ROWS, SENT) and i < len(params):
                     self.program.learn(self.program.params, (name, params[i]), kind)  # type: ignore[arg-type]
             for keyword in node.keywords:
                 kind = self.kind(keyword.value)
-                if keyword.arg and kind in (ROW, ROWS):
+                if keyword.arg and kind in (ROW, ROWS, SENT):
                     self.program.learn(self.program.params, (name, keyword.arg), kind)  # type: ignore[arg-type]
 
     def positional(self, where: str) -> Iterator[str]:
         for node in self.nodes:
-            if isinstance(node, ast.Subscript) and self.kind(node.value) == ROW:
+            if isinstance(node, ast.Subscript) and self.kind(node.value) in (ROW, SENT):
                 index = node.slice
                 if isinstance(index, ast.Slice) or _is_int(index):
                     yield f"{where}:{node.lineno}: {ast.unparse(node)}"
@@ -156,13 +158,13 @@ class _Scope:
                 yield f"{where}:{node.lineno}: {ast.unparse(node)[:80]} (pairs by position)"
             elif isinstance(node, ast.Starred) and self.kind(node.value) == ROW:
                 yield f"{where}:{node.lineno}: {ast.unparse(node)} (spread by position)"
-            elif isinstance(node, ast.Assign) and self.kind(node.value) == ROW:
+            elif isinstance(node, ast.Assign) and self.kind(node.value) in (ROW, SENT):
                 if any(isinstance(t, ast.Tuple | ast.List) for t in node.targets):
                     yield f"{where}:{node.lineno}: {ast.unparse(node)[:80]}"
             elif (
                 isinstance(node, ast.For | ast.AsyncFor | ast.comprehension)
                 and isinstance(node.target, ast.Tuple | ast.List)
-                and self.kind(node.iter) in (ROWS, CURSOR)
+                and self.kind(node.iter) in (ROWS, CURSOR, SENT)
             ):
                 line = node.target.lineno
                 yield f"{where}:{line}: for {ast.unparse(node.target)} in ..."

@@ -1,7 +1,8 @@
 """Rows are read by name (``dict_row``, ``class_row``/``kwargs_row`` into a dataclass,
-``outbox.kit.rows_by_name`` for the cursors that give tuples), whatever the variables are
-called: ``tests/support/rows.py`` follows a row from the cursor through names, loops,
-comprehensions, returns and parameters."""
+``outbox.kit.rows_by_name`` for the cursors that give tuples, and for the rows ``run_steps``
+sends into the inbox's statement generators), whatever the variables are called:
+``tests/support/rows.py`` follows a row from the cursor through names, loops, comprehensions,
+returns and parameters."""
 
 from __future__ import annotations
 
@@ -60,6 +61,13 @@ def _find(source: str) -> list[str]:
             "ids = [x[0] for x in _run(c)]\n",
             ["x[0]"],
         ),
+        # a statement generator's step: run_steps sends the row back (through a parameter too)
+        (
+            "def decide(position):\n    return position[0]\n"
+            "def steps(stmts):\n    pos = yield stmts.lock, {}\n    held = pos[1]\n"
+            "    return decide(pos)\n",
+            ["pos[1]", "position[0]"],
+        ),
         # read by name: nothing to find
         ("row = cur.fetchone()\nx = row['topic']\n", []),
         ("for r in cur.fetchall():\n    print(r.topic, r['key'])\n", []),
@@ -67,4 +75,4 @@ def _find(source: str) -> list[str]:
     ],
 )
 def test_the_finder_follows_a_row_whatever_it_is_called(source: str, found: list[str]) -> None:
-    assert _find(source) == sorted(found)
+    assert sorted(_find(source)) == sorted(found)
