@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from outbox.kit import redact
+from outbox.trace import gap
 from outbox_console._security import csrf_token, may_read
 
 __all__ = ["PAYLOAD_SHOWN", "Pages", "ago", "gap", "payload_text"]
@@ -33,21 +33,6 @@ def ago(seconds: float | None) -> str:
     if seconds < 86400:
         return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:.0f} min"
     return f"{seconds // 86400:.0f} d {seconds % 86400 // 3600:.0f} h"
-
-
-def gap(delta: dt.timedelta | None) -> str:
-    """A gap between two steps of a message's journey: ``+12 ms``, ``+3.4 s``, ``+2.5 min``,
-    ``+1.2 h`` (empty: unknown)."""
-    if delta is None:
-        return ""
-    ms = delta.total_seconds() * 1000
-    if abs(ms) < 1000:
-        return f"+{ms:.0f} ms"
-    if abs(ms) < 120_000:
-        return f"+{ms / 1000:.1f} s"
-    if abs(ms) < 7_200_000:
-        return f"+{ms / 60_000:.1f} min"
-    return f"+{ms / 3_600_000:.1f} h"
 
 
 def payload_text(payload: bytes) -> str:

@@ -28,7 +28,7 @@ from outbox.trace._model import (
     Step,
 )
 from outbox.trace._read import trace_message
-from outbox.trace._render import render_text
+from outbox.trace._render import gap, render_text
 
 __all__ = [
     "Action",
@@ -43,6 +43,7 @@ __all__ = [
     "Step",
     "TraceSource",
     "TraceSources",
+    "gap",
     "load_trace_sources",
     "render_text",
     "trace_message",

@@ -10,7 +10,9 @@ from outbox._redact import redact
 from outbox.trace._model import InboxRecord, Journey
 
 
-def _gap(delta: dt.timedelta | None) -> str:
+def gap(delta: dt.timedelta | None) -> str:
+    """A gap between two steps of a message's journey: ``+12 ms``, ``+3.4 s``, ``+2.5 min``,
+    ``+1.2 h`` (empty: unknown). The console's message page writes gaps with it too."""
     if delta is None:
         return ""
     ms = delta.total_seconds() * 1000
@@ -53,7 +55,7 @@ def render_text(journey: Journey) -> str:
         lines.append("")
         lines.append("timeline:")
         for s in j.timeline:
-            lines.append(f"  {_t(s.at)}  {s.what:<16} {one_line(s.where):<24} {_gap(s.after)}")
+            lines.append(f"  {_t(s.at)}  {s.what:<16} {one_line(s.where):<24} {gap(s.after)}")
     for note in j.notes:
         lines.append(f"note: {one_line(redact(note))}")
     if j.actions:
@@ -85,7 +87,7 @@ def _outbox_lines(j: Journey) -> list[str]:
     for rl in j.relays:
         lines.append(
             f"  relay {one_line(rl.relay_id)} on {one_line(rl.hostname)} -> "
-            f"{one_line(rl.broker or '?')}  heartbeat {_gap(rl.silent_for).lstrip('+')} ago"
+            f"{one_line(rl.broker or '?')}  heartbeat {gap(rl.silent_for).lstrip('+')} ago"
         )
     for label, n in (("previous", j.previous), ("next", j.next)):
         if n is not None:
@@ -107,7 +109,7 @@ def _inbox_lines(r: InboxRecord) -> list[str]:
     if r.processed_at:
         detail += f"  at {_t(r.processed_at)}"
     if r.since_published is not None:
-        detail += f"  ({_gap(r.since_published)} after publication)"
+        detail += f"  ({gap(r.since_published)} after publication)"
     if r.held:
         detail += "  holds its key" + (f" (decision: {r.decision})" if r.decision else "")
     if r.held_by:
