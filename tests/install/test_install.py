@@ -135,10 +135,13 @@ _IMPORT_EVERYTHING = textwrap.dedent(
     optional = {optional!r}
     report = {{"imported": [], "needs": {{}}, "leaks": {{}}}}
     for top in {packages!r}:
+        try:  # a whole package may need an extra (outbox_console: the console's)
+            path = importlib.import_module(top).__path__
+        except MissingDependencyError as exc:
+            report["needs"][top] = exc.extra
+            continue
         names = [top] + [
-            m.name for m in pkgutil.walk_packages(
-                importlib.import_module(top).__path__, top + ".", onerror=lambda name: None
-            )
+            m.name for m in pkgutil.walk_packages(path, top + ".", onerror=lambda name: None)
         ]
         for name in names:
             if any(part.startswith("_") for part in name.split(".")):
