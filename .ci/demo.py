@@ -44,7 +44,8 @@ from inbox import AsyncHandlerRunner, NatsConsumer, Outcome, Result
 from outbox import Message, publish_batch
 from outbox._migrate import upgrade
 from outbox.envelope import Envelope
-from relay import Relay, RelayConfig, enable_capture
+from relay import Relay, RelayConfig
+from relay.admin import enable_capture
 from relay.brokers import publisher_for_url
 
 STREAM, SUBJECT = "DEMO_ORDERS", "orders"

@@ -39,10 +39,10 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 from outbox._message import Message, prepare  # noqa: E402
 from outbox._publish import _record as wal_record  # noqa: E402
-from relay._admin import enable_capture  # noqa: E402
 from relay._state import RunState  # noqa: E402
 from relay._statements import relay_statements  # noqa: E402
 from relay._watch import CommitWatch  # noqa: E402
+from relay.admin import enable_capture  # noqa: E402
 
 sys.path.insert(0, str(_HERE))
 from common import load_file, logical_cluster, write_result  # noqa: E402

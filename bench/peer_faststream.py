@@ -116,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     import faststream_outbox  # noqa: F401 - fail early with ImportError when it is missing
 
-    from relay._admin import enable_capture
+    from relay.admin import enable_capture
 
     with logical_cluster("outbox-bench-peer-") as server:
         _, url = _database(server.admin_url)

@@ -55,7 +55,7 @@ def create_db(*, capture: bool = False) -> tuple[str, str]:
     url = ADMIN.rsplit("/", 1)[0] + "/" + name
     upgrade(url)
     if capture:
-        from relay._admin import enable_capture
+        from relay.admin import enable_capture
 
         enable_capture(url, slot=f"bench_{name}")
     return name, url

@@ -1,6 +1,6 @@
 """AMQP 1.0 receiver (python-qpid-proton): accept after commit, retry or release to redeliver.
 
-Proton runs on a thread of its own (:mod:`outbox._proton`): it reads each transfer's bytes and
+Proton runs on a thread of its own (:mod:`outbox.amqp1_reactor`): it reads each transfer's bytes and
 hands them to the event loop; the message is decoded on the event loop (a malformed one is
 refused there, never on the reactor thread), and its settlement goes back to the reactor.
 Credit: ``credit`` unsettled messages at most; one more is granted as each is settled, so a
@@ -21,16 +21,16 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
-from outbox import _proton
-from outbox._limits import (
+from outbox import amqp1_reactor as _proton
+from outbox.envelope import Envelope
+from outbox.exceptions import InvalidMessageError
+from outbox.kit import (
     DEFAULT_MAX_RECEIVE_BYTES,
     MAX_HEADER_NAME_BYTES,
     MAX_HEADER_VALUE_BYTES,
     MAX_RECEIVED_HEADERS,
+    require,
 )
-from outbox._optional import require
-from outbox.envelope import Envelope
-from outbox.exceptions import InvalidMessageError
 from outbox.wire import amqp1 as wire
 
 __all__ = ["Amqp1Consumer"]
@@ -179,16 +179,16 @@ class Amqp1Consumer(BrokerConsumer):
 
     A processed message is ``accepted`` after its transaction commits; one that is not an
     outbox message is ``rejected`` (to the queue's dead-letter queue, if it has one). A failed
-    one stays unsettled and is applied again after ``redeliver_delay`` (until the inbox's
+    one stays unsettled and is applied again after ``redeliver_delay=`` (until the inbox's
     ``max_attempts``). An early one (out of its key's order) is set aside unsettled (up to
     ``credit`` of them, each lending its credit to the next message): applied as soon as its
     key's previous message is settled here, ``released`` after 5 s otherwise (at least
-    ``redeliver_delay``; the broker delivers it again). Why not release them at once:
+    ``redeliver_delay=``; the broker delivers it again). Why not release them at once:
     RabbitMQ puts a released message back at the head of its queue, and hands it back only
     after what it sent meanwhile; releasing each failed and early message after a delay made
     a backlog behind a failing message take minutes to drain.
     When an established connection or its link is lost, its unsettled messages go back to the
-    queue and the consumer connects again (``reconnect=False``: ``run()`` raises
+    queue and the consumer connects again (``reconnect=False``: ``.run()`` raises
     ConnectionError instead); the first connection failing raises ConnectionError.
     """
 

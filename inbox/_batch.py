@@ -21,7 +21,7 @@ from inbox._statements import InboxStatements
 
 __all__ = ["BatchSteps", "Plan", "batch_steps"]
 
-Rows = list[tuple[Any, ...]]
+Rows = list[dict[str, Any]]
 BatchSteps = Generator[tuple[bytes, dict[str, Any]], Rows, "Plan"]
 
 
@@ -65,13 +65,13 @@ def batch_steps(
             "seqs": [refs[i].seq for i in unique],
         },
     )
-    fresh = {row[0] for row in recorded}
+    fresh = {row["message_id"] for row in recorded}
     verdicts: dict[int, Verdict] = {}
     known = [i for i in unique if refs[i].id not in fresh]
     parked: set[uuid.UUID] = set()
     if known:
         noted = yield stmts.note_duplicates, base | {"ids": [refs[i].id for i in known]}
-        parked = {row[0] for row in noted if row[1] == "parked"}
+        parked = {row["message_id"] for row in noted if row["status"] == "parked"}
     decide_later = []
     for i in unique:
         if refs[i].id in fresh:
@@ -118,7 +118,9 @@ def _ordered(
             "keys": [k[1] for k in keys],
         },
     )
-    positions = {(topic, key): (int(last), held) for topic, key, last, held in rows}
+    positions = {
+        (row["topic"], row["key"]): (int(row["last_seq"]), row["held_seq"]) for row in rows
+    }
     advanced: dict[tuple[str, str], int] = {}
     stale: list[uuid.UUID] = []
     refused: dict[tuple[str, str], list[int]] = defaultdict(list)

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 
 from inbox._receive import MessageRef, invalid_ref
 from inbox._runner import AsyncAlso, AsyncHandlerRunner, Outcome, Result, _is_transient
-from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
-from outbox._redact import redact_library_logs
 from outbox.envelope import REFUSAL_REASONS, Envelope, shown
 from outbox.exceptions import ConfigurationError, InvalidMessageError, OutboxError
+from outbox.kit import DEFAULT_MAX_RECEIVE_BYTES, redact_library_logs
 
 __all__ = ["Batching", "BrokerConsumer", "Delivery", "ResultCallback"]
 

@@ -17,14 +17,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import psycopg
-from psycopg.rows import RowFactory, class_row, tuple_row
+from psycopg.rows import RowFactory, class_row, dict_row
 
 from inbox._receive import translate
 from inbox._retention import _libpq_url
 from inbox._statements import inbox_statements
-from outbox._actor import default_actor
-from outbox._database import Database, connected
 from outbox.exceptions import ConfigurationError
+from outbox.kit import Database, connected, default_actor
 
 __all__ = ["HeldFilter", "HeldKey", "dead_audit", "dead_purge", "dead_retry", "held_keys"]
 
@@ -81,7 +80,7 @@ def _run(
     schema: str | None,
     statement_name: str,
     params: dict[str, Any],
-    row_factory: RowFactory[Any] = tuple_row,
+    row_factory: RowFactory[Any] = dict_row,
 ) -> list[Any]:
     stmts = inbox_statements(schema)
     try:
@@ -129,7 +128,7 @@ def _decide(
         "actor": actor or default_actor(),
         "limit": limit,
     }
-    return [row[0] for row in _run(url, schema, "dead_decide", params)]
+    return [row["message_id"] for row in _run(url, schema, "dead_decide", params)]
 
 
 def dead_retry(

@@ -11,7 +11,10 @@ sequences of those transactions, shared by the sync and async runners like ``_re
 
 from __future__ import annotations
 
+import datetime as dt
 import socket
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from inbox._receive import MessageRef, Steps, _record_steps, held_params
@@ -19,6 +22,7 @@ from inbox._statements import InboxStatements
 from outbox.envelope import Envelope
 
 __all__ = [
+    "HeldRow",
     "held_envelope",
     "release_done_steps",
     "release_failure_steps",
@@ -32,19 +36,35 @@ def runner_actor(consumer: str) -> str:
     return f"consumer:{consumer}@{socket.gethostname()}"
 
 
-def held_envelope(row: tuple[Any, ...]) -> Envelope:
-    """An Envelope from an ``inbox_held`` row (its first nine columns)."""
-    msg_id, topic, key, seq, payload, content_type, headers, traceparent, created_at = row[:9]
+@dataclass(frozen=True)
+class HeldRow:
+    """A row of inbox_held_decided (with its ``decision``) or inbox_parked_ready (without):
+    the ``held_columns`` of ``inbox/statements.sql``, read by name."""
+
+    message_id: uuid.UUID
+    topic: str
+    key: str
+    seq: int
+    payload: bytes
+    content_type: str
+    headers: Any
+    traceparent: str | None
+    created_at: dt.datetime
+    decision: str | None = None
+
+
+def held_envelope(row: HeldRow) -> Envelope:
+    """An Envelope from an ``inbox_held`` row."""
     return Envelope(
-        id=msg_id,
-        topic=topic,
-        key=key,
-        seq=int(seq),
-        payload=bytes(payload),
-        content_type=content_type,
-        headers=dict(headers or {}),
-        traceparent=traceparent,
-        created_at=created_at,
+        id=row.message_id,
+        topic=row.topic,
+        key=row.key,
+        seq=int(row.seq),
+        payload=bytes(row.payload),
+        content_type=row.content_type,
+        headers=dict(row.headers or {}),
+        traceparent=row.traceparent,
+        created_at=row.created_at,
     )
 
 
@@ -91,7 +111,7 @@ def release_failure_steps(
         return None, "processed"
     failed = yield stmts.record_failure, ref.params(error=error, max_attempts=max_attempts)
     assert failed is not None
-    attempts, status = int(failed[0]), str(failed[1])
+    attempts, status = int(failed["attempts"]), str(failed["status"])
     if status == "dead":
         yield stmts.hold_key, held_params(ref, message)
     else:

@@ -17,11 +17,9 @@ from typing import Any
 from inbox._consumer import Batching, BrokerConsumer, Invalid, ResultCallback, described
 from inbox._receive import MessageRef
 from inbox._runner import AsyncAlso, AsyncBatchAlso, AsyncHandlerRunner, Outcome, Result
-from outbox._connections import resolve_async
-from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
-from outbox._optional import require
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
+from outbox.kit import DEFAULT_MAX_RECEIVE_BYTES, require, resolve_async, rows_by_name
 from outbox.wire import kafka as wire
 
 __all__ = ["KafkaConsumer"]
@@ -32,11 +30,11 @@ log = logging.getLogger("inbox.consumer")
 class KafkaConsumer(BrokerConsumer):
     """Consume ``topics`` in the consumer group of ``config["group.id"]``.
 
-    One message per transaction by default; with ``batching`` up to ``batching.size`` polled
+    One message per transaction by default; with ``batching=`` up to ``batching.size`` polled
     messages per transaction (Kafka's parallelism is the partition: run more members of the
     group, so ``batching.workers`` must be 1). Offsets are committed after the database commit,
     per partition up to its first message not settled. A failed or out-of-order message is not
-    committed: the consumer seeks back to it and polls it again after ``redeliver_delay``
+    committed: the consumer seeks back to it and polls it again after ``redeliver_delay=``
     (later messages of its partition wait behind it, and come back as duplicates if they were
     applied). ``enable.auto.commit`` and ``enable.auto.offset.store`` are forced off.
     """
@@ -134,7 +132,8 @@ class KafkaConsumer(BrokerConsumer):
         async with self.runner.transactions() as target:
             raw = await resolve_async(target)
             cur = await raw.execute(self._stmts.kafka_offsets_read, params)
-            return {(t, p): o for t, p, o in await cur.fetchall()}
+            rows = rows_by_name(cur, await cur.fetchall())
+            return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
 
     def _store_offset(self, msg: Any) -> AsyncAlso:
         params = {

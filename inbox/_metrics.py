@@ -14,9 +14,9 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
-from outbox._noop_metric import NoopMetric
 from outbox.envelope import REFUSAL_REASONS
 from outbox.exceptions import ConfigurationError
+from outbox.kit import NoopMetric
 
 __all__ = ["InboxMetrics"]
 

@@ -7,8 +7,7 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
-from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
-from outbox._optional import require
+from outbox.kit import DEFAULT_MAX_RECEIVE_BYTES, require
 from outbox.wire import rabbitmq as wire
 
 __all__ = ["RabbitMQConsumer"]
@@ -17,7 +16,7 @@ __all__ = ["RabbitMQConsumer"]
 class RabbitMQConsumer(BrokerConsumer):
     """Consume ``queue`` with ``prefetch`` unacknowledged messages in flight.
 
-    A failed or out-of-order message is requeued after ``redeliver_delay``; an undecodable one
+    A failed or out-of-order message is requeued after ``redeliver_delay=``; an undecodable one
     is rejected without requeue (to the queue's dead-letter exchange, if it has one).
     """
 

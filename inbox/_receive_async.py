@@ -27,8 +27,7 @@ from inbox._receive_common import (
     translate,
 )
 from inbox._statements import InboxStatements, inbox_statements
-from outbox._asyncpg import AsyncpgConnection
-from outbox._connections import AsyncTarget, resolve_async
+from outbox.kit import AsyncpgConnection, AsyncTarget, resolve_async, row_by_name, rows_by_name
 
 __all__ = ["receive_async", "record_async", "record_on_async", "run_steps_async"]
 
@@ -50,9 +49,12 @@ async def run_steps_async(
             while True:
                 await cur.execute(step[0], step[1])
                 if all_rows:
-                    step = steps.send(await cur.fetchall() if cur.description else [])
+                    rows = rows_by_name(cur, await cur.fetchall()) if cur.description else []
+                    step = steps.send(rows)
+                elif cur.description:
+                    step = steps.send(row_by_name(cur, await cur.fetchone()))
                 else:
-                    step = steps.send(await cur.fetchone() if cur.description else (cur.rowcount,))
+                    step = steps.send({"rowcount": cur.rowcount})
     except StopIteration as done:
         return done.value
     except psycopg.Error as exc:
@@ -85,7 +87,7 @@ async def record_on_async(
         raise translate(exc, stmts) from exc
     if inserted != 0 and not ordered:
         return Verdict.PROCESS
-    steps = _decision_steps(stmts, ref, ordered, message, ref.params(), (inserted,))
+    steps = _decision_steps(stmts, ref, ordered, message, ref.params(), {"rowcount": inserted})
     verdict: Verdict = await run_steps_async(raw, stmts, steps)
     return verdict
 

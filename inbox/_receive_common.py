@@ -19,11 +19,10 @@ from psycopg.types.json import Jsonb
 
 from inbox._statements import InboxStatements
 from inbox.exceptions import ConcurrentDeliveryError, OutOfOrderError
-from outbox._connections import AsyncRaw as AsyncRaw
-from outbox._errors import translate as translate_database_error
-from outbox._limits import MAX_KEY_BYTES, MAX_TOPIC_BYTES
-from outbox._message import check_text
 from outbox.exceptions import InvalidMessageError
+from outbox.kit import MAX_KEY_BYTES, MAX_TOPIC_BYTES, check_text
+from outbox.kit import AsyncRaw as AsyncRaw
+from outbox.kit import translate as translate_database_error
 
 __all__ = [
     "AsyncRaw",
@@ -45,7 +44,7 @@ Raw: TypeAlias = "psycopg.Connection[Any]"
 #: One statement to run and its parameters; the generator is sent the statement's first row
 #: (None: no row), or ``(row count,)`` for a statement that returns no rows (no RETURNING).
 Step = tuple[bytes, dict[str, Any]]
-Steps = Generator[Step, tuple[Any, ...] | None, Any]
+Steps = Generator[Step, dict[str, Any] | None, Any]
 
 
 class Verdict(enum.Enum):
@@ -198,14 +197,14 @@ def _decision_steps(
     ordered: bool,
     message: Any,
     params: dict[str, Any],
-    inserted: tuple[Any, ...] | None,
+    inserted: dict[str, Any] | None,
 ) -> Steps:
-    """What follows inbox_record, given what it returned (``(row count,)``)."""
-    if inserted is None or inserted[0] == 0:
+    """What follows inbox_record, given what it returned (``{"rowcount": n}``)."""
+    if inserted is None or inserted["rowcount"] == 0:
         noted = yield stmts.note_duplicate, params
         if not ordered:
             return Verdict.DUPLICATE
-        if noted is not None and noted[1] == "parked":
+        if noted is not None and noted["status"] == "parked":
             return Verdict.DUPLICATE  # kept in inbox_held: applied from there, in turn
         return (yield from _ordered_duplicate_steps(stmts, ref))
     if not ordered:
@@ -213,11 +212,11 @@ def _decision_steps(
     position = yield stmts.position_lock, params
     assert position is not None
     assert ref.seq is not None
-    held = position[1]
+    held = position["held_seq"]
     if held is not None and ref.seq >= int(held):
         yield stmts.park, held_params(ref, message)
         return Verdict.PARKED
-    verdict = decide(int(position[0]), ref.seq)
+    verdict = decide(int(position["last_seq"]), ref.seq)
     follow_up = {
         Verdict.PROCESS: stmts.position_advance,
         Verdict.STALE: stmts.mark_stale,
@@ -238,9 +237,9 @@ def _ordered_duplicate_steps(stmts: InboxStatements, ref: MessageRef) -> Steps:
     position = yield stmts.position_lock, params
     assert position is not None
     assert ref.seq is not None
-    if position[1] is not None and ref.seq >= int(position[1]):
+    if position["held_seq"] is not None and ref.seq >= int(position["held_seq"]):
         return Verdict.DUPLICATE  # the key is held at or before it: the hold decides its turn
-    verdict = decide(int(position[0]), ref.seq)
+    verdict = decide(int(position["last_seq"]), ref.seq)
     if verdict is Verdict.OUT_OF_ORDER:
         return Verdict.OUT_OF_ORDER  # not yet its turn: redelivered, and moved on then
     if verdict is Verdict.PROCESS:

@@ -28,7 +28,7 @@ from inbox._receive_common import (
     translate,
 )
 from inbox._statements import InboxStatements, inbox_statements
-from outbox._connections import Target, resolve_sync
+from outbox.kit import Target, resolve_sync, row_by_name, rows_by_name
 
 __all__ = ["receive", "record", "record_on", "run_steps"]
 
@@ -50,9 +50,12 @@ def run_steps(
             while True:
                 cur.execute(step[0], step[1])
                 if all_rows:
-                    step = steps.send(cur.fetchall() if cur.description else [])
+                    rows = rows_by_name(cur, cur.fetchall()) if cur.description else []
+                    step = steps.send(rows)
+                elif cur.description:
+                    step = steps.send(row_by_name(cur, cur.fetchone()))
                 else:
-                    step = steps.send(cur.fetchone() if cur.description else (cur.rowcount,))
+                    step = steps.send({"rowcount": cur.rowcount})
     except StopIteration as done:
         return done.value
     except psycopg.Error as exc:
@@ -78,7 +81,7 @@ def record_on(
         raise translate(exc, stmts) from exc
     if inserted != 0 and not ordered:
         return Verdict.PROCESS
-    steps = _decision_steps(stmts, ref, ordered, message, ref.params(), (inserted,))
+    steps = _decision_steps(stmts, ref, ordered, message, ref.params(), {"rowcount": inserted})
     verdict: Verdict = run_steps(raw, stmts, steps)
     return verdict
 

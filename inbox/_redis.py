@@ -7,9 +7,8 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
-from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
-from outbox._optional import require
 from outbox.envelope import shown
+from outbox.kit import DEFAULT_MAX_RECEIVE_BYTES, require
 from outbox.wire import redis as wire
 
 __all__ = ["RedisStreamConsumer"]

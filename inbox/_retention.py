@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 
 import psycopg
+from psycopg.rows import dict_row
 from sqlalchemy import make_url
 
 from inbox._receive import translate
@@ -48,9 +49,10 @@ def purge(
     statuses = ["processed", "stale", *(["dead"] if include_dead else [])]
     total = 0
     with psycopg.connect(_libpq_url(url), autocommit=True) as conn:
-        before = conn.execute(stmts.purge_cutoff, {"older_than": older_than}).fetchone()
+        with conn.cursor(row_factory=dict_row) as cur:
+            cutoff = cur.execute(stmts.purge_cutoff, {"older_than": older_than}).fetchone()
         params = {
-            "before": before[0] if before else None,
+            "before": cutoff["before"] if cutoff else None,
             "statuses": statuses,
             "consumer": consumer,
             "batch_size": batch_size,

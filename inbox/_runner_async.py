@@ -52,7 +52,7 @@ from inbox._runner_common import (
     log,
 )
 from inbox._transactions import AsyncTransactions, AsyncTransactionSource, async_transactions
-from outbox._connections import resolve_async
+from outbox.kit import resolve_async, row_by_name, rows_by_name
 
 __all__ = ["AsyncHandlerRunner"]
 
@@ -210,7 +210,8 @@ class AsyncHandlerRunner(_RunnerBase):
         params = {"consumer": self._cfg.consumer, "min_age": min_age}
         async with self._transactions() as target:
             raw = await resolve_async(target)
-            row = await (await raw.execute(self._cfg.stmts.key_gauges, params)).fetchone()
+            cur = await raw.execute(self._cfg.stmts.key_gauges, params)
+            row = row_by_name(cur, await cur.fetchone())
         return self._gauges(row)
 
     async def _handle(self, message: Any, also: AsyncAlso | None) -> Result:
@@ -260,8 +261,9 @@ class AsyncHandlerRunner(_RunnerBase):
         results: list[Result] = []
         async with self._transactions() as target:
             raw = await resolve_async(target)
-            decided = await (await raw.execute(cfg.stmts.held_decided, params)).fetchall()
-        for row in (HeldRow(*values) for values in decided):
+            cur = await raw.execute(cfg.stmts.held_decided, params)
+            decided = rows_by_name(cur, await cur.fetchall())
+        for row in (HeldRow(**values) for values in decided):
             if row.decision == "purge":
                 await self._purge(held_envelope(row))
             elif (result := await self._release(message := held_envelope(row), "dead")) is not None:
@@ -270,9 +272,10 @@ class AsyncHandlerRunner(_RunnerBase):
         while True:  # a released message makes its successor ready: ask again until none
             async with self._transactions() as target:
                 raw = await resolve_async(target)
-                rows = await (await raw.execute(cfg.stmts.parked_ready, params)).fetchall()
+                cur = await raw.execute(cfg.stmts.parked_ready, params)
+                rows = rows_by_name(cur, await cur.fetchall())
             fresh = [
-                row for row in (HeldRow(*values) for values in rows) if row.message_id not in tried
+                row for row in (HeldRow(**values) for values in rows) if row.message_id not in tried
             ]
             ready = [held_envelope(row) for row in fresh]
             if not ready:

@@ -8,19 +8,19 @@ not) the handler; what they decide is here.
 
 from __future__ import annotations
 
-import datetime as dt
 import enum
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
 from inbox._batch import Plan
+from inbox._hold import HeldRow
 from inbox._metrics import InboxMetrics
 from inbox._receive import MessageRef, Steps, Verdict, as_ref, held_params
 from inbox._statements import InboxStatements, inbox_statements
@@ -82,22 +82,6 @@ _FROM_VERDICT = {
 ON_DEAD = ("skip", "hold")
 
 
-class HeldRow(NamedTuple):
-    """A row of inbox_held_decided (with its ``decision``) or inbox_parked_ready (without),
-    read by name; a tuple, as :func:`~inbox._hold.held_envelope` takes it."""
-
-    message_id: uuid.UUID
-    topic: str
-    key: str
-    seq: int
-    payload: bytes
-    content_type: str
-    headers: Any
-    traceparent: str | None
-    created_at: dt.datetime
-    decision: str | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class Result:
     """The outcome of one delivery, with the failed attempts so far and the error, if any."""
@@ -148,7 +132,7 @@ def _failure_steps(
     row = yield stmts.record_failure, params
     if row is None:  # processed concurrently by another delivery
         return None, "processed"
-    attempts, status = int(row[0]), str(row[1])
+    attempts, status = int(row["attempts"]), str(row["status"])
     if status == "dead" and cfg.ordered:
         if cfg.on_dead == "hold":
             yield stmts.hold_key, held_params(ref, message)
@@ -319,8 +303,8 @@ class _RunnerBase:
                                start_ns, end_ns, size, check=False)  # fmt: skip
         return ordered
 
-    def _gauges(self, row: tuple[Any, ...] | None) -> tuple[int, int]:
-        blocked, held = (int(row[0]), int(row[1])) if row else (0, 0)
+    def _gauges(self, row: dict[str, Any] | None) -> tuple[int, int]:
+        blocked, held = (int(row["blocked"]), int(row["held"])) if row else (0, 0)
         self.metrics.blocked_keys.labels(self._cfg.consumer).set(blocked)
         self.metrics.held_keys.labels(self._cfg.consumer).set(held)
         return blocked, held

@@ -53,7 +53,7 @@ from inbox._runner_common import (
     log,
 )
 from inbox._transactions import Transactions, TransactionSource, sync_transactions
-from outbox._connections import resolve_sync
+from outbox.kit import resolve_sync, row_by_name, rows_by_name
 
 __all__ = ["HandlerRunner"]
 
@@ -204,7 +204,8 @@ class HandlerRunner(_RunnerBase):
         params = {"consumer": self._cfg.consumer, "min_age": min_age}
         with self._transactions() as target:
             raw = resolve_sync(target)
-            row = raw.execute(self._cfg.stmts.key_gauges, params).fetchone()
+            cur = raw.execute(self._cfg.stmts.key_gauges, params)
+            row = row_by_name(cur, cur.fetchone())
         return self._gauges(row)
 
     def _handle(self, message: Any, also: Also | None) -> Result:
@@ -235,8 +236,9 @@ class HandlerRunner(_RunnerBase):
         results: list[Result] = []
         with self._transactions() as target:
             raw = resolve_sync(target)
-            decided = raw.execute(cfg.stmts.held_decided, params).fetchall()
-        for row in (HeldRow(*values) for values in decided):
+            cur = raw.execute(cfg.stmts.held_decided, params)
+            decided = rows_by_name(cur, cur.fetchall())
+        for row in (HeldRow(**values) for values in decided):
             if row.decision == "purge":
                 self._purge(held_envelope(row))
             elif (result := self._release(message := held_envelope(row), "dead")) is not None:
@@ -245,9 +247,10 @@ class HandlerRunner(_RunnerBase):
         while True:  # a released message makes its successor ready: ask again until none
             with self._transactions() as target:
                 raw = resolve_sync(target)
-                rows = raw.execute(cfg.stmts.parked_ready, params).fetchall()
+                cur = raw.execute(cfg.stmts.parked_ready, params)
+                rows = rows_by_name(cur, cur.fetchall())
             fresh = [
-                row for row in (HeldRow(*values) for values in rows) if row.message_id not in tried
+                row for row in (HeldRow(**values) for values in rows) if row.message_id not in tried
             ]
             ready = [held_envelope(row) for row in fresh]
             if not ready:

@@ -18,8 +18,8 @@ from typing import Any
 
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
-from outbox._optional import require
 from outbox.exceptions import ConfigurationError
+from outbox.kit import require
 from outbox.wire import sqs as wire
 
 __all__ = ["SqsConsumer"]
@@ -39,7 +39,7 @@ class SqsConsumer(BrokerConsumer):
     is extended every third of ``visibility_timeout``, so a slow batch is not handed to another
     consumer meanwhile; a crashed consumer's messages come back after ``visibility_timeout``.
     A failed or out-of-order message is made visible again (``ChangeMessageVisibility`` to 0)
-    after ``redeliver_delay``. A message that is not an outbox message is
+    after ``redeliver_delay=``. A message that is not an outbox message is
     recorded dead (when its id can be read) and deleted. Poison messages are the inbox's
     (``max_attempts``, ``on_dead``): give the queue no redrive policy, or a ``maxReceiveCount``
     well above ``max_attempts``, or SQS moves them away before the inbox records them.

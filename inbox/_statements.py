@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from outbox._sql import Names, load, qualified, registry
+from outbox.kit import Names, load, qualified, registry
 from outbox.schema import (
     INBOX_DEAD_AUDIT,
     INBOX_HELD,
@@ -56,6 +56,7 @@ class InboxStatements:
     held_list: bytes
     dead_decide: bytes
     dead_audit_list: bytes
+    consumer_activity: bytes
     record_batch: bytes
     note_duplicates: bytes
     positions_lock: bytes

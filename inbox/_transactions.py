@@ -12,8 +12,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from outbox._optional import loaded_class
 from outbox.exceptions import ConfigurationError
+from outbox.kit import loaded_class
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool, ConnectionPool

@@ -13,15 +13,18 @@ the dead messages that hold their keys. They used to be ``inbox.purge`` and
 
 from __future__ import annotations
 
+from inbox._activity import ConsumerActivity, consumer_activity
 from inbox._blocked import BlockedKey, blocked_keys
 from inbox._dead import HeldFilter, HeldKey, dead_audit, dead_purge, dead_retry, held_keys
 from inbox._retention import purge as purge_finished
 
 __all__ = [
     "BlockedKey",
+    "ConsumerActivity",
     "HeldFilter",
     "HeldKey",
     "blocked_keys",
+    "consumer_activity",
     "dead_audit",
     "dead_purge",
     "dead_retry",

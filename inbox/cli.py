@@ -18,8 +18,7 @@ from inbox.admin import (
     held_keys,
     purge_finished,
 )
-from outbox._errors import one_line
-from outbox._redact import redact
+from outbox.kit import one_line, redact
 
 __all__ = ["commands"]
 

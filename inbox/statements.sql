@@ -135,7 +135,7 @@ WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)b::uuid[])
 -- name: purge_cutoff
 -- The retention's cut-off (inbox/_retention.py): records received before it are old. Taken
 -- once, on the server's clock, so every batch of one purge deletes up to the same instant.
-SELECT clock_timestamp() - %(older_than)s::interval
+SELECT clock_timestamp() - %(older_than)s::interval AS before
 
 -- name: kafka_offset_store
 -- inbox_kafka_offset_store: in the transaction of the effect, so the offset and the effect
@@ -176,8 +176,8 @@ LIMIT %(limit)s
 -- only small partial sets (the partial index of waiting positions; held keys' dead messages).
 SELECT (SELECT count(*) FROM {positions}
         WHERE consumer = %(consumer)s AND blocked_since IS NOT NULL
-          AND blocked_since <= clock_timestamp() - %(min_age)s::interval),
-       (SELECT count(*) FROM {held} WHERE consumer = %(consumer)s AND role = 'dead')
+          AND blocked_since <= clock_timestamp() - %(min_age)s::interval) AS blocked,
+       (SELECT count(*) FROM {held} WHERE consumer = %(consumer)s AND role = 'dead') AS held
 
 -- Key-aware dead letters (on_dead="hold"): a held key's dead message and later messages are
 -- kept whole in inbox_held; the consumer applies them, in seq order, once an operator has
@@ -350,6 +350,20 @@ FROM {audit}
 WHERE (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s
+
+-- name: consumer_activity
+-- Per consumer (the console's overview): its last processed message, what it processed in the
+-- last minute, and its dead and parked records (one scan of the inbox table; an operator's
+-- page view, not a hot path).
+SELECT consumer,
+       max(processed_at) AS last_processed_at,
+       extract(epoch FROM clock_timestamp() - max(processed_at))::float8 AS silent_s,
+       count(*) FILTER (WHERE processed_at > clock_timestamp() - interval '1 minute')
+           AS last_minute,
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) FILTER (WHERE status = 'parked') AS parked
+FROM {messages}
+GROUP BY consumer ORDER BY consumer
 
 -- Batches (runner.handle_batch): one statement per step for the whole batch. The same
 -- decisions as the single-message statements above, taken for N messages at once. Rows are

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from inbox._consumer import BrokerConsumer, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Outcome, Result
@@ -148,8 +149,9 @@ def wait_until_processed(
     deadline = time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True) as conn:
         while True:
-            rows = conn.execute(stmt, {"consumer": consumer, "ids": list(wanted)}).fetchall()
-            missing = wanted - {r[0] for r in rows}
+            with conn.cursor(row_factory=dict_row) as cur:
+                rows = cur.execute(stmt, {"consumer": consumer, "ids": list(wanted)}).fetchall()
+            missing = wanted - {r["message_id"] for r in rows}
             if not missing:
                 return
             if time.monotonic() > deadline:

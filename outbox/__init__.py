@@ -15,21 +15,15 @@ from importlib.metadata import version as _version
 
 from outbox._connections import AsyncTarget, Target
 from outbox._ids import id_from_idempotency_key, new_message_id
-from outbox._journey import (
-    AmbiguousMessageError,
-    Journey,
-    MessageNotFoundError,
-    TraceSource,
-    TraceSources,
-    trace_message,
-)
 from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, Message
 from outbox._publish import publish, publish_async, publish_batch, publish_batch_async
 from outbox._statements import WAKEUP_CHANNEL
 from outbox.envelope import Envelope
 from outbox.exceptions import (
+    AmbiguousMessageError,
     ConfigurationError,
     InvalidMessageError,
+    MessageNotFoundError,
     OutboxError,
     PayloadTooLargeError,
     SchemaNotInstalledError,
@@ -37,6 +31,7 @@ from outbox.exceptions import (
     TransactionRequiredError,
 )
 from outbox.schema import include_object, make_metadata, metadata
+from outbox.trace import Journey, TraceSource, TraceSources, trace_message
 
 try:  # the version lives in pyproject.toml only; this reads what was installed
     __version__ = _version("outbox-inbox")

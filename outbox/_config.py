@@ -26,6 +26,8 @@ from outbox._redact import redact, remember_secrets
 from outbox.exceptions import ConfigurationError
 
 __all__ = [
+    "JOB_SOURCE_KEYS",
+    "JOB_TOP_KEYS",
     "check_keys",
     "check_value",
     "env_secret",
@@ -37,6 +39,21 @@ __all__ = [
 
 _TRUE = ("1", "true", "yes")
 _FALSE = ("0", "false", "no")
+
+
+#: the keys of a reconciliation job file, at its top and in its source tables ([outbox],
+#: [[inbox]]): the job (spark_ingest) and ``outbox trace --job-file`` refuse any other
+JOB_TOP_KEYS = ("outbox", "inbox", "subscriptions", "sla", "thresholds", "rows_per_partition")
+JOB_SOURCE_KEYS = (
+    "name",
+    "url",
+    "user",
+    "password_env",
+    "password_file",
+    "schema",
+    "max_connections",
+    "sslpassword_env",
+)
 
 
 def read_toml(path: str | Path, *, kind: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The SQL of ``outbox trace`` (:mod:`outbox._journey`), rendered once per schema (the
+"""The SQL of ``outbox trace`` (:mod:`outbox.trace`), rendered once per schema (the
 convention of ``outbox/_sql.py``). Every statement only reads; the caller runs them in a
 read-only transaction, so the console's role (or the relay's on the outbox database, a
 consumer's on its inbox database) is enough.

@@ -63,6 +63,7 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
+from psycopg.rows import dict_row
 
 from outbox._statements import WAKEUP_CHANNEL, doorbell_statements
 
@@ -214,9 +215,11 @@ class Doorbell:
         xids = [x for x in watched if x != _COMMITTED]
         # One round trip: which watched transactions ended, and NOTIFY if one committed (or a
         # commit hook already told us so). Its commit does not wait for a WAL flush.
-        row = conn.execute(_STATEMENTS.doorbell_settle, (xids, self.channel, committed)).fetchone()
+        params = (xids, self.channel, committed)
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(_STATEMENTS.doorbell_settle, params).fetchone()
         assert row is not None
-        done, notified = row
+        done, notified = row["done"], row["notified"]
         if notified:
             self.notifications_sent += 1
         return [*done, _COMMITTED] if committed else list(done)

@@ -236,7 +236,7 @@ def trace_cmd(
     Exit status 0 when it has arrived everywhere it was looked for (or is on its way), 1 when
     it is stuck or an inbox database cannot be read (the output says what to run), 2 when it
     is not found or the outbox database cannot be read."""
-    from outbox._journey import (
+    from outbox.trace import (
         TraceSource,
         TraceSources,
         load_trace_sources,

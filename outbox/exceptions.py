@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AmbiguousMessageError",
     "ConfigurationError",
     "InvalidMessageError",
+    "MessageNotFoundError",
     "MissingDependencyError",
     "OutboxError",
     "PayloadTooLargeError",
@@ -62,3 +64,12 @@ class TransactionRequiredError(OutboxError):
 
 class SchemaNotInstalledError(OutboxError):
     """The outbox tables do not exist: run `outbox migrate upgrade` (or `alembic upgrade heads`)."""
+
+
+class MessageNotFoundError(OutboxError):
+    """No message matches (``outbox trace``): it was never committed, or retention deleted it
+    everywhere."""
+
+
+class AmbiguousMessageError(OutboxError):
+    """More than one message matches (``outbox trace``): look it up by id."""

@@ -168,7 +168,7 @@ SELECT c.mode FROM {capture} AS c
 -- outbox_redrive_preview: each given id's status (an id without a row is missing); read-only,
 -- for --dry-run and for the report of what was already pending or missing. A primary-key probe
 -- per id.
-SELECT id::text, status FROM {messages} WHERE id = ANY(%(ids)b::uuid[])
+SELECT id::text AS id, status FROM {messages} WHERE id = ANY(%(ids)b::uuid[])
 
 -- name: redrive
 -- outbox_redrive: set the given ids back to pending, available now, with one audit row each
@@ -195,7 +195,8 @@ WITH requeued AS (
 )
 INSERT INTO {audit} (actor, action, message_id, topic, key, seq, last_error, reason)
 SELECT %(actor)s, 'redrive', id, topic, key, seq, last_error, %(reason)s FROM requeued
-RETURNING message_id::text, pg_current_xact_id()::text, nextval({counter})
+RETURNING message_id::text AS message_id, pg_current_xact_id()::text AS xact,
+          nextval({counter}) AS watch
 
 -- name: doorbell_session
 -- The doorbell's own autocommit session (outbox/_wakeup.py): the NOTIFY's commit record needs
@@ -210,8 +211,8 @@ n AS (
     SELECT pg_notify(%(channel)s, '') AS sent
     WHERE %(committed)s OR EXISTS (SELECT 1 FROM s WHERE st = 'committed')
 )
-SELECT coalesce(array_agg(x) FILTER (WHERE st IS DISTINCT FROM 'in progress'), '{{}}'),
-       EXISTS (SELECT 1 FROM n)
+SELECT coalesce(array_agg(x) FILTER (WHERE st IS DISTINCT FROM 'in progress'), '{{}}') AS done,
+       EXISTS (SELECT 1 FROM n) AS notified
 FROM s
 
 -- name: begin

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from outbox._errors import describe_cli_error
+from outbox.kit import describe_cli_error
 from relay.cli import commands, relay_cmd
 
 

@@ -18,11 +18,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import class_row, dict_row, kwargs_row
 
-from outbox._actor import default_actor
-from outbox._database import Database, connected
-from outbox._errors import describe_database_error
-from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
+from outbox.kit import Database, connected, default_actor, describe_database_error, redact
 from outbox.schema import OUTBOX_CAPTURE, OUTBOX_WAL_PENDING, check_identifier
 from relay._slot import SlotHealth, default_slot
 from relay._statements import TEMPLATES, RelayStatements, relay_statements
@@ -33,12 +30,14 @@ __all__ = [
     "RelayStatus",
     "broker_kind",
     "dead_list",
+    "dead_listing",
     "dead_purge",
     "dead_retry",
     "default_actor",
     "delete_published",
     "disable_capture",
     "enable_capture",
+    "published_since",
     "relay_status",
 ]
 
@@ -69,6 +68,8 @@ class DeadFilter:
 
 @dataclass(frozen=True)
 class DeadMessage:
+    """A dead message of the outbox: why it died (``last_error``) and what it carries."""
+
     id: uuid.UUID
     topic: str
     key: str
@@ -125,6 +126,8 @@ def broker_kind(url: str | None) -> str | None:
 
 
 def relay_status(url: Database, *, schema: str | None = None) -> RelayStatus:
+    """What ``outbox status`` shows: the backlog per topic, the live relays (their broker
+    URLs masked), and the capture mode with its slot's health."""
     stmts = relay_statements(schema)
     with connected(url) as conn:
         with conn.cursor(row_factory=dict_row) as cur:
@@ -187,11 +190,11 @@ def enable_capture(
         check_identifier(slot, "replication slot")
     check_identifier(publication, "publication")
     stmts = relay_statements(schema)
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         level = conn.execute(stmts.wal_level).fetchone()
-        if level is None or level[0] != "logical":
+        if level is None or level["wal_level"] != "logical":
             raise ConfigurationError(
-                f"wal_level is {level[0] if level else 'unknown'!r}; WAL capture needs "
+                f"wal_level is {level['wal_level'] if level else 'unknown'!r}; WAL capture needs "
                 "wal_level = logical: set it in postgresql.conf (or ALTER SYSTEM SET "
                 "wal_level = logical) and restart PostgreSQL; max_replication_slots and "
                 "max_wal_senders must be at least 1 (the defaults are 10)",
@@ -241,14 +244,17 @@ def _ensure_publication(
         conn.execute(TEMPLATES.publication_add.format(publication=name, pending=pending))
 
 
-def _refuse_second_schema(conn: psycopg.Connection[Any], stmts: RelayStatements) -> None:
+def _refuse_second_schema(
+    conn: psycopg.Connection[dict[str, Any]], stmts: RelayStatements
+) -> None:
     """Refuse 'wal' mode while another schema of this database is in it, or still has a slot
     here: a slot decodes every logical message of its database, so that schema's relays
     would record this schema's messages as their own."""
     ours = conn.execute(stmts.capture_table).fetchone()
     others = conn.execute(stmts.capture_tables, {"table": OUTBOX_CAPTURE}).fetchall()
-    for oid, namespace in others:
-        if ours is not None and oid == ours[0]:
+    for other in others:
+        namespace = other["nspname"]
+        if ours is not None and other["oid"] == ours["oid"]:
             continue
         try:
             row = conn.execute(
@@ -260,8 +266,8 @@ def _refuse_second_schema(conn: psycopg.Connection[Any], stmts: RelayStatements)
             continue
         what = (
             "is in 'wal' mode"
-            if row[0] == "wal"
-            else f"still has its replication slot {row[1]!r} (drop it once `outbox capture "
+            if row["mode"] == "wal"
+            else f"still has its replication slot {row['slot']!r} (drop it once `outbox capture "
             f"status --schema {namespace}` shows no lag)"
         )
         raise ConfigurationError(
@@ -273,19 +279,19 @@ def _refuse_second_schema(conn: psycopg.Connection[Any], stmts: RelayStatements)
 
 
 def _choose_slot(
-    conn: psycopg.Connection[Any], stmts: RelayStatements, slot: str | None
+    conn: psycopg.Connection[dict[str, Any]], stmts: RelayStatements, slot: str | None
 ) -> str:
     """The slot to enable with: the one asked for, else the database's own, else the default;
     refused: a switch away from a slot of this database that still exists (what it has not
     captured would never be)."""
     row = conn.execute(stmts.capture_mode).fetchone()
-    _mode, recorded, _publication = row if row is not None else (None, None, None)
+    recorded = row["slot"] if row is not None else None
     own = recorded is not None and _slot(conn, stmts, recorded).own
     if slot is None:
         if own:
             return str(recorded)
         database = conn.execute(stmts.current_database).fetchone()
-        return default_slot(str(database[0] if database else ""))
+        return default_slot(str(database["database"] if database else ""))
     if own and recorded != slot:
         raise ConfigurationError(
             f"this database captures through replication slot {recorded!r}; switching to "
@@ -346,9 +352,29 @@ def disable_capture(url: str, *, schema: str | None = None) -> dict[str, Any]:
 def dead_list(
     url: Database, where: DeadFilter, *, limit: int = 100, schema: str | None = None
 ) -> list[DeadMessage]:
+    """The dead messages ``where`` selects, in key order, payloads and headers included."""
     stmts = relay_statements(schema)
     with connected(url) as conn, conn.cursor(row_factory=kwargs_row(_dead_message)) as cur:
         return cur.execute(stmts.dead_list, {**where.params(), "limit": limit}).fetchall()
+
+
+def dead_listing(
+    url: Database, where: DeadFilter, *, error: str = "", limit: int = 100,
+    schema: str | None = None,
+) -> list[dict[str, Any]]:
+    """The dead letters ``where`` selects whose error contains ``error`` (case-folded), in key
+    order, without payloads or headers: id, topic, key, seq, attempts, created_at, last_error."""
+    stmts = relay_statements(schema)
+    params = {**where.params(), "error": error, "limit": limit}
+    with connected(url) as conn, conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(stmts.dead_listing, params).fetchall()
+
+
+def published_since(url: Database, seconds: float, *, schema: str | None = None) -> dict[str, int]:
+    """Messages published per topic in the last ``seconds`` (topics with none are left out)."""
+    with connected(url) as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(relay_statements(schema).published_since, {"seconds": seconds})
+        return {row["topic"]: int(row["published"]) for row in rows.fetchall()}
 
 
 def _dead_message(*, payload: bytes, headers: dict[str, str] | None, **row: Any) -> DeadMessage:
@@ -375,12 +401,13 @@ def _change(
         "reason": reason,
     }
     with connected(url, transaction=True) as conn:  # one transaction: change + audit + wake-up
-        rows = conn.execute(statement, params).fetchall()
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(statement, params).fetchall()
         if rows:
             # Re-queued rows, or a purged dead head that held its key: relays have work now.
             # The NOTIFY is delivered at commit, and not at all after a rollback.
             conn.execute(relay_statements(schema).wake_relays)
-    return [r[0] for r in rows]
+    return [r["message_id"] for r in rows]
 
 
 def dead_retry(
@@ -479,9 +506,11 @@ def dead_drop(
 
 def audit_log(
     url: Database, *, limit: int = 50, schema: str | None = None
-) -> list[tuple[Any, ...]]:
-    with connected(url) as conn:
-        return conn.execute(relay_statements(schema).audit_list, {"limit": limit}).fetchall()
+) -> list[dict[str, Any]]:
+    """The newest audit rows first (retries, purges, re-drives): at, actor, action,
+    message_id, topic, key, seq, reason; as :func:`inbox.admin.dead_audit` gives the inbox's."""
+    with connected(url) as conn, conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(relay_statements(schema).audit_list, {"limit": limit}).fetchall()
 
 
 def delete_published(

@@ -47,11 +47,11 @@ from typing import Any, NamedTuple
 
 import orjson
 import psycopg
-from psycopg.rows import class_row
+from psycopg.rows import class_row, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from outbox._capture import MODE_WAL, RecordError, WalRecord, decode_record
 from outbox.envelope import Envelope
+from outbox.kit import MODE_WAL, RecordError, WalRecord, decode_record
 from relay._capture_lease import CaptureLease, fence_lapsed_holder, standby_interval
 from relay._config import RelayConfig
 from relay._dispatch import Dispatcher
@@ -146,10 +146,11 @@ class WalCapture:
         cannot); drain it after a switch back to polling while it exists; publish what the
         pending table still holds in 'polling' mode. None: nothing to do."""
         async with self._pool.connection() as conn:
-            row = await (await conn.execute(self._stmts.capture_mode)).fetchone()
+            cur = conn.cursor(row_factory=dict_row)
+            row = await (await cur.execute(self._stmts.capture_mode)).fetchone()
             if row is None:
                 return None
-            mode, slot, publication = row
+            mode, slot, publication = row["mode"], row["slot"], row["publication"]
             if slot is None:
                 return None
             async with conn.cursor(row_factory=class_row(SlotHealth)) as cur:
@@ -357,8 +358,9 @@ class WalCapture:
         interval = standby_interval(self._config.lease_seconds)
         until = time.monotonic() + RECHECK_SECONDS
         while not self._state.stopping:
-            row = await (await lock.execute(self._stmts.capture_lock, {"slot": slot})).fetchone()
-            if row and row[0]:
+            cur = lock.cursor(row_factory=dict_row)
+            row = await (await cur.execute(self._stmts.capture_lock, {"slot": slot})).fetchone()
+            if row and row["locked"]:
                 return True
             if await fence_lapsed_holder(lock, self._stmts, slot):
                 continue  # its sessions are gone: the lock is free now
@@ -461,10 +463,12 @@ class WalCapture:
             async with conn.pipeline():
                 await conn.execute(stmts.capture_durable)
                 checking = await lease.send_check_in(conn)
-                cur = await conn.execute(stmts.capture_known, {"ids": ids})
+                cur = await conn.cursor(row_factory=dict_row).execute(
+                    stmts.capture_known, {"ids": ids}
+                )
                 await conn.execute(stmts.capture_pending_delete, {"ids": doomed})
                 lease.checked_in(await checking.fetchone())
-                known = {r[0] for r in await cur.fetchall()}
+                known = {r["id"] for r in await cur.fetchall()}
             lease.progress()
             if known:
                 batch = [d for d in batch if d.record.id not in known]
@@ -534,10 +538,15 @@ class WalCapture:
             **self._config.dead_policy_params(),
         }
         async with conn.pipeline():
-            bumped = await conn.execute(self._stmts.capture_bump, bump)
-            held = await conn.execute(self._stmts.capture_waiting_keys, waiting)
-            next_seq = {(t, k): last - counts[(t, k)] + 1 for t, k, last in await bumped.fetchall()}
-            waiting_keys = {(t, k) for t, k in await held.fetchall()}
+            bumped = await conn.cursor(row_factory=dict_row).execute(self._stmts.capture_bump, bump)
+            held = await conn.cursor(row_factory=dict_row).execute(
+                self._stmts.capture_waiting_keys, waiting
+            )
+            next_seq = {
+                (r["topic"], r["key"]): r["last_seq"] - counts[(r["topic"], r["key"])] + 1
+                for r in await bumped.fetchall()
+            }
+            waiting_keys = {(r["topic"], r["key"]) for r in await held.fetchall()}
         for d in batch:
             key = (d.record.topic, d.record.key)
             d.seq = next_seq[key]

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from relay._statements import RelayStatements
@@ -89,9 +90,10 @@ class CaptureLease:
         """Write the lease with a new epoch, on the lock's session (the lock is held)."""
         sent = time.monotonic()
         params = {"slot": self.slot, "holder": self.holder, "lease_seconds": self.lease_seconds}
-        row = await (await lock.execute(self._stmts.capture_lease_take, params)).fetchone()
+        cur = lock.cursor(row_factory=dict_row)
+        row = await (await cur.execute(self._stmts.capture_lease_take, params)).fetchone()
         assert row is not None  # an upsert returns its row
-        self.epoch = int(row[0])
+        self.epoch = int(row["epoch"])
         self._renewed = sent
 
     async def streaming(self, lock: psycopg.AsyncConnection[Any], stream_pid: int) -> None:
@@ -203,7 +205,9 @@ async def fence_lapsed_holder(
     """Terminate the sessions of a holder whose lease lapsed; True when one was terminated
     (the lock is free, or about to be: try it again now)."""
     try:
-        cur = await lock.execute(stmts.capture_lease_fence, {"slot": slot})
+        cur = await lock.cursor(row_factory=dict_row).execute(
+            stmts.capture_lease_fence, {"slot": slot}
+        )
         rows = await cur.fetchall()
     except psycopg.errors.InsufficientPrivilege as exc:
         log.error(
@@ -213,8 +217,8 @@ async def fence_lapsed_holder(
             slot, str(exc).strip(),
         )
         return False
-    ended = [int(pid) for _holder, pid, terminated in rows if terminated]
-    holder = rows[0][0] if rows else None
+    ended = [int(row["pid"]) for row in rows if row["terminated"]]
+    holder = rows[0]["holder"] if rows else None
     if ended:
         log.warning(
             "relay: the capture lease of relay %s on slot %s lapsed: terminated its sessions "

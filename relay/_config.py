@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from outbox._config import check_keys, check_value, parse_env, read_toml
-from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
+from outbox.kit import check_keys, check_value, parse_env, read_toml, redact
 from outbox.schema import check_identifier
 
 __all__ = ["RelayConfig", "TopicPolicy"]

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from outbox._redact import redact
+from outbox.kit import redact
 from relay._claim import backoff_delay
 from relay._config import RelayConfig
 from relay._metrics import RelayMetrics

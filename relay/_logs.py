@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from outbox._redact import install_log_redaction
+from outbox.kit import install_log_redaction
 
 __all__ = ["JsonFormatter", "configure_logging"]
 

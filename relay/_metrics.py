@@ -14,10 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import psycopg
-from psycopg.rows import class_row
+from psycopg.rows import class_row, dict_row
 
-from outbox._noop_metric import NoopMetric
 from outbox.exceptions import ConfigurationError
+from outbox.kit import NoopMetric
 from relay._slot import SLOT_STATES, SlotHealth
 from relay._statements import RelayStatements
 
@@ -201,13 +201,14 @@ class RelayMetrics:
     ) -> None:
         if self.registry is None:
             return
-        cur = await conn.execute(stmts.status_topics)
+        cur = await conn.cursor(row_factory=dict_row).execute(stmts.status_topics)
         topics: set[str] = set()
-        for topic, pending, _leased, dead, oldest in await cur.fetchall():
+        for row in await cur.fetchall():
+            topic = row["topic"]
             topics.add(topic)
-            self.backlog.labels(topic).set(pending)
-            self.dead_rows.labels(topic).set(dead)
-            self.oldest_pending.labels(topic).set(oldest or 0.0)
+            self.backlog.labels(topic).set(row["pending"])
+            self.dead_rows.labels(topic).set(row["dead"])
+            self.oldest_pending.labels(topic).set(row["oldest_pending_s"] or 0.0)
         # A topic whose every row is published has no row in status_topics: its gauges go to
         # 0 (not left at their last value, which would keep a backlog alert firing).
         for topic in self._topics - topics:
@@ -224,7 +225,8 @@ class RelayMetrics:
             return
         try:
             async with conn.transaction():  # a refusal must not fail the heartbeat
-                row = await (await conn.execute(stmts.last_reconciliation)).fetchone()
+                cur = conn.cursor(row_factory=dict_row)
+                row = await (await cur.execute(stmts.last_reconciliation)).fetchone()
         except psycopg.errors.InsufficientPrivilege:
             self._read_runs = False
             log.warning(
@@ -236,16 +238,16 @@ class RelayMetrics:
             return
         if row is None:
             return
-        finished, ok, discrepancies = row
-        self.reconciliation_finished.set(finished)
-        self.reconciliation_failed.set(0 if ok else 1)
-        self.reconciliation_discrepancies.set(discrepancies)
+        self.reconciliation_finished.set(row["finished"])
+        self.reconciliation_failed.set(0 if row["ok"] else 1)
+        self.reconciliation_discrepancies.set(row["discrepancies"])
 
     async def _refresh_slot(
         self, conn: psycopg.AsyncConnection[Any], stmts: RelayStatements
     ) -> None:
-        row = await (await conn.execute(stmts.capture_mode)).fetchone()
-        mode, slot_name, _publication = row if row is not None else (None, None, None)
+        named = conn.cursor(row_factory=dict_row)
+        row = await (await named.execute(stmts.capture_mode)).fetchone()
+        mode, slot_name = (row["mode"], row["slot"]) if row is not None else (None, None)
         if slot_name is None:
             return  # never switched to 'wal': no slot to watch
         async with conn.cursor(row_factory=class_row(SlotHealth)) as cur:

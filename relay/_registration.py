@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from outbox._redact import redact
+from outbox.kit import redact
 from relay._config import RelayConfig
 from relay._metrics import RelayMetrics
 from relay._retry import Backoff, retry

@@ -21,9 +21,15 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from outbox._errors import connect_failure, describe_database_error, schema_not_installed
-from outbox._redact import redact, redact_library_logs, remember_secrets
 from outbox.exceptions import ConfigurationError
+from outbox.kit import (
+    connect_failure,
+    describe_database_error,
+    redact,
+    redact_library_logs,
+    remember_secrets,
+    schema_not_installed,
+)
 from relay._capture import WalCapture
 from relay._claim import Claim, claim_batch, relay_session, resume_point
 from relay._config import RelayConfig

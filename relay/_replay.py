@@ -33,13 +33,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
-from outbox._redact import redact
 from outbox.envelope import Envelope
-from outbox.exceptions import ConfigurationError, OutboxError
+from outbox.exceptions import ConfigurationError
+from outbox.kit import redact
 from relay._replay_statements import ReplayStatements, replay_statements
 from relay.brokers.base import Publisher
-from relay.exceptions import PermanentPublishError
+from relay.exceptions import PermanentPublishError, ReplayError
 
 __all__ = [
     "DEFAULT_DESTINATION",
@@ -54,10 +55,6 @@ DEFAULT_DESTINATION = "replay.{consumer}.{topic}"
 
 #: consecutive failed attempts of one batch before the replay stops (and can be re-run)
 MAX_BATCH_ATTEMPTS = 5
-
-
-class ReplayError(OutboxError):
-    """The replay stopped; the cursor keeps what the broker confirmed: run it again."""
 
 
 @dataclass(frozen=True)
@@ -97,14 +94,14 @@ def default_actor() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
-def _envelope(row: Sequence[Any]) -> Envelope:
-    id_, topic, key, seq, payload, content_type, headers, traceparent, created_at = row
+def _envelope(row: dict[str, Any]) -> Envelope:
+    headers = row["headers"]
     if isinstance(headers, str):  # pragma: no cover - jsonb arrives decoded with psycopg 3
         headers = json.loads(headers)
     return Envelope(
-        id=id_, topic=topic, key=key, seq=seq, payload=bytes(payload),
-        content_type=content_type, headers=headers or {}, traceparent=traceparent,
-        created_at=created_at,
+        id=row["id"], topic=row["topic"], key=row["key"], seq=row["seq"],
+        payload=bytes(row["payload"]), content_type=row["content_type"], headers=headers or {},
+        traceparent=row["traceparent"], created_at=row["created_at"],
     )  # fmt: skip
 
 
@@ -175,9 +172,9 @@ async def replay(
     actor = actor or default_actor()
     stmts = replay_statements(schema)
     key = {"topic": topic, "consumer": consumer}
-    async with await psycopg.AsyncConnection.connect(database_url) as conn:
+    async with await psycopg.AsyncConnection.connect(database_url, row_factory=dict_row) as conn:
         row = await (await conn.execute(stmts.lock, key)).fetchone()
-        if not row or not row[0]:
+        if not row or not row["locked"]:
             raise ConfigurationError(
                 f"a replay of topic {topic!r} to {consumer!r} is already running (one at a "
                 "time: the other one holds the lock until it ends)"
@@ -200,11 +197,12 @@ async def replay(
             await conn.commit()
         finally:
             await publisher.close()
-    return ReplayResult(topic, consumer, dest, run.sent, int(row[0]) if row else 0, resumed)
+    replayed_total = int(row["replayed"]) if row else 0
+    return ReplayResult(topic, consumer, dest, run.sent, replayed_total, resumed)
 
 
 async def _open_cursor(
-    conn: psycopg.AsyncConnection[Any],
+    conn: psycopg.AsyncConnection[dict[str, Any]],
     stmts: ReplayStatements,
     key: dict[str, str],
     *,
@@ -226,7 +224,8 @@ async def _open_cursor(
         )  # fmt: skip
         await conn.commit()
         return False, since, None, None, 0
-    old_dest, old_since, last_key, last_seq, replayed = row[:5]
+    old_dest, old_since = row["destination"], row["since"]
+    last_key, last_seq, replayed = row["last_key"], row["last_seq"], row["replayed"]
     if old_dest != dest:
         raise ConfigurationError(
             f"the replay of topic {key['topic']!r} to {key['consumer']!r} went to "
@@ -245,7 +244,7 @@ async def _open_cursor(
 
 
 async def _remaining(
-    conn: psycopg.AsyncConnection[Any],
+    conn: psycopg.AsyncConnection[dict[str, Any]],
     stmts: ReplayStatements,
     topic: str,
     since: dt.datetime | None,
@@ -255,7 +254,7 @@ async def _remaining(
     params = {"topic": topic, "since": since, "key": last_key, "seq": last_seq}
     row = await (await conn.execute(stmts.count, params)).fetchone()
     await conn.commit()
-    return int(row[0]) if row else 0
+    return int(row["remaining"]) if row else 0
 
 
 def _publisher(
@@ -317,7 +316,8 @@ class _Run:
             "topic": self.key["topic"], "since": since, "key": self.last_key,
             "seq": self.last_seq,
         }  # fmt: skip
-        async with await psycopg.AsyncConnection.connect(database_url) as reader:
+        connecting = psycopg.AsyncConnection.connect(database_url, row_factory=dict_row)
+        async with await connecting as reader:
             await reader.set_read_only(True)
             async with reader.transaction(), reader.cursor(name="outbox_replay") as cur:
                 await cur.execute(self.stmts.rows, params)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from outbox._sql import Names, load, qualified, registry
+from outbox.kit import Names, load, qualified, registry
 from outbox.schema import OUTBOX_DEAD_AUDIT, OUTBOX_MESSAGES, OUTBOX_REPLAY_CURSORS
 
 __all__ = ["ReplayStatements", "replay_statements"]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from outbox._capture import PREFIX
+from outbox.kit import PREFIX
 from relay._statements import TEMPLATES
 from relay.exceptions import RelayError
 

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from outbox._sql import Names, load, qualified, registry, table_name, templates
-from outbox._statements import WAKEUP_CHANNEL
+from outbox.kit import WAKEUP_CHANNEL, Names, load, qualified, registry, table_name, templates
 from outbox.schema import (
     OUTBOX_CAPTURE,
     OUTBOX_CAPTURE_LEASE,
@@ -45,6 +44,8 @@ class RelayStatements:
     dead_purge: bytes
     dead_requeue_ids: bytes
     dead_purge_ids: bytes
+    dead_listing: bytes
+    published_since: bytes
     audit_list: bytes
     capture_mode: bytes
     capture_lock: bytes
@@ -95,9 +96,6 @@ class RelayTemplates:
 
 
 _SQL = load("relay", RelayStatements, RelayTemplates)
-
-#: The dead-letter filter's text (the console's listing applies the same filter).
-_DEAD_FILTER = _SQL.fragments["dead_filter"].text
 
 
 def _names(schema: str | None) -> Names:

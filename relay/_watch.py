@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from relay._connection import keep_connected
 from relay._retry import Backoff
@@ -154,10 +155,11 @@ class CommitWatch:
         interval = self._interval
         while not state.stopping:
             async with asyncio.timeout(self._bound):
-                cur = await conn.execute(self._stmts.watch_reading)
-                row = await cur.fetchone()
+                cur = conn.cursor(row_factory=dict_row)
+                row = await (await cur.execute(self._stmts.watch_reading)).fetchone()
             assert row is not None
-            last_value, is_called, snapshot, counter32 = row
+            last_value, is_called = row["last_value"], row["is_called"]
+            snapshot, counter32 = row["snapshot"], row["counter32"]
             self.readings += 1
             snap = Snapshot.parse(snapshot)
             wake, active = watch.observe(

@@ -18,9 +18,8 @@ from typing import Any
 
 import click
 
-from outbox._errors import one_line
-from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
+from outbox.kit import one_line, redact
 from relay._admin import (
     DeadFilter,
     audit_log,
@@ -410,13 +409,13 @@ def dead_audit_cmd(url: str | None, schema: str | None, limit: int, as_json: boo
     """Who re-queued or purged what, newest first, one line each (or --json)."""
     rows = audit_log(database_url(url), limit=limit, schema=schema)
     if as_json:
-        names = ("at", "actor", "action", "message_id", "topic", "key", "seq", "reason")
-        click.echo(json.dumps([dict(zip(names, r, strict=True)) for r in rows], default=str))
+        click.echo(json.dumps(rows, default=str))
         return
-    for at, actor, action, mid, topic, key, seq, reason in rows:
+    for r in rows:
         click.echo(
-            f"{at:%Y-%m-%d %H:%M:%S}  {one_line(actor)}  {action}  {mid}  "
-            f"{one_line(topic)}/{one_line(key)}#{seq}  {one_line(reason or '')}"
+            f"{r['at']:%Y-%m-%d %H:%M:%S}  {one_line(r['actor'])}  {r['action']}  "
+            f"{r['message_id']}  {one_line(r['topic'])}/{one_line(r['key'])}#{r['seq']}  "
+            f"{one_line(r['reason'] or '')}"
         )
 
 
@@ -485,7 +484,7 @@ def replay_cmd(
     run the same command again and it continues where the broker last confirmed.
 
     Start the consumer first, reading both its live destination and this one."""
-    from outbox._redact import remember_secrets
+    from outbox.kit import remember_secrets
 
     if not broker:
         raise click.UsageError(

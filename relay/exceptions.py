@@ -13,6 +13,7 @@ __all__ = [
     "PermanentPublishError",
     "RelayError",
     "RelayIdInUseError",
+    "ReplayError",
     "RetryablePublishError",
 ]
 
@@ -72,3 +73,7 @@ class DestinationRefusedError(DestinationUnavailableError):
 
 class RelayIdInUseError(ConfigurationError):
     """Another live relay process uses this relay id; give every relay its own id."""
+
+
+class ReplayError(OutboxError):
+    """The replay stopped; the cursor keeps what the broker confirmed: run it again."""

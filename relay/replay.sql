@@ -6,6 +6,7 @@
 -- would both advance the cursor, each past what the other has not sent). A session-level
 -- advisory lock: released when the connection ends, however the process ends.
 SELECT pg_try_advisory_lock(hashtext('outbox_replay:' || %(topic)s), hashtext(%(consumer)s))
+       AS locked
 
 -- name: cursor
 -- The (topic, consumer)'s cursor, if a replay to it ever started.
@@ -31,7 +32,7 @@ DELETE FROM {cursors} WHERE topic = %(topic)s AND consumer = %(consumer)s
 -- name: count
 -- How many rows are left to send (for the progress line), in the same
 -- order and filter as rows. One scan of the topic's retained rows, once per run.
-SELECT count(*) FROM {messages}
+SELECT count(*) AS remaining FROM {messages}
 WHERE topic = %(topic)s AND status = 'published'
   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
   AND (%(key)s::text IS NULL OR (key, seq) > (%(key)s::text, %(seq)s::bigint))

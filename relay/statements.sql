@@ -389,7 +389,7 @@ FROM {relays} AS r ORDER BY r.started_at
 -- name: last_reconciliation
 -- outbox_last_reconciliation: the latest recorded run of the nightly reconciliation, for the
 -- relay's gauges on every heartbeat (one row through outbox_reconciliation_runs_started_at_idx).
-SELECT extract(epoch FROM finished_at)::float8, outcome = 'ok', discrepancies
+SELECT extract(epoch FROM finished_at)::float8 AS finished, outcome = 'ok' AS ok, discrepancies
 FROM {runs} ORDER BY started_at DESC LIMIT 1
 
 -- fragment: dead_filter
@@ -455,6 +455,27 @@ SELECT {requeue_fn}(%(ids)s, %(actor)s, %(reason)s)
 -- The console's purge: the operator function of outbox_0018 (no DELETE for the console role).
 SELECT {purge_fn}(%(ids)s, %(actor)s, %(reason)s)
 
+-- name: dead_listing
+-- The dead letters the console lists, and the ids a filtered change there acts on: the
+-- dead-letter filter of `outbox dead list` and the error text, case-folded, in the query, so
+-- the LIMIT counts matches. No payload or headers: those are read only for the one message a
+-- page shows (dead_list). status = 'dead' lets the partial index on (topic, key, seq) of
+-- unpublished rows serve it in its order, so a long published history is not scanned.
+SELECT id, topic, key, seq, attempts, created_at, last_error
+FROM {messages}
+WHERE {dead_filter}
+  AND (%(error)s::text = '' OR strpos(lower(coalesce(last_error, '')), lower(%(error)s)) > 0)
+ORDER BY topic, key, seq LIMIT %(limit)s
+
+-- name: published_since
+-- Messages published per topic in the last given seconds (the console's publish-rate chart,
+-- sampled while it runs). A range on published_at under status = 'published': the partial
+-- index retention uses serves it, so a large published history is not scanned.
+SELECT topic, count(*) AS published FROM {messages}
+WHERE status = 'published'
+  AND published_at > clock_timestamp() - %(seconds)s * interval '1 second'
+GROUP BY topic
+
 -- name: audit_list
 -- outbox_dead_audit_list: the newest audit rows first: retries, purges and re-drives (the
 -- re-drive of lost messages, `outbox redrive`, is in outbox/statements.sql: the Spark job that
@@ -479,7 +500,7 @@ SELECT c.mode, c.slot, c.publication FROM {capture} AS c
 -- it. The slot itself refuses a second streamer too; the lock makes standbys wait politely. A
 -- holder that is alive but frozen keeps its connection, so the lock alone would keep the slot
 -- until it wakes: the lease below lets a standby end that connection.
-SELECT pg_try_advisory_lock(3084, hashtext(%(slot)s))
+SELECT pg_try_advisory_lock(3084, hashtext(%(slot)s)) AS locked
 
 -- name: capture_known
 -- outbox_capture_known: ids of a decoded batch that already have a row: the rows of a batch
@@ -687,6 +708,7 @@ WITH lapsed AS (
 )
 SELECT x.holder, p.pid,
        CASE WHEN a.pid IS NOT NULL THEN pg_terminate_backend(a.pid, 5000) ELSE false END
+           AS terminated
 FROM lapsed AS x
 CROSS JOIN LATERAL unnest(ARRAY[x.lock_pid, x.stream_pid]) AS p(pid)
 LEFT JOIN pg_stat_activity AS a ON a.pid = p.pid AND a.backend_start <= x.acquired_at
@@ -719,7 +741,8 @@ WHERE l.slot = %(slot)s AND l.epoch = %(epoch)s AND p.pid IS NOT NULL
 -- by the scan), then the transaction counter (computed by the target list, after the scan):
 -- age() of a fixed normal xid is the next xid to be assigned minus that xid (32 bits, signed),
 -- read without taking an id; relay/_watch.py widens it with the snapshot's epoch.
-SELECT s.last_value, s.is_called, pg_current_snapshot()::text, 3 + age('3'::xid)::bigint
+SELECT s.last_value, s.is_called, pg_current_snapshot()::text AS snapshot,
+       3 + age('3'::xid)::bigint AS counter32
 FROM {counter} AS s
 
 -- The relay's sessions and the LISTEN connection (relay/_claim.py, relay/_listener.py).
@@ -745,7 +768,7 @@ SELECT 1
 SHOW wal_level
 
 -- name: current_database
-SELECT current_database()
+SELECT current_database() AS database
 
 -- name: publication_exists
 SELECT 1 FROM pg_publication WHERE pubname = %(publication)s
@@ -782,7 +805,7 @@ UPDATE {capture} SET mode = 'polling', changed_at = clock_timestamp()
 
 -- name: capture_table
 -- This schema's outbox_capture table (NULL: not migrated).
-SELECT to_regclass({capture_name})::oid
+SELECT to_regclass({capture_name})::oid AS oid
 
 -- name: capture_tables
 -- Every outbox_capture table of this database, one per schema that has an outbox.

@@ -30,6 +30,7 @@ from spark_ingest._config import (
 )
 from spark_ingest._errors import JdbcDriverNotFoundError, ReconciliationError, SourceError
 from spark_ingest._redrive import RedriveResult, read_id_file, redrive
+from spark_ingest._runs import RunSummary, latest_runs, run_report
 
 if TYPE_CHECKING:
     from spark_ingest._ingest import Landed, ingest, read_lake
@@ -45,18 +46,21 @@ __all__ = [
     "ReconciliationError",
     "RedriveResult",
     "RunResult",
+    "RunSummary",
     "Source",
     "SourceError",
     "Window",
     "carried_start",
     "find_jdbc_jar",
     "ingest",
+    "latest_runs",
     "load_toml",
     "previous_day",
     "read_id_file",
     "read_lake",
     "reconcile",
     "redrive",
+    "run_report",
     "spark_session",
 ]
 
@@ -79,7 +83,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'spark_ingest' has no attribute {name!r}")
     import importlib
 
-    from outbox._optional import require
+    from outbox.kit import require
 
     require("pyspark", "spark")  # these names run on Spark: name the extra when it is missing
     return getattr(importlib.import_module(module), name)

@@ -15,9 +15,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from outbox._config import check_keys, check_value, env_secret, file_secret, read_toml
-from outbox._redact import redact, secrets_in
 from outbox.exceptions import ConfigurationError
+from outbox.kit import (
+    JOB_SOURCE_KEYS,
+    JOB_TOP_KEYS,
+    check_keys,
+    check_value,
+    env_secret,
+    file_secret,
+    read_toml,
+    redact,
+    secrets_in,
+)
 from outbox.schema import check_identifier
 
 __all__ = [
@@ -426,17 +435,8 @@ def parse_duration(text: str, *, what: str | None = None) -> dt.timedelta:
     return value
 
 
-_SOURCE_KEYS = (
-    "name",
-    "url",
-    "user",
-    "password_env",
-    "password_file",
-    "schema",
-    "max_connections",
-    "sslpassword_env",
-)
-_TOP_KEYS = ("outbox", "inbox", "subscriptions", "sla", "thresholds", "rows_per_partition")
+_SOURCE_KEYS = JOB_SOURCE_KEYS
+_TOP_KEYS = JOB_TOP_KEYS
 
 
 def _source(where: str, default_name: str, table: object) -> Source:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg import sql
 from pyspark.sql import functions as F
 
-from outbox._sql import qualified
+from outbox.kit import qualified
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
 from spark_ingest._config import Source
 from spark_ingest._sources import _jdbc, read_horizon, time_predicates

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from psycopg.rows import dict_row
+
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
 from spark_ingest import _outcomes, _outputs, _transforms
 from spark_ingest._config import CLASSES, DISCREPANCY_CLASSES, JobConfig, Source, database_of
@@ -55,9 +57,9 @@ def _confirm_phantoms(config: JobConfig, spark: SparkSession, ids: list[str]) ->
     src = config.outbox
     query = spark_statements(src.schema).present_ids
     present: set[str] = set()
-    with connect(src) as conn:
+    with connect(src) as conn, conn.cursor(row_factory=dict_row) as cur:
         for i in range(0, len(ids), 10_000):
-            present.update(r[0] for r in conn.execute(query, {"ids": ids[i : i + 10_000]}))
+            present.update(r["id"] for r in cur.execute(query, {"ids": ids[i : i + 10_000]}))
     if not present:
         return None
     return spark.createDataFrame([(i,) for i in sorted(present)], "id string")

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from outbox._errors import one_line
+from outbox.kit import one_line
 from spark_ingest._config import DISCREPANCY_CLASSES, Source
 from spark_ingest._errors import SourceError
 from spark_ingest._report import format_duration
@@ -189,13 +190,13 @@ def carried_start(source: Source, start: dt.datetime) -> dt.datetime:
     instead of by none. Messages of that earlier range judged before are judged again, so a
     discrepancy among them can be reported twice; none is missed."""
     try:
-        with connect(source) as conn:
-            row = conn.execute(
+        with connect(source) as conn, conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
                 spark_statements(source.schema).last_unjudged, {"start": start}
             ).fetchone()
     except psycopg.errors.UndefinedTable:
         return start  # never recorded: nothing to carry (recording will say what is missing)
-    carried: dt.datetime | None = None if row is None else row[0]
+    carried: dt.datetime | None = None if row is None else row["unjudged_from"]
     return start if carried is None else min(start, carried)
 
 

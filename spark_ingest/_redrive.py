@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
-from outbox._actor import default_actor
-from outbox._statements import redrive_statements
-from outbox._wakeup import doorbell_for, ring_after_commit
 from outbox.exceptions import ConfigurationError
+from outbox.kit import default_actor, doorbell_for, redrive_statements, ring_after_commit
 
 __all__ = ["RedriveResult", "read_id_file", "redrive", "wait_for_wakeup"]
 
@@ -67,17 +66,19 @@ def redrive(
     """
     wanted = sorted(set(ids))
     stmts = redrive_statements(schema or None)
-    found = dict(conn.execute(stmts.preview, {"ids": wanted}).fetchall())
+    with conn.cursor(row_factory=dict_row) as cur:
+        found = {r["id"]: r["status"] for r in cur.execute(stmts.preview, {"ids": wanted})}
     missing = [i for i in wanted if i not in found]
     pending = sorted(i for i, s in found.items() if s == "pending")
     if dry_run:
         requeued = sorted(i for i, s in found.items() if s != "pending")
     else:
         params = {"ids": wanted, "actor": actor or default_actor(), "reason": reason}
-        rows = conn.execute(stmts.redrive, params).fetchall()
-        requeued = sorted(message_id for message_id, _xact, _watch in rows)
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(stmts.redrive, params).fetchall()
+        requeued = sorted(row["message_id"] for row in rows)
         if rows:
-            ring_after_commit(conn, conn, {xact for _id, xact, _watch in rows})
+            ring_after_commit(conn, conn, {row["xact"] for row in rows})
     return RedriveResult(requeued, pending, missing, dry_run)
 
 

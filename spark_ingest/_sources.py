@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
 
-from outbox._sql import qualified
+from outbox.kit import qualified
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
 from spark_ingest._config import Source
 from spark_ingest._errors import SourceError
@@ -75,10 +76,10 @@ def _connect(source: Source) -> psycopg.Connection[Any]:
 def read_horizon(source: Source, table: str) -> Horizon:
     """Freeze the horizon of ``source`` and check that ``table`` exists there."""
     name = qualified(source.schema, table).as_string(None)
-    with _connect(source) as conn:
-        row = conn.execute(spark_statements(source.schema).horizon, {"table": name}).fetchone()
+    with _connect(source) as conn, conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(spark_statements(source.schema).horizon, {"table": name}).fetchone()
     assert row is not None
-    xmin, now, safe_time, has_table = row
+    xmin, now, safe_time, has_table = row["xmin"], row["now"], row["safe_time"], row["has_table"]
     if not has_table:
         raise SourceError(
             f"source {source.name!r}: table {name} does not exist in {source.jdbc_url}: run "
@@ -178,12 +179,12 @@ def count_rows(source: Source, table: str, predicate: str, limit: int) -> int:
     ).as_string(None)
     with _connect(source) as conn:
         try:
-            row = conn.execute(query.encode()).fetchone()
+            row = conn.cursor(row_factory=dict_row).execute(query.encode()).fetchone()
         except psycopg.Error as exc:  # the read would fail alike: say it the same way
             cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise _read_error(source, name, cause[:300]) from exc
     assert row is not None
-    return int(row[0])
+    return int(row["n"])
 
 
 def count_outbox(source: Source, lo: dt.datetime, hi: dt.datetime, limit: int) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from outbox._sql import Names, load, qualified, registry, templates
+from outbox.kit import Names, load, qualified, registry, templates
 from outbox.schema import OUTBOX_MESSAGES, RECONCILIATION_RUNS
 
 __all__ = ["TEMPLATES", "SparkStatements", "SparkTemplates", "spark_statements"]
@@ -25,6 +25,8 @@ class SparkStatements:
     present_ids: bytes
     record_run: bytes
     last_unjudged: bytes
+    latest_runs: bytes
+    run_report: bytes
     #: the quoted, qualified name of outbox_reconciliation_runs (for error messages)
     runs_name: str
 

@@ -29,7 +29,7 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
 -- outbox_reconciliation_present_ids: which phantom candidates (inbox rows with no outbox row in
 -- the run's read) exist in the outbox after all: older than the read, or delivered to a consumer
 -- not expected for the topic. Primary-key probes; the caller sends at most 10,000 ids at once.
-SELECT id::text FROM {messages} WHERE id = ANY(%(ids)s::uuid[])
+SELECT id::text AS id FROM {messages} WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: record_run
 -- outbox_reconciliation_record_run: the run's row in outbox_reconciliation_runs, written after
@@ -42,10 +42,23 @@ VALUES (%(run_id)s, %(started_at)s, %(finished_at)s, %(window_start)s, %(window_
 -- name: last_unjudged
 -- outbox_reconciliation_last_unjudged: what the latest run that ended by ``start`` left open
 -- (the oldest created_at it could not judge for good). The run history is small: a row a run.
-SELECT (summary->>'unjudged_from')::timestamptz FROM {runs}
+SELECT (summary->>'unjudged_from')::timestamptz AS unjudged_from FROM {runs}
 WHERE window_end <= %(start)s
 ORDER BY window_end DESC, finished_at DESC
 LIMIT 1
+
+-- name: latest_runs
+-- The latest reconciliation runs, newest first (the console's overview; a row a run: a small
+-- table).
+SELECT run_id, started_at, finished_at, window_start, window_end, messages, discrepancies,
+       outcome, summary->'files'->>'report' AS report
+FROM {runs}
+ORDER BY started_at DESC
+LIMIT %(limit)s
+
+-- name: run_report
+-- Where one run's HTML report was written (the console's link to it).
+SELECT summary->'files'->>'report' AS report FROM {runs} WHERE run_id = %(run_id)s
 
 -- The JDBC reads (spark_ingest/_sources.py, spark_ingest/_ingest.py). {table}: the source's
 -- qualified table, filled per read; the executors add each partition's predicate.
@@ -78,7 +91,7 @@ FROM {table}
 -- min(rows matching the predicate, limit): one driver query, stopped at the limit, that sizes
 -- the reads. created_at has no index, so the planner's estimate (EXPLAIN) cannot see a day
 -- inserted since the last ANALYZE: the rows are counted, up to the most the partitions can use.
-SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {predicate} LIMIT {limit}) AS s
+SELECT count(*) AS n FROM (SELECT 1 FROM {table} WHERE {predicate} LIMIT {limit}) AS s
 
 -- name: ingest_outbox
 -- The incremental ingest's read of the outbox: every row whose version is in [lo, hi).

@@ -21,7 +21,15 @@ The rewrite is guided by the syntax tree of the source and applied to its text, 
   no place in the async source: give it a module of its own.
 
 The result is passed through ``ruff`` (imports sorted, imports left unused removed, the
-project's format), so the generated module is as clean as the source.
+project's format), so the generated module is as clean as the source. The output depends on
+ruff's version: the script refuses to run with any ruff but the one the ``test`` extra of
+``pyproject.toml`` pins (``ruff==X.Y.Z``).
+
+The script fails closed. A generated module in which a name still reads as async code
+(``*_async``, ``async_*``, ``Async*``, ``asyncio``) is an error, not output: a name the map
+misses would otherwise become a coroutine function called from sync code. So is an ``await``
+of a name imported from another module that :data:`NAMES` does not rename: its sync twin,
+if it has one, has another name, so the plain call would return a coroutine.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import subprocess
 import sys
 import textwrap
 import tokenize
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +91,8 @@ NAMES = {
 }
 
 _ASYNC_ONLY = re.compile(r"#\s*async-only\b")
+#: a name that still reads as async code in a generated module
+_ASYNC_NAME = re.compile(r"(?:\w*_async|async_\w*|Async\w*|asyncio)")
 _WORDS = re.compile(
     r"\b(" + "|".join(sorted(map(re.escape, NAMES), key=len, reverse=True)) + r")\b"
 )
@@ -322,6 +333,70 @@ class _Rewriter:
 # -- the whole generation ------------------------------------------------------------------
 
 
+def pinned_ruff() -> str:
+    """The ruff version the ``test`` extra of ``pyproject.toml`` pins (``ruff==X.Y.Z``)."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    for requirement in extras.get("test", []):
+        match = re.fullmatch(r"ruff\s*==\s*([\w.]+)", requirement.strip())
+        if match:
+            return match.group(1)
+    raise GenerateError("pyproject.toml's test extra pins no ruff (ruff==X.Y.Z)")
+
+
+def check_ruff() -> None:
+    """Refuse a ruff other than the pinned one: its format would be another output."""
+    wanted = pinned_ruff()
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    found = done.stdout.split()[-1] if done.returncode == 0 and done.stdout.split() else None
+    if found != wanted:
+        raise GenerateError(
+            f"ruff {found or '(not installed)'} is not the pinned ruff {wanted}: "
+            f'pip install "ruff=={wanted}" (pyproject.toml, test extra)'
+        )
+
+
+def _left_async(text: str, where: str) -> None:
+    """Fail on a name of a generated module that still reads as async code."""
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.NAME and (
+            token.string in ("async", "await") or _ASYNC_NAME.fullmatch(token.string)
+        ):
+            raise GenerateError(
+                f"{where}:{token.start[0]}: {token.string!r} is left in the sync module: "
+                "add its sync name to NAMES in tools/async_to_sync.py "
+                "(or mark the statement `# async-only`)"
+            )
+
+
+def _awaited_imports(tree: ast.Module, where: str) -> None:
+    """Fail on ``await f(...)`` where ``f`` is imported and :data:`NAMES` does not rename it.
+
+    A callable defined in the module is rewritten with it; one taken from another module keeps
+    its name, and an awaited one is a coroutine function there: its sync twin, if any, is
+    another name, which only the map can give.
+    """
+    imported: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Await) and isinstance(node.value, ast.Call)):
+            continue
+        func = node.value.func
+        if isinstance(func, ast.Name) and func.id in imported and func.id not in NAMES:
+            raise GenerateError(
+                f"{where}:{node.lineno}: awaits {func.id} (from {imported[func.id]}), which "
+                "NAMES in tools/async_to_sync.py does not map to a sync name"
+            )
+
+
 def _ruff(args: list[str], text: str, filename: str) -> str:
     done = subprocess.run(  # noqa: S603 (the interpreter running this script, fixed arguments)
         [
@@ -343,15 +418,13 @@ def generate(source: str, target: str) -> str:
     """The text of the sync module ``target`` generated from the async module ``source``."""
     text = (ROOT / source).read_text(encoding="utf-8")
     text = _drop_async_only(text, source)
+    _awaited_imports(ast.parse(text, source), source)
     text = _Rewriter(text, source).run()
-    if re.search(r"\b(async|await)\b", "".join(
-        t.string for t in tokenize.generate_tokens(io.StringIO(text).readline)
-        if t.type == tokenize.NAME
-    )):  # fmt: skip
-        raise GenerateError(f"{source}: async code is left after the rewrite")
     text = header(source) + text
     text = _ruff(["check", "--fix", "--exit-zero", "--quiet", "--select", "I,F401"], text, target)
-    return _ruff(["format", "--quiet"], text, target)
+    text = _ruff(["format", "--quiet"], text, target)
+    _left_async(text, target)  # after ruff: an import only the async code used is gone
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -362,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
         help="write nothing; exit 1 when a generated module differs from what its source gives",
     )
     args = parser.parse_args(argv)
+    try:
+        check_ruff()
+    except GenerateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     stale = []
     for source, target in MODULES.items():
         try:

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from outbox._redact import redact, remember_secrets
 from outbox.exceptions import ConfigurationError, MissingDependencyError
+from outbox.kit import redact, remember_secrets
 from relay.brokers.base import BrokerFeatures, Destinations, Publisher
 
 __all__ = [

@@ -12,7 +12,7 @@ Order: one sender link per address, each on its own session (a broker ends the s
 address it refuses, and so takes down only that address's link). A link delivers in order, so
 one key's messages reach the broker as given; a batch is pipelined up to the link's credit.
 
-Threads: proton runs on a thread of its own (:mod:`outbox._proton`); a batch crosses to it in
+Threads: proton runs on a thread of its own (:mod:`outbox.amqp1_reactor`); a batch crosses to it in
 one call and comes back in one, so the crossing costs per batch, not per message.
 """
 
@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox import _proton
-from outbox._optional import require
+from outbox import amqp1_reactor as _proton
 from outbox.envelope import Envelope
+from outbox.kit import require
 from outbox.wire import amqp1 as wire
 from relay.brokers._batch import Batch, check_size, permanent, retryable, unavailable, unreachable
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations

@@ -27,9 +27,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from outbox._optional import require
 from outbox.envelope import HEADER_ID, Envelope
 from outbox.exceptions import ConfigurationError
+from outbox.kit import require
 from outbox.wire import kafka as wire
 from relay.brokers._batch import (
     Batch,

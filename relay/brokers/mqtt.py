@@ -27,9 +27,9 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from outbox._optional import require
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
+from outbox.kit import require
 from outbox.wire import mqtt as wire
 from relay.brokers._batch import (
     Batch,

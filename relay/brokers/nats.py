@@ -22,9 +22,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from outbox._optional import require
-from outbox._redact import redact
 from outbox.envelope import Envelope
+from outbox.kit import redact, require
 from outbox.wire import nats as wire
 from relay.brokers._batch import (
     Batch,

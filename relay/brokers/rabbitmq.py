@@ -19,9 +19,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from outbox._optional import require
-from outbox._redact import redact
 from outbox.envelope import Envelope
+from outbox.kit import redact, require
 from outbox.wire import rabbitmq as wire
 from relay.brokers._batch import (
     Batch,

@@ -12,10 +12,9 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from outbox._optional import require
-from outbox._redact import redact
 from outbox.envelope import Envelope
 from outbox.exceptions import InvalidMessageError
+from outbox.kit import redact, require
 from outbox.wire import redis as wire
 from relay.brokers._batch import (
     Batch,

@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from outbox._optional import require
-from outbox._redact import redact
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError, InvalidMessageError
+from outbox.kit import redact, require
 from outbox.wire import sqs as wire
 from relay.brokers._batch import (
     Batch,

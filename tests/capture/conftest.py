@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from outbox._migrate import upgrade
-from relay._admin import enable_capture
+from relay.admin import enable_capture
 from tests.support.harness import LOGICAL_HOW_TO, PgServer, logical_server
 from tests.support.services import missing
 

@@ -18,17 +18,8 @@ import pytest
 
 from outbox import Message, publish_batch
 from outbox.envelope import Envelope
-from relay import (
-    DeadFilter,
-    PermanentPublishError,
-    Relay,
-    RetryablePublishError,
-    TopicPolicy,
-    dead_list,
-    dead_retry,
-    delete_published,
-    relay_status,
-)
+from relay import PermanentPublishError, Relay, RetryablePublishError, TopicPolicy
+from relay.admin import DeadFilter, dead_list, dead_retry, delete_published, relay_status
 from relay.brokers import publisher_for_url
 from tests.relay.broker_helpers import nats_stream
 from tests.relay.relay_helpers import (

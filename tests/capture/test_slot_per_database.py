@@ -28,9 +28,9 @@ import pytest
 
 from outbox import ConfigurationError, Message, publish, publish_batch
 from outbox._migrate import upgrade
-from relay import Relay, RelayMetrics, disable_capture
-from relay._admin import enable_capture, relay_status
+from relay import Relay, RelayMetrics
 from relay._slot import default_slot
+from relay.admin import disable_capture, enable_capture, relay_status
 from relay.brokers import publisher_for_url
 from tests.relay.broker_helpers import nats_stream
 from tests.relay.relay_helpers import FakePublisher, config, running

@@ -26,8 +26,8 @@ import pytest
 from outbox import ConfigurationError, Message, publish, publish_batch
 from outbox._capture import decode_record
 from relay import Relay
-from relay._admin import enable_capture, relay_status
 from relay._replication import ReplicationStream
+from relay.admin import enable_capture, relay_status
 from relay.brokers import publisher_for_url
 from tests.relay.broker_helpers import nats_stream
 from tests.relay.relay_helpers import FakePublisher, config, running
@@ -573,7 +573,7 @@ async def test_switching_back_to_polling_publishes_what_was_emitted_before(wal_u
     """A transaction that emitted in 'wal' mode and commits after `capture disable` is still
     published (the relay drains the slot in rounds); so is a message written as a row after the
     switch; once the slot is dropped, the relay stops streaming it."""
-    from relay import disable_capture
+    from relay.admin import disable_capture
 
     publisher = FakePublisher()
     relay = Relay(config(wal_url), publisher)

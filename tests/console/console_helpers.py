@@ -24,7 +24,7 @@ REBOUND = "rebound.example"
 def serve(url: str, **options: Any) -> Iterator[str]:
     """The console at ``url``'s database, until the block ends; yields its base URL."""
     uvicorn: Any = import_or_missing("uvicorn", "console")
-    from outbox.console import create_app
+    from outbox_console import create_app
 
     app = create_app(url, sample_seconds=1.0, **options)
     port = free_port()

@@ -316,7 +316,7 @@ def test_browser_follows_the_dead_letter_listing_to_the_message_page(
     ],
 )  # fmt: skip
 def test_inbox_option_is_name_equals_url_or_a_bare_url(given: str, name: str, url: str) -> None:
-    from outbox.console._settings import inbox_source
+    from outbox_console._settings import inbox_source
 
     source = inbox_source(given, 3, "messaging")
     assert (source.name, source.url, source.schema) == (name, url, "messaging")
@@ -324,15 +324,15 @@ def test_inbox_option_is_name_equals_url_or_a_bare_url(given: str, name: str, ur
 
 
 def test_two_inboxes_of_one_name_are_refused(database_url: str) -> None:
-    from outbox.console import create_app
     from outbox.exceptions import ConfigurationError
+    from outbox_console import create_app
 
     with pytest.raises(ConfigurationError, match="two inboxes are named billing"):
         create_app(database_url, inboxes=["billing=postgresql://a/x", "billing=postgresql://b/y"])
 
 
 def test_console_command_takes_inboxes_and_the_job_file(tmp_path: Any) -> None:
-    from outbox.console.cli import console_cmd
+    from outbox_console.cli import console_cmd
 
     usage = CliRunner().invoke(console_cmd, ["--help"]).output
     assert "--inbox NAME=URL" in usage

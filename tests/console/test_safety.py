@@ -143,7 +143,7 @@ def test_reports_come_from_the_reports_directory_only(
             assert "--reports-dir" in browser.find_element(By.ID, "problem").text
     logged = [r.getMessage() for r in caplog.records if "not served" in r.getMessage()]
     assert len(logged) == len(refused)
-    from outbox.console import create_app
+    from outbox_console import create_app
 
     with pytest.raises(ConfigurationError, match="not a directory"):
         create_app(database_url, reports_dir=tmp_path / "missing")
@@ -181,7 +181,7 @@ def test_failed_logins_are_limited_and_logged_without_the_token(
 
 
 def test_login_throttle_forgets_after_its_window() -> None:
-    from outbox.console._security import LoginThrottle
+    from outbox_console._security import LoginThrottle
 
     now = [1000.0]
     throttle = LoginThrottle(attempts=2, window=60, clients=2, clock=lambda: now[0])
@@ -347,7 +347,7 @@ def test_one_connection_pool_for_the_apps_life(database_url: str, console: Any) 
 
 
 def test_create_app_enforces_the_token_rules(database_url: str) -> None:
-    from outbox.console import create_app
+    from outbox_console import create_app
 
     for token in ("", "short", "x" * 15):
         with pytest.raises(ConfigurationError, match="at least 16 characters"):
@@ -361,7 +361,7 @@ def test_create_app_enforces_the_token_rules(database_url: str) -> None:
 
 
 def test_the_cli_refuses_what_create_app_refuses(database_url: str) -> None:
-    from outbox.console.cli import console_cmd
+    from outbox_console.cli import console_cmd
 
     cases = [
         (["--host", "0.0.0.0", "--allowed-host", "ops.example"], "loopback interface only"),
@@ -394,7 +394,7 @@ def test_without_a_token_a_remote_client_is_refused(database_url: str, console: 
 
     import httpx
 
-    from outbox.console import create_app
+    from outbox_console import create_app
 
     app = create_app(database_url)
     answer = asyncio.run(_ask(app, ("192.0.2.7", 40000), "/dead"))
@@ -427,7 +427,7 @@ def test_the_session_cookie_is_secure_when_asked_or_behind_a_trusted_tls_proxy(
 ) -> None:
     import asyncio
 
-    from outbox.console import create_app
+    from outbox_console import create_app
 
     def cookie(app: Any, headers: dict[str, str]) -> str:
         return asyncio.run(_session_cookie(app, headers, ("10.0.0.5", 40000)))

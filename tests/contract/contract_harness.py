@@ -25,6 +25,7 @@ from typing import Any
 from outbox.envelope import Envelope
 from outbox.wire import amqp1, jsonl, kafka, mqtt, nats, rabbitmq, redis, sqs
 from relay.brokers import Publisher
+from tests.support.poll import await_for
 
 DEADLINE = 15.0
 
@@ -33,20 +34,6 @@ def reachable(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(1)
         return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-async def wait_for(predicate: Any, what: str, deadline: float = DEADLINE) -> None:
-    """Poll ``predicate()`` (sync or async) until true, or fail naming ``what``."""
-    end = time.monotonic() + deadline
-    while True:
-        ok = predicate()
-        if asyncio.iscoroutine(ok):
-            ok = await ok
-        if ok:
-            return
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {deadline} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class Harness:
@@ -126,7 +113,9 @@ class MemoryHarness(Harness):
         return self.last  # type: ignore[no-any-return]
 
     async def read(self, n: int) -> list[Envelope]:
-        await wait_for(lambda: len(self.last.published(self.dest)) >= n, f"{n} messages")
+        await await_for(
+            lambda: len(self.last.published(self.dest)) >= n, within=DEADLINE, what=f"{n} messages"
+        )
         return self.last.published(self.dest)  # type: ignore[no-any-return]
 
 
@@ -377,7 +366,9 @@ class RedisHarness(Harness):
         return RedisPublisher("redis://127.0.0.1:1/0", connect_timeout=1)
 
     async def fetch(self, n: int) -> list[Any]:
-        await wait_for(lambda: self._count_at_least(n), f"{n} stream entries")
+        await await_for(
+            lambda: self._count_at_least(n), within=DEADLINE, what=f"{n} stream entries"
+        )
         return [fields for _, fields in await self.client.xrange(self.ns)]
 
     def encode(self, env: Envelope) -> Any:
@@ -436,7 +427,7 @@ class MqttHarness(Harness):
         return MqttPublisher("127.0.0.1", 1, connect_timeout=1)
 
     async def fetch(self, n: int) -> list[Any]:
-        await wait_for(lambda: len(self.received) >= n, f"{n} MQTT messages")
+        await await_for(lambda: len(self.received) >= n, within=DEADLINE, what=f"{n} MQTT messages")
         out = []
         for msg in list(self.received):
             assert msg.qos == 1
@@ -535,6 +526,7 @@ class SqsHarness(Harness):
 
     async def open(self) -> None:
         from tests.support import aws_server
+
         self.endpoint = aws_server.endpoint()
         self.sqs = aws_server.client("sqs")
         attributes = {"MaximumMessageSize": "4096"}
@@ -595,8 +587,10 @@ class SqsHarness(Harness):
         return sqs.decode(raw.body, raw.attributes)
 
     async def stored(self) -> int:
-        attributes = self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=[
-            "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+        attributes = self.sqs.get_queue_attributes(
+            QueueUrl=self.queue_url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
         return sum(int(v) for v in attributes.values())
 
 
@@ -620,10 +614,11 @@ class SnsHarness(SqsHarness):
         self.sqs.set_queue_attributes(QueueUrl=self.queue_url,
                                       Attributes={"MaximumMessageSize": "1048576"})  # fmt: skip
         from tests.support import aws_server
+
         self.sns = aws_server.client("sns")
-        self.topic_arn = self.sns.create_topic(
-            Name=self.dest, Attributes={"FifoTopic": "true"}
-        )["TopicArn"]
+        self.topic_arn = self.sns.create_topic(Name=self.dest, Attributes={"FifoTopic": "true"})[
+            "TopicArn"
+        ]
         queue_arn = self.sqs.get_queue_attributes(
             QueueUrl=self.queue_url, AttributeNames=["QueueArn"]
         )["Attributes"]["QueueArn"]

@@ -52,7 +52,7 @@ import psycopg
 
 from outbox import PayloadTooLargeError, publish
 from outbox._migrate import upgrade
-from relay._admin import enable_capture
+from relay.admin import enable_capture
 from tests.faults.infra import MotoServer, NatsServer, PgCluster, Proxy
 
 HERE = Path(__file__).resolve().parent

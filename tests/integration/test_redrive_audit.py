@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from outbox import WAKEUP_CHANNEL, publish
 from outbox._migrate import upgrade
 from outbox.cli import main
-from relay._admin import audit_log
+from relay.admin import audit_log
 from spark_ingest import redrive
 from spark_ingest._redrive import wait_for_wakeup
 
@@ -109,7 +109,7 @@ def test_redrive_audits_each_requeue_and_wakes_a_listener_after_commit(database_
         assert len(_audit(database_url)) == 2
         assert list(listener.notifies(timeout=0.3)) == []
     # The relay's audit list (`outbox dead audit`) shows re-drives next to retries and purges.
-    assert {r[2] for r in audit_log(database_url)} == {"redrive"}
+    assert {r["action"] for r in audit_log(database_url)} == {"redrive"}
 
 
 def test_rolled_back_redrive_audits_nothing_and_wakes_nobody(database_url: str) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -19,6 +18,8 @@ from outbox import Message, publish_batch
 from outbox.envelope import Envelope
 from relay import Relay, RelayConfig
 from relay.brokers.base import BrokerFeatures
+from tests.support.poll import await_for as await_for  # re-exported: the one poll-until helper
+from tests.support.poll import wait_for as wait_for
 
 
 def write(url: str, pairs: Sequence[tuple[str, str]], **extra: Any) -> list[uuid.UUID]:
@@ -39,36 +40,17 @@ def statuses(url: str) -> dict[str, int]:
         )
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-async def await_for(predicate: Callable[[], bool], within: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def db_clock_past(url: str, query: str, within: float = 20.0) -> None:
     """Wait until the database's clock passes the time ``query`` returns (a lease's end, a
     retry's due time): the claim compares with that clock, so the test waits for it, not for a
     guessed interval of its own."""
-    deadline = time.monotonic() + within
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        while True:
-            cur = await conn.execute(f"SELECT clock_timestamp() > ({query})")
-            row = await cur.fetchone()
-            if row is not None and row[0]:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the database clock never passed {query}")
-            await asyncio.sleep(0.02)
+
+        async def passed() -> bool:
+            row = await (await conn.execute(f"SELECT clock_timestamp() > ({query})")).fetchone()
+            return row is not None and bool(row[0])
+
+        await await_for(passed, within=within, what=f"the database clock to pass {query}")
 
 
 class ClaimRounds:

@@ -156,8 +156,9 @@ def test_two_relays_drain_a_deep_backlog_of_few_keys_to_nats_once_in_key_order(u
     The sharing is arranged, not hoped for: a relay's first send waits at a barrier until the
     other relay has claimed too. One claim in flight per relay, of 50 rows at most 20 per key,
     holds at most 3 of the 4 keys' heads, so the other always finds a free key (with two in
-    flight, a relay waiting at the barrier could hold every key and the other none). Without the barrier one relay
-    may drain all 600 rows before the other's first claim, on a quiet machine."""
+    flight, a relay waiting at the barrier could hold every key and the other none). Without
+    the barrier one relay may drain all 600 rows before the other's first claim, on a quiet
+    machine."""
     need(4222, "nats-server")
     from relay.brokers import publisher_for_url
 

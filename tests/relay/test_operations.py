@@ -137,7 +137,7 @@ def test_cli_dead_list_retry_purge_with_dry_run_and_audit(url: str) -> None:
 
 def test_dead_retry_and_purge_wake_relays_at_commit(url: str) -> None:
     from outbox import WAKEUP_CHANNEL
-    from relay import DeadFilter, dead_purge, dead_retry
+    from relay.admin import DeadFilter, dead_purge, dead_retry
 
     _dead(url)
     with psycopg.connect(url, autocommit=True) as listener:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from outbox import _proton
+from outbox import amqp1_reactor as _proton
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError, InvalidMessageError
 from outbox.wire import amqp1

@@ -53,8 +53,13 @@ def test_a_value_error_says_what_is_accepted_and_masks_a_secret() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "kind", "value"),
-    [("yes", bool, True), ("0", bool, False), ("12", int, 12), ("0.5", float, 0.5),
-     ("x", str, "x")],
+    [
+        ("yes", bool, True),
+        ("0", bool, False),
+        ("12", int, 12),
+        ("0.5", float, 0.5),
+        ("x", str, "x"),
+    ],
 )
 def test_parse_env_reads_the_settings_type(raw: str, kind: type, value: object) -> None:
     assert parse_env("OUTBOX_X", raw, kind, "x") == value
@@ -82,3 +87,37 @@ def test_secrets_read_from_the_environment_or_a_file_are_masked_afterwards(
         env_secret("NOPE_X", "source 'a'")
     with pytest.raises(ConfigurationError, match="source 'a': cannot read password file"):
         file_secret(str(tmp_path / "missing"), "source 'a'")
+
+
+def test_the_trace_reads_a_job_file_as_the_job_does_and_refuses_an_unknown_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from outbox.trace import load_trace_sources
+
+    job = tmp_path / "job.toml"
+    good = (
+        '[outbox]\nurl = "jdbc:postgresql://db/app"\nuser = "recon"\n'
+        'password_env = "RECON_PW"\nmax_connections = 4\n'
+        '[[inbox]]\nname = "billing"\nurl = "postgresql://db/billing"\n'
+        '[subscriptions]\norders = ["billing"]\n'
+    )
+    job.write_text(good)
+    outbox, inboxes = load_trace_sources(job)
+    assert outbox is not None
+    assert (outbox.name, outbox.user, outbox.password_env) == ("outbox", "recon", "RECON_PW")
+    assert [(s.name, s.url) for s in inboxes] == [("billing", "postgresql://db/billing")]
+    monkeypatch.setenv("RECON_PW", "s3cret-pw")
+    assert outbox.connect_kwargs()["password"] == "s3cret-pw"
+    job.write_text(good.replace("user = ", "usr = "))
+    with pytest.raises(
+        ConfigurationError, match=r"\[outbox\]: unknown key 'usr' \(did you mean 'user'\?\)"
+    ):
+        load_trace_sources(job)
+    job.write_text(good + "[threshold]\nlost = 0\n")
+    with pytest.raises(
+        ConfigurationError, match=r"unknown key 'threshold' \(did you mean 'thresholds'\?\)"
+    ):
+        load_trace_sources(job)
+    job.write_text("[outbox\n")
+    with pytest.raises(ConfigurationError, match="is not valid TOML"):
+        load_trace_sources(job)

@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 KINDS = ("tutorial", "how-to", "reference", "explanation")
-PACKAGES = ("outbox", "inbox", "relay", "spark_ingest", "migrations")
+PACKAGES = ("outbox", "inbox", "relay", "spark_ingest", "outbox_console", "migrations")
 FAILURE_MODES = DOCS / "explanation" / "failure-modes.md"
 PERFORMANCE = DOCS / "explanation" / "performance.md"
 README_MAX_LINES = 160

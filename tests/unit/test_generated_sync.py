@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,61 @@ def record_on(raw: Raw) -> int:
 __all__ = ["record_on"]
 '''
     )
+
+
+def test_a_name_missing_from_the_map_fails_the_generation(
+    tool: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generator fails closed: a call whose sync name the map lacks is not left as a
+    coroutine function called from sync code."""
+    source = tmp_path / "_settle_async.py"
+    source.write_text(
+        "from inbox._settle import settle_async\n\n\n"
+        "async def settle_all(raws: list[object]) -> None:\n"
+        "    for raw in raws:\n"
+        "        await settle_async(raw)\n"
+    )
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    with pytest.raises(tool.GenerateError, match=r"awaits settle_async \(from inbox\._settle"):
+        tool.generate(source.name, "_settle_sync.py")
+
+
+def test_an_entry_removed_from_the_map_fails_every_module_using_it(
+    tool: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = dict(tool.NAMES)
+    del names["run_steps_async"]
+    monkeypatch.setattr(tool, "NAMES", names)
+    monkeypatch.setattr(
+        tool, "_WORDS", re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+    )
+    assert tool.main(["--check"]) == 2
+    assert "run_steps_async" in capsys.readouterr().err
+
+
+def test_an_async_name_left_after_the_rewrite_is_an_error(
+    tool: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not awaited, not imported, still async: a name defined in the module and not in the map."""
+    source = tmp_path / "_gauge_async.py"
+    source.write_text(
+        "async def gauge_async() -> int:\n    return 1\n\n\n"
+        "async def read() -> int:\n    return await gauge_async()\n"
+    )
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    with pytest.raises(tool.GenerateError, match=r"_gauge_sync\.py:\d+: 'gauge_async' is left"):
+        tool.generate(source.name, "_gauge_sync.py")
+
+
+def test_ruff_is_pinned_and_another_version_is_refused(
+    tool: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert re.fullmatch(r"\d+\.\d+\.\d+", tool.pinned_ruff())
+    tool.check_ruff()  # the venv's ruff is the pinned one
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    (tmp_path / "pyproject.toml").write_text(re.sub(r'"ruff==[\w.]+"', '"ruff==0.0.1"', pyproject))
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    with pytest.raises(tool.GenerateError, match=r"is not the pinned ruff 0\.0\.1"):
+        tool.check_ruff()

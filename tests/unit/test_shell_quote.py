@@ -15,14 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from outbox._journey import (
-    InboxRecord,
-    OutboxRecord,
-    TraceSource,
-    TraceSources,
-    _actions,
-)
 from outbox._shell import shell_line, shell_quote
+from outbox.trace import InboxRecord, OutboxRecord, TraceSource, TraceSources
+from outbox.trace._advice import _actions
 
 HOSTILE = [
     "k;touch${IFS}PWNED;#",

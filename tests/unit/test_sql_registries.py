@@ -21,7 +21,6 @@ from outbox import schema as tables
 from outbox._sql import SqlFileError, load, qualified, registry, render, table_name, templates
 from outbox._statements import doorbell_statements, producer_statements, redrive_statements
 from outbox._trace_statements import trace_statements
-from outbox.console._statements import console_statements
 from outbox.exceptions import ConfigurationError
 from relay._replay_statements import replay_statements
 from relay._statements import relay_statements
@@ -34,7 +33,6 @@ REGISTRIES: dict[str, Callable[[str | None], Any]] = {
     "inbox": inbox_statements,
     "spark": spark_statements,
     "doorbell": doorbell_statements,
-    "console": console_statements,
     "trace": trace_statements,
     "replay": replay_statements,
 }
@@ -255,7 +253,7 @@ STATEMENT = re.compile(
     )""",
     re.VERBOSE | re.DOTALL,
 )
-PACKAGES = ["outbox", "inbox", "relay", "spark_ingest"]
+PACKAGES = ["outbox", "inbox", "relay", "spark_ingest", "outbox_console"]
 
 
 def _literals(path: Path) -> list[tuple[int, str]]:
@@ -312,26 +310,4 @@ def test_the_sql_check_lets_prose_and_privilege_names_be(text: str) -> None:
     assert not STATEMENT.match(text)
 
 
-# --- Rows read by name -----------------------------------------------------------------------
-
-#: ``row[2]``, ``r[9]``, ``rows[0][4]``: a column read by its position past the second.
-ROW_BY_POSITION = re.compile(r"\b(?:row|r|rows\[\d+\])\[(?:[2-9]|\d{2,})\]")
-
-
-def test_rows_of_more_than_two_columns_are_read_by_name() -> None:
-    root = Path(__file__).parents[2]
-    found = [
-        f"{path.relative_to(root)}:{n}: {line.strip()}"
-        for package in PACKAGES
-        for path in sorted((root / package).rglob("*.py"))
-        for n, line in enumerate(path.read_text().splitlines(), 1)
-        if ROW_BY_POSITION.search(line.split("#", 1)[0])
-    ]
-    assert found == []
-
-
-def test_the_row_check_sees_a_column_read_by_position() -> None:
-    assert ROW_BY_POSITION.search('if row[9] == "purge":')
-    assert ROW_BY_POSITION.search("remember_mode(raw, rows[0][4])")
-    assert not ROW_BY_POSITION.search("{r[0] for r in rows}")
-    assert not ROW_BY_POSITION.search('url.partition(":")[2]')
+# Rows read by name: tests/unit/test_named_rows.py.

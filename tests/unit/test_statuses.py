@@ -87,7 +87,7 @@ def _sources(package: str) -> list[Path]:
         ("outbox", OUTBOX_STATUSES | INBOX_STATUSES),  # its CLI also reports the inbox
         ("relay", OUTBOX_STATUSES),
         ("inbox", INBOX_STATUSES),
-        ("outbox/console", OUTBOX_STATUSES | INBOX_STATUSES),
+        ("outbox_console", OUTBOX_STATUSES | INBOX_STATUSES),
         ("spark_ingest", OUTBOX_STATUSES | INBOX_STATUSES),
         ("migrations/versions", OUTBOX_STATUSES | INBOX_STATUSES),
     ],
