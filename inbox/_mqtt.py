@@ -11,6 +11,7 @@ import asyncio
 import functools
 from typing import Any
 
+from inbox._claimcheck import ClaimCheckResolver
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
@@ -39,6 +40,7 @@ class MqttConsumer(BrokerConsumer):
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
         max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        claim_check: ClaimCheckResolver | None = None,
     ) -> None:
         require("paho.mqtt.client", "mqtt")  # fail at construction, naming the extra
         super().__init__(
@@ -47,6 +49,7 @@ class MqttConsumer(BrokerConsumer):
             on_result=on_result,
             batching=batching,
             max_payload_bytes=max_payload_bytes,
+            claim_check=claim_check,
         )
         if not client_id:
             raise ConfigurationError("client_id is required: it names the persistent session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from inbox._claimcheck import ClaimCheckResolver
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
@@ -32,6 +33,7 @@ class RabbitMQConsumer(BrokerConsumer):
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
         max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        claim_check: ClaimCheckResolver | None = None,
     ) -> None:
         require("aio_pika", "rabbitmq")  # fail at construction, naming the extra
         super().__init__(
@@ -40,6 +42,7 @@ class RabbitMQConsumer(BrokerConsumer):
             on_result=on_result,
             batching=batching,
             max_payload_bytes=max_payload_bytes,
+            claim_check=claim_check,
         )
         self.queue, self.url = queue, url
         #: unacknowledged messages in flight: at least a whole transaction batch per worker

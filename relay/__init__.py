@@ -24,6 +24,7 @@ from relay._admin import (
     enable_capture,
     relay_status,
 )
+from relay._claimcheck import ClaimCheckPublisher
 from relay._config import RelayConfig, TopicPolicy
 from relay._metrics import RelayMetrics
 from relay._relay import Relay
@@ -39,6 +40,7 @@ from relay.exceptions import (
 
 __all__ = [
     "BrokerUnreachableError",
+    "ClaimCheckPublisher",
     "DeadFilter",
     "NotSentError",
     "PermanentPublishError",
