@@ -115,8 +115,9 @@ class MqttConsumer(BrokerConsumer):
     async def _one(self, client: Any, queue: asyncio.Queue[Any], msg: Any) -> None:
         properties = getattr(msg.properties, "UserProperty", None) if msg.properties else None
         decode = functools.partial(
-            wire.decode, properties, msg.payload, max_payload_bytes=self.max_payload_bytes
-        )
+            wire.decode, properties, msg.payload, max_payload_bytes=self.max_payload_bytes,
+            content_type=getattr(msg.properties, "ContentType", None) if msg.properties else None,
+        )  # fmt: skip
         settle = functools.partial(self._settle, client, queue, msg)
         await self._submit(Delivery(decode, settle, functools.partial(self._where, msg)))
 

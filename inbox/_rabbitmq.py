@@ -66,8 +66,9 @@ class RabbitMQConsumer(BrokerConsumer):
 
     async def _on_message(self, message: Any) -> None:
         decode = functools.partial(
-            wire.decode, message.headers, message.body, max_payload_bytes=self.max_payload_bytes
-        )
+            wire.decode, message.headers, message.body, max_payload_bytes=self.max_payload_bytes,
+            content_type=message.content_type,  # a CloudEvent's datacontenttype
+        )  # fmt: skip
         settle = functools.partial(self._settle, message)
         await self._submit(Delivery(decode, settle, functools.partial(self._where, message)))
 

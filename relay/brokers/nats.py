@@ -26,6 +26,7 @@ from outbox._optional import require
 from outbox._redact import redact
 from outbox.envelope import Envelope
 from outbox.wire import nats as wire
+from outbox.wire.cloudevents import CloudEvents
 from relay.brokers._batch import (
     Batch,
     PublishError,
@@ -63,7 +64,10 @@ class NatsPublisher:
         connect_timeout: float = 5.0,
         max_in_flight: int = 4000,
         connect_options: Mapping[str, Any] | None = None,
+        cloudevents: CloudEvents | None = None,
     ) -> None:
+        #: the CloudEvents format (outbox.wire.cloudevents), or None: our own
+        self._cloudevents = cloudevents
         self._nats = require("nats", "nats")
         self._servers = [servers] if isinstance(servers, str) else list(servers)
         self._destination = Destinations(destinations)
@@ -214,7 +218,7 @@ class NatsPublisher:
         for i, env, dest in batch.items():
             if batch.blocking and batch.skip_if_blocked(i):
                 continue
-            message = wire.encode(env)
+            message = wire.encode(env, self._cloudevents)
             headers = message.headers
             err = self._refusal(env, dest, headers) or self._invalid(env, dest, headers)
             if err is None and room <= 0:
@@ -298,7 +302,7 @@ class NatsPublisher:
         for i, env, dest in batch.items():
             if batch.blocking and batch.skip_if_blocked(i):
                 continue
-            message = wire.encode(env)
+            message = wire.encode(env, self._cloudevents)
             err = self._refusal(env, dest, message.headers)
             if err is None and room <= 0:
                 err = await self._room(env, dest, pending, deadline)
