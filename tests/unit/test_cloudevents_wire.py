@@ -164,8 +164,8 @@ def test_the_sdk_reads_what_each_binding_writes() -> None:
         sdk_http.HTTPMessage(attrs, s.body.encode())), env)  # fmt: skip
     structured = CloudEvents(source=CE.source, structured=True)
     k = kafka.encode(env, structured)
-    _check_sdk_event(sdk_kafka.from_structured_event(
-        sdk_kafka.KafkaMessage(headers=dict(k.headers), key=k.key, value=k.value)), env)  # fmt: skip
+    message = sdk_kafka.KafkaMessage(headers=dict(k.headers), key=k.key, value=k.value)
+    _check_sdk_event(sdk_kafka.from_structured_event(message), env)
 
 
 def test_an_sdk_event_of_another_producer_is_applied_once_per_source_and_id() -> None:
