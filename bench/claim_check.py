@@ -250,7 +250,7 @@ def main() -> None:
         ]  # fmt: skip
     print(result["b_cost_per_message"], flush=True)
     result["c_cloudevents_rate"] = asyncio.run(_ce_rate(10_000 if quick else 20_000,
-                                                        2 if quick else 4))  # fmt: skip
+                                                        2 if quick else 6))  # fmt: skip
     result["c_encode"] = _encode_cost()
     print(result["c_cloudevents_rate"], result["c_encode"], flush=True)
     print(write_result("claim_check", result))

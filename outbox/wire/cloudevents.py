@@ -50,6 +50,7 @@ import base64
 import binascii
 import dataclasses
 import datetime as dt
+import re
 import uuid
 from collections.abc import Mapping
 from urllib.parse import quote, unquote
@@ -128,6 +129,9 @@ class CloudEvents:
     types: Mapping[str, str] = dataclasses.field(default_factory=dict)
     topics: frozenset[str] | None = None
     structured: bool = False
+    _made: dict[Binding, tuple[tuple[str, ...], str, dict[str, str]]] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
@@ -140,6 +144,8 @@ class CloudEvents:
                 raise ConfigurationError(f"CloudEvents type for topic {topic!r} must be text")
         if self.topics is not None:
             object.__setattr__(self, "topics", frozenset(self.topics))
+        #: per binding: what :meth:`headers` makes once (names, source, each topic's type)
+        object.__setattr__(self, "_made", {})
 
     def applies(self, topic: str) -> bool:
         return self.topics is None or topic in self.topics
@@ -160,17 +166,41 @@ class CloudEvents:
         return out
 
     def headers(self, envelope: Envelope, binding: Binding) -> dict[str, str]:
-        """Binary mode: the user's headers, the prefixed attributes and ``content-type``."""
-        out = {k: v for k, v in envelope.headers.items() if not is_reserved_header(k)}
-        prefix = binding.prefix
-        if binding.percent_encoded:
-            for name, value in self.attributes(envelope).items():
-                out[prefix + name] = quote(value, safe=_SAFE)
-        else:
-            for name, value in self.attributes(envelope).items():
-                out[prefix + name] = value
+        """Binary mode: the user's headers, the prefixed attributes and ``content-type``.
+
+        The relay's hot path: the names, the source and each topic's type are made once per
+        binding, and only the key is looked at for characters to percent-encode."""
+        names, source, kinds = self._binding(binding)
+        topic = envelope.topic
+        kind = kinds.get(topic)
+        if kind is None:
+            kind = kinds[topic] = _quoted(self.types.get(topic, topic), binding.percent_encoded)
+        out = dict(envelope.headers)
+        out[names[0]] = SPECVERSION
+        out[names[1]] = str(envelope.id)
+        out[names[2]] = source
+        out[names[3]] = kind
+        key = envelope.key
+        out[names[4]] = _quoted(key, True) if binding.percent_encoded else key
+        if envelope.created_at is not None:
+            out[names[5]] = _rfc3339(envelope.created_at)
+        out[names[6]] = str(envelope.seq).zfill(_SEQ_WIDTH)
+        if envelope.traceparent:  # hex digits and dashes: nothing to encode
+            out[names[7]] = envelope.traceparent
+        if topic in self.types:
+            out[names[8]] = _quoted(topic, binding.percent_encoded)
         out[HEADER_CONTENT_TYPE] = envelope.content_type
         return out
+
+    def _binding(self, binding: Binding) -> tuple[tuple[str, ...], str, dict[str, str]]:
+        """(attribute names, source, types by topic) as ``binding`` writes them, made once."""
+        made = self._made.get(binding)
+        if made is None:
+            names = tuple(binding.prefix + name for name in _ORDER)
+            made = self._made[binding] = (
+                names, _quoted(self.source, binding.percent_encoded), {}
+            )
+        return made
 
     def structured_body(self, envelope: Envelope) -> bytes:
         """Structured mode: the event as JSON (the payload as ``data`` when it is JSON)."""
@@ -186,6 +216,18 @@ class CloudEvents:
         out = {k: v for k, v in envelope.headers.items() if not is_reserved_header(k)}
         out[HEADER_CONTENT_TYPE] = STRUCTURED_CONTENT_TYPE
         return out
+
+
+_ORDER = ("specversion", "id", "source", "type", "subject", "time", "sequence", "traceparent",
+          TOPIC_EXTENSION)  # fmt: skip
+# anything but what the HTTP binding leaves as it is
+_NEEDS_QUOTING = re.compile(r'[^\x21\x23\x24\x26-\x7e]')
+
+
+def _quoted(value: str, percent_encoded: bool) -> str:
+    if percent_encoded and _NEEDS_QUOTING.search(value):
+        return quote(value, safe=_SAFE)
+    return value
 
 
 def _is_json(content_type: str) -> bool:

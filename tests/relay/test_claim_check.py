@@ -277,3 +277,42 @@ def test_a_directory_store_round_trips_and_expires(tmp_path: Any) -> None:
     with pytest.raises(ObjectMissingError):
         store.get("outbox/docs/a", 1000)
     assert store.get("outbox/docs/b", 10) == b"y"
+
+
+def test_a_consumer_without_claim_check_refuses_a_reference_instead_of_applying_it(
+    url: str, tmp_path: Any
+) -> None:
+    """A consumer given no ``claim_check`` never hands a reference to its handler as if it
+    were the payload: the message is refused (``claim_check_unresolvable``) and recorded dead;
+    the small message after it on another key is applied."""
+    require_port(4222, "NATS")
+    store = DirectoryStore(tmp_path / "objects")
+    ids = _write(url, [Message(topic="docs", key="big", payload=_payload(0, 200_000)),
+                       Message(topic="docs", key="small", payload={"n": 1})])  # fmt: skip
+    seen: list[uuid.UUID] = []
+
+    async def handler(conn: psycopg.AsyncConnection[Any], env: Any) -> None:
+        seen.append(env.id)
+
+    async def go() -> None:
+        log = ResultLog()
+        async with _nats() as (publisher, consumer_for):
+            pub = ClaimCheckPublisher(publisher(), ClaimCheck(store, threshold=100_000))
+            relay = Relay(config(url, publish_timeout=30, lease_seconds=60), pub)
+            async with AsyncConnectionPool(url, min_size=1, max_size=3, open=False) as pool:
+                runner = AsyncHandlerRunner(pool, handler, consumer="docs-svc", ordered=True)
+                consumer = consumer_for(runner, on_result=log)  # no claim_check
+                task = asyncio.create_task(consumer.run())
+                async with running(relay):
+                    await log.wait_processed([ids[1]], within=60)
+                    await _wait(lambda: ids[0] in _dead(url), 60)
+                consumer.stop()
+                await task
+
+    asyncio.run(go())
+    assert seen == [ids[1]]
+    with psycopg.connect(url) as conn:
+        error = conn.execute("SELECT last_error FROM inbox_messages WHERE message_id = %s",
+                             (ids[0],)).fetchone()  # fmt: skip
+    assert error is not None
+    assert "has no claim_check" in error[0]
