@@ -264,13 +264,12 @@ class BrokerConsumer:
         while a worker's buffer is full. A message that is not a valid envelope is settled
         here at once."""
         chunks: list[Chunk] = [[] for _ in self._queues]
-        for delivery in deliveries:
-            decode = delivery.decode
-            if self.claim_check is not None:
-                resolved = await self._resolving(decode)
-                if resolved is None:
-                    continue  # stopping while its store is away: the broker delivers it again
-                decode = resolved
+        decodes: list[Callable[[], Envelope] | None] = [d.decode for d in deliveries]
+        if self.claim_check is not None:  # a fetch's references are fetched side by side
+            decodes = list(await asyncio.gather(*(self._resolving(d.decode) for d in deliveries)))
+        for delivery, decode in zip(deliveries, decodes, strict=True):
+            if decode is None:
+                continue  # stopping while its store is away: the broker delivers it again
             checked = self._checked(decode, delivery.where)
             item: Envelope | Invalid
             ref: MessageRef | None = None
