@@ -448,7 +448,9 @@ def test_claim_check_store_credentials_appear_in_no_log_error_or_repr(
     import asyncio
     import logging
 
-    pytest.importorskip("boto3")
+    from tests.support.services import import_or_missing
+
+    import_or_missing("boto3", "aws")
     from inbox import ClaimCheckResolver
     from inbox._claimcheck import StoreUnavailableError
     from outbox._redact import install_log_redaction

@@ -365,3 +365,50 @@ def test_a_large_payload_goes_through_each_broker_as_a_cloudevent_and_arrives_wh
     for seq, size, digest in applied:
         assert size == len(bodies[seq])
         assert digest == hashlib.sha256(bodies[seq]).hexdigest()
+
+
+class _FailingStore(DirectoryStore):
+    """A directory store whose uploads of one message fail (a store outage for that key)."""
+
+    def __init__(self, root: Any, failing: uuid.UUID) -> None:
+        super().__init__(root)
+        self.failing = failing
+
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        if key.endswith(str(self.failing)):
+            raise ConnectionError("store unreachable")
+        super().put(key, data, content_type)
+
+
+def test_a_failed_upload_is_retried_and_holds_back_its_key_only(tmp_path: Any) -> None:
+    """Pure logic (the publisher is the relay tests' recorder): the message whose upload failed
+    comes back retryable, the later message of its key is not sent (NotSentError), another
+    key's message is published; the override header never reaches the broker."""
+    from outbox.envelope import Envelope
+    from relay import NotSentError, RetryablePublishError
+    from tests.relay.relay_helpers import FakePublisher
+
+    big = Envelope(uuid.uuid4(), "docs", "k1", 1, b"x" * 2000)
+    after = Envelope(uuid.uuid4(), "docs", "k1", 2, b"{}")
+    other = Envelope(uuid.uuid4(), "docs", "k2", 1, b"y" * 2000, headers=override("never"))
+    inner = FakePublisher()
+    pub = ClaimCheckPublisher(inner, ClaimCheck(_FailingStore(tmp_path, big.id), threshold=1000))
+    results = asyncio.run(pub.publish_batch([big, after, other]))
+    assert isinstance(results[0], RetryablePublishError)
+    assert "claim check upload" in str(results[0])
+    assert isinstance(results[1], NotSentError)
+    assert results[2] is None
+    ((_, sent),) = inner.log
+    assert sent.id == other.id
+    assert sent.payload == other.payload  # "never": sent as it is
+    assert "outbox-claim-check" not in sent.headers
+
+
+def test_s3_lifecycle_rule_expires_the_prefix() -> None:
+    """The rule the how-to gives, put on a bucket of moto's S3 and read back."""
+    store = _bucket()
+    store.apply_lifecycle(days=7)
+    rules = store.client.get_bucket_lifecycle_configuration(Bucket=store.bucket)["Rules"]
+    assert [(r["Status"], r["Expiration"]["Days"], r["Filter"]["Prefix"]) for r in rules] == [
+        ("Enabled", 7, "outbox/")
+    ]
