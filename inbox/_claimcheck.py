@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 from collections.abc import Sequence
 
+from inbox.exceptions import ClaimCheckStoreError
 from outbox._redact import redact
 from outbox.claimcheck import (
     CONTENT_TYPE,
@@ -28,11 +29,7 @@ from outbox.claimcheck import (
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError, InvalidMessageError
 
-__all__ = ["ClaimCheckResolver", "StoreUnavailableError"]
-
-
-class StoreUnavailableError(Exception):
-    """The object store could not be asked (network, permissions): try the message later."""
+__all__ = ["ClaimCheckResolver"]
 
 
 class ClaimCheckResolver:
@@ -100,7 +97,7 @@ class ClaimCheckResolver:
                 **known,
             ) from None
         except Exception as exc:
-            raise StoreUnavailableError(
+            raise ClaimCheckStoreError(
                 f"claim check store {store!r} failed for message {envelope.id}: "
                 f"{type(exc).__name__}: {redact(exc)}"
             ) from None  # the client's exception may name the endpoint's user-info

@@ -26,9 +26,10 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from inbox._claimcheck import ClaimCheckResolver, StoreUnavailableError
+from inbox._claimcheck import ClaimCheckResolver
 from inbox._receive import MessageRef, invalid_ref
 from inbox._runner import AsyncAlso, AsyncHandlerRunner, Outcome, Result, _is_transient
+from inbox.exceptions import ClaimCheckStoreError
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
 from outbox._redact import redact_library_logs
 from outbox.claimcheck import CONTENT_TYPE as CLAIM_CHECK_TYPE
@@ -656,7 +657,7 @@ class BrokerConsumer:
             try:
                 done = await resolver.resolve(envelope)
                 return lambda: done
-            except StoreUnavailableError as exc:
+            except ClaimCheckStoreError as exc:
                 log.warning("inbox: %s: %s (trying again in %.1f s)", self.runner.consumer,
                             exc, delay)  # fmt: skip
             except Exception as exc:

@@ -35,7 +35,12 @@ import orjson
 from outbox._optional import require
 from outbox._redact import redact, remember_secrets
 from outbox.envelope import Envelope, shown
-from outbox.exceptions import ConfigurationError, InvalidMessageError
+from outbox.exceptions import (
+    ConfigurationError,
+    InvalidMessageError,
+    ObjectMissingError,
+    ObjectTooLargeError,
+)
 
 __all__ = [
     "CONTENT_TYPE",
@@ -126,14 +131,6 @@ class Reference:
                 **known,
             ) from None
         return ref
-
-
-class ObjectMissingError(InvalidMessageError):
-    """The claim-checked object is not in the store (deleted, or never uploaded there)."""
-
-
-class ObjectTooLargeError(InvalidMessageError):
-    """The claim-checked object is larger than the consumer downloads."""
 
 
 @runtime_checkable

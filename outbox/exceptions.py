@@ -13,6 +13,8 @@ __all__ = [
     "ConfigurationError",
     "InvalidMessageError",
     "MissingDependencyError",
+    "ObjectMissingError",
+    "ObjectTooLargeError",
     "OutboxError",
     "PayloadTooLargeError",
     "SchemaNotInstalledError",
@@ -54,6 +56,14 @@ class SerializationError(InvalidMessageError, TypeError):
 
 class PayloadTooLargeError(InvalidMessageError):
     """The serialized payload is larger than the configured maximum; nothing was written."""
+
+
+class ObjectMissingError(InvalidMessageError):
+    """The claim-checked object is not in the store (deleted, or never uploaded there)."""
+
+
+class ObjectTooLargeError(InvalidMessageError):
+    """The claim-checked object is larger than the consumer downloads."""
 
 
 class TransactionRequiredError(OutboxError):

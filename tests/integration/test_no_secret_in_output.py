@@ -452,7 +452,7 @@ def test_claim_check_store_credentials_appear_in_no_log_error_or_repr(
 
     import_or_missing("boto3", "aws")
     from inbox import ClaimCheckResolver
-    from inbox._claimcheck import StoreUnavailableError
+    from inbox.exceptions import ClaimCheckStoreError
     from outbox._redact import install_log_redaction
     from outbox.claimcheck import ClaimCheck, S3Store
     from outbox.envelope import Envelope
@@ -474,7 +474,7 @@ def test_claim_check_store_credentials_appear_in_no_log_error_or_repr(
         ref = ClaimCheck(store).reference(env, "outbox/docs/x")
         reference = Envelope(env.id, "docs", "k", 1, ref.to_bytes(),
                              "application/vnd.outbox.claim-check+json")  # fmt: skip
-        with pytest.raises(StoreUnavailableError) as caught:
+        with pytest.raises(ClaimCheckStoreError) as caught:
             await ClaimCheckResolver(store).resolve(reference)
         return str(upload_error), f"{caught.value} {caught.value.__cause__!r}"
 
