@@ -129,6 +129,7 @@ class CloudEvents:
     types: Mapping[str, str] = dataclasses.field(default_factory=dict)
     topics: frozenset[str] | None = None
     structured: bool = False
+    #: per binding: what :meth:`headers` makes once (names, source, each topic's type)
     _made: dict[Binding, tuple[tuple[str, ...], str, dict[str, str]]] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -144,8 +145,6 @@ class CloudEvents:
                 raise ConfigurationError(f"CloudEvents type for topic {topic!r} must be text")
         if self.topics is not None:
             object.__setattr__(self, "topics", frozenset(self.topics))
-        #: per binding: what :meth:`headers` makes once (names, source, each topic's type)
-        object.__setattr__(self, "_made", {})
 
     def applies(self, topic: str) -> bool:
         return self.topics is None or topic in self.topics
