@@ -20,6 +20,7 @@ import warnings
 from typing import Any
 
 from inbox._amqp1 import Amqp1Consumer
+from inbox._claimcheck import ClaimCheckResolver
 from inbox._consumer import Batching, BrokerConsumer
 from inbox._handler import AsyncBatchHandler, AsyncHandler, BatchHandler, Handler
 from inbox._kafka import KafkaConsumer
@@ -43,6 +44,7 @@ __all__ = [
     "BatchHandler",
     "Batching",
     "BrokerConsumer",
+    "ClaimCheckResolver",
     "ConcurrentDeliveryError",
     "Handler",
     "HandlerRunner",

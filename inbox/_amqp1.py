@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from inbox._claimcheck import ClaimCheckResolver
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox import amqp1_reactor as _proton
@@ -206,6 +207,7 @@ class Amqp1Consumer(BrokerConsumer):
         batching: Batching | None = None,
         durable: bool = True,
         max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        claim_check: ClaimCheckResolver | None = None,
         connect_timeout: float = 10.0,
         sasl_mechanisms: str | None = None,
         tls_ca: str | None = None,
@@ -220,6 +222,7 @@ class Amqp1Consumer(BrokerConsumer):
             on_result=on_result,
             batching=batching,
             max_payload_bytes=max_payload_bytes,
+            claim_check=claim_check,
         )
         self.address = address
         self._endpoint = _proton.endpoint(url)

@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from inbox._claimcheck import ClaimCheckResolver
 from inbox._receive import MessageRef, invalid_ref
 from inbox._runner import AsyncAlso, AsyncHandlerRunner, Outcome, Result, _is_transient
+from inbox.exceptions import ClaimCheckStoreError
+from outbox.claimcheck import CONTENT_TYPE as CLAIM_CHECK_TYPE
 from outbox.envelope import REFUSAL_REASONS, Envelope, shown
 from outbox.exceptions import ConfigurationError, InvalidMessageError, OutboxError
 from outbox.kit import DEFAULT_MAX_RECEIVE_BYTES, redact_library_logs
@@ -160,6 +164,7 @@ class BrokerConsumer:
         hold_interval: float = 1.0,
         batching: Batching | None = None,
         max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        claim_check: ClaimCheckResolver | None = None,
     ) -> None:
         if not isinstance(runner, AsyncHandlerRunner):
             raise ConfigurationError(
@@ -182,6 +187,12 @@ class BrokerConsumer:
             raise ConfigurationError(
                 f"max_payload_bytes must be a positive int, not {max_payload_bytes!r}"
             )
+        if claim_check is not None and not isinstance(claim_check, ClaimCheckResolver):
+            raise ConfigurationError(
+                f"claim_check must be an inbox.ClaimCheckResolver, not {type(claim_check).__name__}"
+            )
+        #: resolves claim check references (outbox.claimcheck) before the handler sees them
+        self.claim_check = claim_check
         self.runner = runner
         #: a received body larger than this is refused (reason ``payload_too_large``)
         self.max_payload_bytes = max_payload_bytes
@@ -253,8 +264,13 @@ class BrokerConsumer:
         while a worker's buffer is full. A message that is not a valid envelope is settled
         here at once."""
         chunks: list[Chunk] = [[] for _ in self._queues]
-        for delivery in deliveries:
-            checked = self._checked(delivery.decode, delivery.where)
+        decodes: list[Callable[[], Envelope] | None] = [d.decode for d in deliveries]
+        if self.claim_check is not None:  # a fetch's references are fetched side by side
+            decodes = list(await asyncio.gather(*(self._resolving(d.decode) for d in deliveries)))
+        for delivery, decode in zip(deliveries, decodes, strict=True):
+            if decode is None:
+                continue  # stopping while its store is away: the broker delivers it again
+            checked = self._checked(decode, delivery.where)
             item: Envelope | Invalid
             ref: MessageRef | None = None
             if isinstance(checked, Invalid):
@@ -518,6 +534,11 @@ class BrokerConsumer:
         reconciliation and the operator see it), then the caller settles it at the broker
         (terminated, dead-lettered where the broker has it, or acknowledged).
         """
+        if self.claim_check is not None:
+            resolved = await self._resolving(decode)
+            if resolved is None:
+                return None  # stopping while its store is away: the broker delivers it again
+            decode = resolved
         item = self._decode(decode, where)
         if isinstance(item, Invalid):
             await self._settle_invalid(item.envelope, item.error, also)
@@ -541,6 +562,8 @@ class BrokerConsumer:
         envelope: Envelope | None = None
         try:
             envelope = decode()
+            if envelope.content_type == CLAIM_CHECK_TYPE:  # not resolved: no claim_check
+                raise unresolved(envelope)
             ref = self.runner.check(envelope)
         except Exception as exc:
             self._refused(exc, where)
@@ -613,10 +636,57 @@ class BrokerConsumer:
             log.warning("inbox: could not record invalid message %s: %s", ref.id,
                         shown(str(record_exc), 200))  # fmt: skip
 
+    async def _resolving(
+        self, decode: Callable[[], Envelope]
+    ) -> Callable[[], Envelope] | None:
+        """``decode``, with a claim check reference resolved to its payload first (the
+        resolver's refusal is raised when it is called, so it is counted and recorded as any
+        refusal). While the store cannot be reached the message waits (as it does while the
+        database is away); None when the consumer stops meanwhile."""
+        resolver = self.claim_check
+        assert resolver is not None
+        try:
+            envelope = decode()
+        except Exception:
+            return decode  # refused by _checked, as any message that does not decode
+        if not resolver.is_reference(envelope):
+            return lambda: envelope
+        delay = 0.5
+        while True:
+            try:
+                done = await resolver.resolve(envelope)
+                return lambda: done
+            except ClaimCheckStoreError as exc:
+                log.warning("inbox: %s: %s (trying again in %.1f s)", self.runner.consumer,
+                            exc, delay)  # fmt: skip
+            except Exception as exc:
+                return functools.partial(_raise, exc)
+            if self.stopping:
+                return None
+            await self._wait_stopping(delay)
+            delay = min(delay * 2, 30.0)
+
     async def _wait_stopping(self, seconds: float) -> None:
         """Wait up to ``seconds``, returning early when stop() is called."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
+
+
+def _raise(exc: Exception) -> Envelope:
+    raise exc
+
+
+def unresolved(envelope: Envelope) -> InvalidMessageError:
+    """A claim check reference reached a consumer without ``claim_check`` stores."""
+    return InvalidMessageError(
+        f"message {envelope.id} is claim-checked (its payload is in object storage) and this "
+        "consumer has no claim_check: pass claim_check=inbox.ClaimCheckResolver(stores)",
+        reason="claim_check_unresolvable",
+        message_id=envelope.id,
+        topic=envelope.topic,
+        key=envelope.key,
+        seq=envelope.seq,
+    )
 
 
 def _data(exc: BaseException) -> dict[str, object]:

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from inbox._claimcheck import ClaimCheckResolver
 from inbox._consumer import Batching, BrokerConsumer, Invalid, ResultCallback, described
 from inbox._receive import MessageRef
 from inbox._runner import AsyncAlso, AsyncBatchAlso, AsyncHandlerRunner, Outcome, Result
@@ -52,6 +53,7 @@ class KafkaConsumer(BrokerConsumer):
         schema: str | None = None,
         batching: Batching | None = None,
         max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        claim_check: ClaimCheckResolver | None = None,
     ) -> None:
         require("confluent_kafka", "kafka")  # fail at construction, naming the extra
         super().__init__(
@@ -60,6 +62,7 @@ class KafkaConsumer(BrokerConsumer):
             on_result=on_result,
             batching=batching,
             max_payload_bytes=max_payload_bytes,
+            claim_check=claim_check,
         )
         if self.batching.workers != 1:
             raise ConfigurationError(

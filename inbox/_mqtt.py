@@ -11,6 +11,7 @@ import asyncio
 import functools
 from typing import Any
 
+from inbox._claimcheck import ClaimCheckResolver
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox.envelope import shown
@@ -38,6 +39,7 @@ class MqttConsumer(BrokerConsumer):
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
         max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        claim_check: ClaimCheckResolver | None = None,
     ) -> None:
         require("paho.mqtt.client", "mqtt")  # fail at construction, naming the extra
         super().__init__(
@@ -46,6 +48,7 @@ class MqttConsumer(BrokerConsumer):
             on_result=on_result,
             batching=batching,
             max_payload_bytes=max_payload_bytes,
+            claim_check=claim_check,
         )
         if not client_id:
             raise ConfigurationError("client_id is required: it names the persistent session")
@@ -111,8 +114,9 @@ class MqttConsumer(BrokerConsumer):
     async def _one(self, client: Any, queue: asyncio.Queue[Any], msg: Any) -> None:
         properties = getattr(msg.properties, "UserProperty", None) if msg.properties else None
         decode = functools.partial(
-            wire.decode, properties, msg.payload, max_payload_bytes=self.max_payload_bytes
-        )
+            wire.decode, properties, msg.payload, max_payload_bytes=self.max_payload_bytes,
+            content_type=getattr(msg.properties, "ContentType", None) if msg.properties else None,
+        )  # fmt: skip
         settle = functools.partial(self._settle, client, queue, msg)
         await self._submit(Delivery(decode, settle, functools.partial(self._where, msg)))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from inbox._claimcheck import ClaimCheckResolver
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox.envelope import Envelope
@@ -36,6 +37,7 @@ class NatsConsumer(BrokerConsumer):
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
         max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        claim_check: ClaimCheckResolver | None = None,
     ) -> None:
         require("nats", "nats")  # fail at construction, naming the extra
         super().__init__(
@@ -44,6 +46,7 @@ class NatsConsumer(BrokerConsumer):
             on_result=on_result,
             batching=batching,
             max_payload_bytes=max_payload_bytes,
+            claim_check=claim_check,
         )
         self.stream, self.durable, self.subject = stream, durable, subject
         self.servers, self.fetch_timeout = servers, fetch_timeout

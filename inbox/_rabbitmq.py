@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from inbox._claimcheck import ClaimCheckResolver
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox.kit import DEFAULT_MAX_RECEIVE_BYTES, require
@@ -31,6 +32,7 @@ class RabbitMQConsumer(BrokerConsumer):
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
         max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        claim_check: ClaimCheckResolver | None = None,
     ) -> None:
         require("aio_pika", "rabbitmq")  # fail at construction, naming the extra
         super().__init__(
@@ -39,6 +41,7 @@ class RabbitMQConsumer(BrokerConsumer):
             on_result=on_result,
             batching=batching,
             max_payload_bytes=max_payload_bytes,
+            claim_check=claim_check,
         )
         self.queue, self.url = queue, url
         #: unacknowledged messages in flight: at least a whole transaction batch per worker
@@ -62,8 +65,9 @@ class RabbitMQConsumer(BrokerConsumer):
 
     async def _on_message(self, message: Any) -> None:
         decode = functools.partial(
-            wire.decode, message.headers, message.body, max_payload_bytes=self.max_payload_bytes
-        )
+            wire.decode, message.headers, message.body, max_payload_bytes=self.max_payload_bytes,
+            content_type=message.content_type,  # a CloudEvent's datacontenttype
+        )  # fmt: skip
         settle = functools.partial(self._settle, message)
         await self._submit(Delivery(decode, settle, functools.partial(self._where, message)))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from inbox._claimcheck import ClaimCheckResolver
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox.envelope import shown
@@ -37,6 +38,7 @@ class RedisStreamConsumer(BrokerConsumer):
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
         max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        claim_check: ClaimCheckResolver | None = None,
     ) -> None:
         require("redis.asyncio", "redis")  # fail at construction, naming the extra
         super().__init__(
@@ -45,6 +47,7 @@ class RedisStreamConsumer(BrokerConsumer):
             on_result=on_result,
             batching=batching,
             max_payload_bytes=max_payload_bytes,
+            claim_check=claim_check,
         )
         self.stream, self.group, self.name, self.url = stream, group, name, url
         self.block_ms, self.claim_idle_ms = block_ms, claim_idle_ms

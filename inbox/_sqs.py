@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from inbox._claimcheck import ClaimCheckResolver
 from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox.exceptions import ConfigurationError
@@ -63,10 +64,15 @@ class SqsConsumer(BrokerConsumer):
         redeliver_delay: float = 1.0,
         on_result: ResultCallback | None = None,
         batching: Batching | None = None,
+        claim_check: ClaimCheckResolver | None = None,
     ) -> None:
         require("boto3", "aws")  # fail at construction, naming the extra
         super().__init__(
-            runner, redeliver_delay=redeliver_delay, on_result=on_result, batching=batching
+            runner,
+            redeliver_delay=redeliver_delay,
+            on_result=on_result,
+            batching=batching,
+            claim_check=claim_check,
         )
         if not isinstance(wait_seconds, int) or not 0 <= wait_seconds <= 20:
             raise ConfigurationError(f"wait_seconds must be 0..20 (SQS), not {wait_seconds!r}")

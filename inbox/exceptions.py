@@ -9,6 +9,7 @@ from __future__ import annotations
 from outbox.exceptions import OutboxError
 
 __all__ = [
+    "ClaimCheckStoreError",
     "ConcurrentDeliveryError",
     "InboxError",
     "OutOfOrderError",
@@ -30,5 +31,12 @@ class ConcurrentDeliveryError(InboxError):
 
 class OutOfOrderError(InboxError):
     """The message is ahead of its key's next sequence number: roll back and redeliver later."""
+
+    retryable = True
+
+
+class ClaimCheckStoreError(InboxError):
+    """The claim check's object store could not be asked (network, permissions): the message
+    waits and is tried again."""
 
     retryable = True

@@ -25,6 +25,10 @@ from outbox._trace import current_traceparent
 from outbox.envelope import is_reserved_header
 from outbox.exceptions import InvalidMessageError, PayloadTooLargeError, SerializationError
 
+#: the one reserved header a publisher sets: outbox.claimcheck.OVERRIDE_HEADER (the relay
+#: reads it and removes it before publishing)
+_CLAIM_CHECK_OVERRIDE = "outbox-claim-check"
+
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "MAX_KEY_BYTES",
@@ -183,7 +187,7 @@ def _headers_fully(headers: Mapping[str, str]) -> str:
                 where=f"headers[{k!r}]",
                 type_name=type(v).__name__,
             )
-        if is_reserved_header(k):
+        if is_reserved_header(k) and k != _CLAIM_CHECK_OVERRIDE:
             raise SerializationError(
                 f"headers[{k!r}] uses a name reserved for the envelope (outbox-*, content-type, "
                 "traceparent, payload, nats-msg-id); pick another name, or use the "

@@ -62,6 +62,9 @@ REFUSAL_REASONS = frozenset({
     "too_many_headers", "bad_header", "missing_header", "bad_id", "bad_topic", "bad_key",
     "bad_seq", "bad_created_at", "payload_too_large", "not_utf8", "bad_format", "invalid",
     "error",
+    # a claim check reference (outbox.claimcheck) that cannot be resolved to its payload
+    "claim_check_invalid", "claim_check_missing", "claim_check_mismatch",
+    "claim_check_too_large", "claim_check_unresolvable",
 })  # fmt: skip
 
 

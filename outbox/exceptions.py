@@ -15,6 +15,8 @@ __all__ = [
     "InvalidMessageError",
     "MessageNotFoundError",
     "MissingDependencyError",
+    "ObjectMissingError",
+    "ObjectTooLargeError",
     "OutboxError",
     "PayloadTooLargeError",
     "SchemaNotInstalledError",
@@ -56,6 +58,14 @@ class SerializationError(InvalidMessageError, TypeError):
 
 class PayloadTooLargeError(InvalidMessageError):
     """The serialized payload is larger than the configured maximum; nothing was written."""
+
+
+class ObjectMissingError(InvalidMessageError):
+    """The claim-checked object is not in the store (deleted, or never uploaded there)."""
+
+
+class ObjectTooLargeError(InvalidMessageError):
+    """The claim-checked object is larger than the consumer downloads."""
 
 
 class TransactionRequiredError(OutboxError):

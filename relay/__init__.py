@@ -17,6 +17,7 @@ retention, capture) are in :mod:`relay.admin`.
 import warnings
 from typing import Any
 
+from relay._claimcheck import ClaimCheckPublisher
 from relay._config import RelayConfig, TopicPolicy
 from relay._metrics import RelayMetrics
 from relay._relay import Relay
@@ -33,6 +34,7 @@ from relay.exceptions import (
 
 __all__ = [
     "BrokerUnreachableError",
+    "ClaimCheckPublisher",
     "NotSentError",
     "PermanentPublishError",
     "Relay",

@@ -153,9 +153,10 @@ def _capture_state(conn: psycopg.Connection[Any], stmts: RelayStatements) -> dic
     if state["slot"] is not None:
         state.update(_slot(conn, stmts, state["slot"]).as_status(state["mode"]))
         # 'wal' mode's messages the relay has not recorded yet (outbox_wal_pending)
-        counted = conn.execute(stmts.capture_pending_count).fetchone()
-        state["pending_messages"] = int(counted[0]) if counted else 0
-        state["oldest_pending_seconds"] = counted[1] if counted else None
+        counted = conn.cursor(row_factory=dict_row).execute(stmts.capture_pending_count)
+        pending = counted.fetchone()
+        state["pending_messages"] = int(pending["messages"]) if pending else 0
+        state["oldest_pending_seconds"] = pending["oldest_seconds"] if pending else None
     return state
 
 
@@ -464,10 +465,10 @@ def _change_through(
         if not ids:
             return []
         params = {"ids": ids, "actor": actor or default_actor(), "reason": reason}
-        rows = conn.execute(statement, params).fetchall()
+        rows = conn.cursor(row_factory=dict_row).execute(statement, params).fetchall()
         if rows:
             conn.execute(relay_statements(schema).wake_relays)
-    return [r[0] for r in rows]
+    return [r["id"] for r in rows]
 
 
 def dead_requeue(

@@ -159,8 +159,9 @@ class WalCapture:
             assert health is not None  # one row, also for a missing slot
             pending = 0
             if mode != MODE_WAL and health.state != "ok":
-                counted = await (await conn.execute(self._stmts.capture_pending_count)).fetchone()
-                pending = int(counted[0]) if counted else 0
+                counting = conn.cursor(row_factory=dict_row)
+                counted = await (await counting.execute(self._stmts.capture_pending_count)).fetchone()
+                pending = int(counted["messages"]) if counted else 0
         self._report(health, str(mode))
         if mode != MODE_WAL and health.state != "ok" and not pending:
             return None  # nothing of ours to stream or sweep (after a drain and a drop)
@@ -329,7 +330,7 @@ class WalCapture:
         limit = self._config.batch_size
         while not self._state.stopping:
             lease.progress()
-            cur = await lock.execute(
+            cur = await lock.cursor(row_factory=dict_row).execute(
                 self._stmts.capture_pending_sweep, {"older": older, "limit": limit}
             )
             rows = await cur.fetchall()
@@ -337,17 +338,17 @@ class WalCapture:
                 break
             batch: list[_Decoded] = []
             seen: set[uuid.UUID] = set()
-            for row_id, data, written_at in rows:
+            for row in rows:
                 try:
-                    record = decode_record(bytes(data))
+                    record = decode_record(bytes(row["record"]))
                 except RecordError as exc:
-                    log.error("relay: skipped a malformed pending row %s: %s", row_id, exc)
+                    log.error("relay: skipped a malformed pending row %s: %s", row["id"], exc)
                     continue
                 if record.id in seen:
                     continue
                 seen.add(record.id)
-                batch.append(_Decoded(record, written_at))
-            total += await self._record(lock, lease, batch, [r[0] for r in rows])
+                batch.append(_Decoded(record, row["written_at"]))
+            total += await self._record(lock, lease, batch, [r["id"] for r in rows])
             if len(rows) < limit:
                 break
         return total

@@ -253,8 +253,9 @@ class RelayMetrics:
         async with conn.cursor(row_factory=class_row(SlotHealth)) as cur:
             slot = await (await cur.execute(stmts.capture_slot, {"slot": slot_name})).fetchone()
         assert slot is not None  # one row, also for a missing slot
-        counted = await (await conn.execute(stmts.capture_pending_count)).fetchone()
-        self.capture_pending.set(int(counted[0]) if counted else 0)
+        counting = conn.cursor(row_factory=dict_row)
+        counted = await (await counting.execute(stmts.capture_pending_count)).fetchone()
+        self.capture_pending.set(int(counted["messages"]) if counted else 0)
         labels = (slot_name, slot.database or "")
         if labels != self._slot_labels:
             # Series only for the slot (and database) the mode row names now: a slot left

@@ -449,11 +449,11 @@ RETURNING message_id
 -- The console's requeue (outbox/console/_data.py): the operator function of outbox_0018, which
 -- runs as the tables' owner, changes rows still dead only and audits them in one statement
 -- (the console role has no UPDATE on outbox_messages). The ids come from dead_list's filter.
-SELECT {requeue_fn}(%(ids)s, %(actor)s, %(reason)s)
+SELECT {requeue_fn}(%(ids)s, %(actor)s, %(reason)s) AS id
 
 -- name: dead_purge_ids
 -- The console's purge: the operator function of outbox_0018 (no DELETE for the console role).
-SELECT {purge_fn}(%(ids)s, %(actor)s, %(reason)s)
+SELECT {purge_fn}(%(ids)s, %(actor)s, %(reason)s) AS id
 
 -- name: dead_listing
 -- The dead letters the console lists, and the ids a filtered change there acts on: the
@@ -596,7 +596,8 @@ SELECT p.id, p.record, p.written_at FROM {pending} AS p
 -- outbox_capture_pending_count: how many messages wait in outbox_wal_pending, and the age of
 -- the oldest (`outbox status`, the relay's metrics). A scan of a table that holds only the
 -- messages not recorded yet.
-SELECT count(*), extract(epoch FROM clock_timestamp() - min(p.written_at))::float8
+SELECT count(*) AS messages,
+       extract(epoch FROM clock_timestamp() - min(p.written_at))::float8 AS oldest_seconds
 FROM {pending} AS p
 
 -- name: capture_durable

@@ -25,6 +25,9 @@ JSON lines    ``{"destination", "headers", "payload" | "payload_base64"}`` (stdo
               sinks)
 ============  ==============================================================================
 
+With ``cloudevents=`` (:mod:`outbox.wire.cloudevents`) the relay's adapters write CloudEvents
+1.0 per each broker's protocol binding instead; every ``decode`` reads both.
+
 Where a message goes (subject, exchange and routing key, stream, topic) is the relay's
 configuration (:class:`relay.brokers.Destinations`), not part of the wire format.
 
@@ -38,6 +41,6 @@ with the input.
 
 from __future__ import annotations
 
-from outbox.wire import amqp1, jsonl, kafka, mqtt, nats, rabbitmq, redis
+from outbox.wire import amqp1, cloudevents, jsonl, kafka, mqtt, nats, rabbitmq, redis
 
-__all__ = ["amqp1", "jsonl", "kafka", "mqtt", "nats", "rabbitmq", "redis"]
+__all__ = ["amqp1", "cloudevents", "jsonl", "kafka", "mqtt", "nats", "rabbitmq", "redis"]

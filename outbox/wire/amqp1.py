@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES, MAX_HEADER_VALUE_BYTES, MAX_RECEIVED_HEADERS
 from outbox.envelope import Envelope
 from outbox.exceptions import InvalidMessageError
+from outbox.wire import cloudevents as ce
 from outbox.wire._text import total
 
 __all__ = ["MAX_GROUP_SEQUENCE", "Amqp1Message", "decode", "encode"]
@@ -46,17 +47,27 @@ class Amqp1Message:
     properties: dict[str, str]
 
 
-def encode(envelope: Envelope) -> Amqp1Message:
+def encode(envelope: Envelope, cloudevents: ce.CloudEvents | None = None) -> Amqp1Message:
+    """The message; a CloudEvent (AMQP binding: ``cloudEvents_`` application-properties,
+    the ``content-type`` property) when ``cloudevents`` covers the topic."""
     seq = envelope.seq
     ctype = envelope.content_type
+    properties: dict[str, str] | None = None
+    body = envelope.payload
+    if cloudevents is not None and cloudevents.applies(envelope.topic):
+        if cloudevents.structured:
+            properties = cloudevents.structured_headers(envelope)
+            body, ctype = cloudevents.structured_body(envelope), ce.STRUCTURED_CONTENT_TYPE
+        else:
+            properties = cloudevents.headers(envelope, ce.AMQP)
     return Amqp1Message(
-        body=envelope.payload,
+        body=body,
         message_id=str(envelope.id),
         group_id=envelope.key,
         group_sequence=seq if 0 <= seq <= MAX_GROUP_SEQUENCE else None,
         subject=envelope.topic,
         content_type=ctype if ctype.isascii() else None,
-        properties=envelope.to_headers(),
+        properties=envelope.to_headers() if properties is None else properties,
     )
 
 
@@ -96,6 +107,11 @@ def decode(
             reason="too_many_headers",
         )
     headers = {_text(name): _text(value) for name, value in properties.items()}
+    if "cloudEvents:specversion" in headers:  # the binding's other spelling
+        headers = {("cloudEvents_" + k[12:] if k.startswith("cloudEvents:") else k): v
+                   for k, v in headers.items()}  # fmt: skip
+    if ce.detect(headers, ce.AMQP):
+        return ce.decode(headers, payload, ce.AMQP, max_payload_bytes=max_payload_bytes)
     return Envelope.from_headers(headers, payload, max_payload_bytes=max_payload_bytes)
 
 

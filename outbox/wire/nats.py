@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
 from outbox.envelope import HEADER_ID, Envelope
+from outbox.wire import cloudevents as ce
 from outbox.wire._text import total
 
 __all__ = ["MSG_ID_HEADER", "NatsMessage", "decode", "encode"]
@@ -27,7 +28,17 @@ class NatsMessage:
     data: bytes
 
 
-def encode(envelope: Envelope) -> NatsMessage:
+def encode(envelope: Envelope, cloudevents: ce.CloudEvents | None = None) -> NatsMessage:
+    """The message; a CloudEvent (NATS binding: ``ce-`` headers) when ``cloudevents`` covers
+    the topic."""
+    if cloudevents is not None and cloudevents.applies(envelope.topic):
+        if cloudevents.structured:
+            event = cloudevents.structured_headers(envelope)
+            event[MSG_ID_HEADER] = str(envelope.id)
+            return NatsMessage(headers=event, data=cloudevents.structured_body(envelope))
+        event = cloudevents.headers(envelope, ce.HTTP_LIKE)
+        event[MSG_ID_HEADER] = str(envelope.id)
+        return NatsMessage(headers=event, data=envelope.payload)
     headers = envelope.to_headers()
     headers[MSG_ID_HEADER] = headers[HEADER_ID]  # the id's text, made once
     return NatsMessage(headers=headers, data=envelope.payload)
@@ -45,4 +56,7 @@ def decode(
 
     ``Nats-Msg-Id`` is JetStream's and is not returned as a user header.
     """
-    return Envelope.from_headers(headers or {}, data, max_payload_bytes=max_payload_bytes)
+    headers = headers or {}
+    if ce.detect(headers, ce.HTTP_LIKE):
+        return ce.decode(headers, data, ce.HTTP_LIKE, max_payload_bytes=max_payload_bytes)
+    return Envelope.from_headers(headers, data, max_payload_bytes=max_payload_bytes)

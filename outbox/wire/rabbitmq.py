@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES, MAX_RECEIVED_HEADERS
 from outbox.envelope import Envelope
 from outbox.exceptions import InvalidMessageError
+from outbox.wire import cloudevents as ce
 from outbox.wire._text import text, total
 
 __all__ = ["RabbitMessage", "decode", "encode"]
@@ -28,7 +29,23 @@ class RabbitMessage:
     headers: dict[str, str]
 
 
-def encode(envelope: Envelope) -> RabbitMessage:
+def encode(envelope: Envelope, cloudevents: ce.CloudEvents | None = None) -> RabbitMessage:
+    """The message; a CloudEvent (RabbitMQ binding: ``ce-`` headers, the ``content_type``
+    property) when ``cloudevents`` covers the topic."""
+    if cloudevents is not None and cloudevents.applies(envelope.topic):
+        if cloudevents.structured:
+            return RabbitMessage(
+                body=cloudevents.structured_body(envelope),
+                message_id=str(envelope.id),
+                content_type=ce.STRUCTURED_CONTENT_TYPE,
+                headers=cloudevents.structured_headers(envelope),
+            )
+        return RabbitMessage(
+            body=envelope.payload,
+            message_id=str(envelope.id),
+            content_type=envelope.content_type,
+            headers=cloudevents.headers(envelope, ce.RABBITMQ),
+        )
     return RabbitMessage(
         body=envelope.payload,
         message_id=str(envelope.id),
@@ -43,8 +60,10 @@ def decode(
     body: bytes,
     *,
     max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+    content_type: str | None = None,
 ) -> Envelope:
-    """The envelope of a received message (``message.headers``, ``message.body``); raises
+    """The envelope of a received message (``message.headers``, ``message.body``, and
+    ``message.content_type`` for a CloudEvent); raises
     :class:`~outbox.exceptions.InvalidMessageError` for anything else.
 
     Header values may come back as bytes (AMQP long strings); they are read as UTF-8.
@@ -57,4 +76,7 @@ def decode(
             reason="too_many_headers",
         )
     decoded = {text(k): text(v) for k, v in table.items()}
+    if ce.detect(decoded, ce.RABBITMQ):
+        return ce.decode(decoded, body, ce.RABBITMQ, max_payload_bytes=max_payload_bytes,
+                         content_type=content_type)  # fmt: skip
     return Envelope.from_headers(decoded, body, max_payload_bytes=max_payload_bytes)

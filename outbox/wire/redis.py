@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES, MAX_RECEIVED_HEADERS
 from outbox.envelope import Envelope
 from outbox.exceptions import InvalidMessageError
+from outbox.wire import cloudevents as ce
 from outbox.wire._text import text, total
 
 __all__ = ["PAYLOAD_FIELD", "decode", "encode"]
@@ -21,8 +22,11 @@ PAYLOAD_FIELD = "payload"
 _PAYLOAD_BYTES = PAYLOAD_FIELD.encode()
 
 
-def encode(envelope: Envelope) -> dict[str, str | bytes]:
-    """The entry's fields, for ``XADD stream * field value ...``."""
+def encode(
+    envelope: Envelope, cloudevents: ce.CloudEvents | None = None
+) -> dict[str, str | bytes]:
+    """The entry's fields, for ``XADD stream * field value ...``; a CloudEvent (``ce_``
+    fields) when ``cloudevents`` covers the topic."""
     if PAYLOAD_FIELD in envelope.headers:
         raise InvalidMessageError(
             f"a user header named {PAYLOAD_FIELD!r} would overwrite the body field on Redis: "
@@ -31,6 +35,11 @@ def encode(envelope: Envelope) -> dict[str, str | bytes]:
             topic=envelope.topic,
             key=envelope.key,
         )
+    if cloudevents is not None and cloudevents.applies(envelope.topic):
+        if cloudevents.structured:
+            return {**cloudevents.structured_headers(envelope),
+                    PAYLOAD_FIELD: cloudevents.structured_body(envelope)}  # fmt: skip
+        return {**cloudevents.headers(envelope, ce.REDIS), PAYLOAD_FIELD: envelope.payload}
     return {**envelope.to_headers(), PAYLOAD_FIELD: envelope.payload}
 
 
@@ -54,4 +63,6 @@ def decode(
             payload = value if isinstance(value, bytes) else str(value).encode()
         else:
             headers[text(name)] = text(value)
+    if ce.detect(headers, ce.REDIS):
+        return ce.decode(headers, payload, ce.REDIS, max_payload_bytes=max_payload_bytes)
     return Envelope.from_headers(headers, payload, max_payload_bytes=max_payload_bytes)

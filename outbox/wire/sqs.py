@@ -55,6 +55,7 @@ from outbox.envelope import (
     is_reserved_header,
 )
 from outbox.exceptions import InvalidMessageError
+from outbox.wire import cloudevents as ce
 
 __all__ = [
     "BODY_ENCODING",
@@ -102,9 +103,15 @@ def group_id(key: str) -> str:
     return "sha256-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def encode(envelope: Envelope) -> SqsMessage:
+def encode(envelope: Envelope, cloudevents: ce.CloudEvents | None = None) -> SqsMessage:
     """The message for ``envelope``; InvalidMessageError for a field SQS cannot carry (an empty
-    topic, key or content type: SQS refuses empty attribute values)."""
+    topic, key or content type: SQS refuses empty attribute values).
+
+    A CloudEvent when ``cloudevents`` covers the topic: ``ce-<name>`` attributes (the HTTP
+    binding's names and percent-encoding) and ``content-type``; in structured mode when asked,
+    or when the attributes would be more than SQS's ten."""
+    if cloudevents is not None and cloudevents.applies(envelope.topic):
+        return _event(envelope, cloudevents)
     headers = envelope.to_headers()
     attributes: dict[str, dict[str, str]] = {}
     for name in _FIELDS:
@@ -133,6 +140,53 @@ def encode(envelope: Envelope) -> SqsMessage:
         group_id=group_id(envelope.key),
         deduplication_id=str(envelope.id),
     )
+
+
+_MAX_SENT_ATTRIBUTES = 10  # SQS's and SNS's limit
+
+
+def _event(envelope: Envelope, cloudevents: ce.CloudEvents) -> SqsMessage:
+    payload = envelope.payload
+    user = {k: v for k, v in envelope.headers.items() if not is_reserved_header(k)}
+    attributes: dict[str, dict[str, str]] = {}
+    if not cloudevents.structured:
+        for name, value in cloudevents.headers(envelope, ce.HTTP_LIKE).items():
+            if name not in user:
+                attributes[name] = {"DataType": "String", "StringValue": value}
+    extra = (1 if user else 0) + (0 if _body(payload) is not None else 1)
+    if cloudevents.structured or len(attributes) + extra > _MAX_SENT_ATTRIBUTES:
+        payload = cloudevents.structured_body(envelope)
+        attributes = {HEADER_CONTENT_TYPE: {"DataType": "String",
+                                            "StringValue": ce.STRUCTURED_CONTENT_TYPE}}  # fmt: skip
+    if user:
+        text = orjson.dumps(user).decode()
+        attributes[HEADERS_ATTRIBUTE] = {"DataType": "String", "StringValue": text}
+    body = _body(payload)
+    if body is None:
+        encoding = "base64" if payload else "empty"
+        attributes[BODY_ENCODING] = {"DataType": "String", "StringValue": encoding}
+        body = base64.b64encode(payload).decode("ascii") or "-"
+    return SqsMessage(
+        body=body,
+        attributes=attributes,
+        group_id=group_id(envelope.key),
+        deduplication_id=str(envelope.id),
+    )
+
+
+def _decode_event(body: object, attributes: Mapping[Any, Any]) -> Envelope:
+    """A CloudEvent: ``ce-`` attributes (binary mode) or a structured body."""
+    headers: dict[str, str] = {}
+    raw_headers = _string(attributes, HEADERS_ATTRIBUTE)
+    if raw_headers is not None:
+        headers.update(_user_headers(raw_headers))
+    for name in attributes:
+        if isinstance(name, str) and (name.startswith("ce-") or name == HEADER_CONTENT_TYPE):
+            value = _string(attributes, name)
+            if value is not None:
+                headers[name] = value
+    payload = _payload(body, _string(attributes, BODY_ENCODING), {})
+    return ce.decode(headers, payload, ce.HTTP_LIKE)
 
 
 def _body(payload: bytes) -> str | None:
@@ -169,6 +223,11 @@ def decode(body: object, attributes: object) -> Envelope:
             "SQS message attributes are not a mapping of at most "
             f"{_MAX_ATTRIBUTES} attributes: not a message of the outbox relay"
         )
+    if "ce-specversion" in attributes or (
+        HEADER_ID not in attributes and HEADER_CONTENT_TYPE in attributes
+        and _string(attributes, HEADER_CONTENT_TYPE) == ce.STRUCTURED_CONTENT_TYPE
+    ):  # fmt: skip
+        return _decode_event(body, attributes)
     headers: dict[str, str] = {}
     raw_headers = _string(attributes, HEADERS_ATTRIBUTE)
     if raw_headers is not None:

@@ -32,6 +32,7 @@ from outbox import amqp1_reactor as _proton
 from outbox.envelope import Envelope
 from outbox.kit import require
 from outbox.wire import amqp1 as wire
+from outbox.wire.cloudevents import CloudEvents
 from relay.brokers._batch import Batch, check_size, permanent, retryable, unavailable, unreachable
 from relay.brokers.base import DEFAULT_ACK_TIMEOUT, BrokerFeatures, Destinations
 from relay.exceptions import BrokerUnreachableError, NotSentError
@@ -281,7 +282,10 @@ class Amqp1Publisher:
         tls_verify: bool = True,
         virtual_host: str | None = None,
         heartbeat: float | None = 30.0,
+        cloudevents: CloudEvents | None = None,
     ) -> None:
+        #: the CloudEvents format (outbox.wire.cloudevents), or None: our own
+        self._cloudevents = cloudevents
         self._proton = require("proton", "amqp1")
         self._endpoint = _proton.endpoint(url)
         self._options = _proton.connect_options(
@@ -389,7 +393,7 @@ class Amqp1Publisher:
 
     def _encode(self, env: Envelope) -> bytes:
         proton = self._proton
-        m = wire.encode(env)
+        m = wire.encode(env, self._cloudevents)
         message = proton.Message(
             body=m.body, inferred=True, id=m.message_id, group_id=m.group_id,
             subject=m.subject, properties=m.properties, durable=self._durable,

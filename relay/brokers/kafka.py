@@ -31,6 +31,7 @@ from outbox.envelope import HEADER_ID, Envelope
 from outbox.exceptions import ConfigurationError
 from outbox.kit import require
 from outbox.wire import kafka as wire
+from outbox.wire.cloudevents import CloudEvents
 from relay.brokers._batch import (
     Batch,
     PublishError,
@@ -78,7 +79,10 @@ class KafkaPublisher:
         timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
         config: Mapping[str, Any] | None = None,
+        cloudevents: CloudEvents | None = None,
     ) -> None:
+        #: the CloudEvents format (outbox.wire.cloudevents), or None: our own
+        self._cloudevents = cloudevents
         self._ck = require("confluent_kafka", "kafka")
         for name, value in _ENFORCED.items():
             if config and name in config and str(config[name]).lower() != str(value).lower():
@@ -154,7 +158,7 @@ class KafkaPublisher:
         limit = self.features.max_payload_bytes
         produce = self._producer.produce
         report = reports.add
-        fields = wire.fields
+        fields, cloudevents = wire.fields, self._cloudevents
         destinations = batch.destinations
         for i, env in enumerate(envelopes):
             if batch.blocking and batch.skip_if_blocked(i):
@@ -164,7 +168,7 @@ class KafkaPublisher:
             if limit and len(env.payload) > limit:
                 err = check_size(env, dest, limit, "Kafka message.max.bytes")
             if err is None:
-                key, value, headers = fields(env)
+                key, value, headers = fields(env, cloudevents)
                 try:  # the common case, without a coroutine or a closure per message
                     produce(dest, value, key, headers=headers, on_delivery=report)
                 except BufferError:

@@ -31,6 +31,7 @@ from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
 from outbox.kit import require
 from outbox.wire import mqtt as wire
+from outbox.wire.cloudevents import CloudEvents
 from relay.brokers._batch import (
     Batch,
     PublishError,
@@ -72,7 +73,10 @@ class MqttPublisher:
         max_in_flight: int = 1000,
         max_queued: int = 10_000,
         max_payload_bytes: int = MAX_PACKET - 65_536,
+        cloudevents: CloudEvents | None = None,
     ) -> None:
+        #: the CloudEvents format (outbox.wire.cloudevents), or None: our own
+        self._cloudevents = cloudevents
         self._mqtt = require("paho.mqtt.client", "mqtt")
         for name, value in {"qos": qos, **dict(qos_by_topic or {})}.items():
             if value not in (0, 1):
@@ -203,7 +207,7 @@ class MqttPublisher:
             err = check_size(env, dest, self.features.max_payload_bytes, "MQTT")
             if err is None:
                 try:
-                    message = wire.encode(env)
+                    message = wire.encode(env, self._cloudevents)
                     info = client.publish(dest, message.payload, qos, False, self._props(message))
                 except ValueError as exc:  # wildcard or empty topic, bad QoS
                     err = permanent(f"invalid MQTT publish: {exc}", env, dest, exc)

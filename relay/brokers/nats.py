@@ -25,6 +25,7 @@ from typing import Any
 from outbox.envelope import Envelope
 from outbox.kit import redact, require
 from outbox.wire import nats as wire
+from outbox.wire.cloudevents import CloudEvents
 from relay.brokers._batch import (
     Batch,
     PublishError,
@@ -68,7 +69,10 @@ class NatsPublisher:
         connect_timeout: float = 5.0,
         max_in_flight: int = 4000,
         connect_options: Mapping[str, Any] | None = None,
+        cloudevents: CloudEvents | None = None,
     ) -> None:
+        #: the CloudEvents format (outbox.wire.cloudevents), or None: our own
+        self._cloudevents = cloudevents
         self._nats = require("nats", "nats")
         self._servers = [servers] if isinstance(servers, str) else list(servers)
         self._destination = Destinations(
@@ -238,7 +242,7 @@ class NatsPublisher:
         for i, env, dest in batch.items():
             if batch.blocking and batch.skip_if_blocked(i):
                 continue
-            message = wire.encode(env)
+            message = wire.encode(env, self._cloudevents)
             headers = message.headers
             err = self._refusal(env, dest, headers) or self._invalid(env, dest, headers)
             if err is None and room <= 0:
@@ -322,7 +326,7 @@ class NatsPublisher:
         for i, env, dest in batch.items():
             if batch.blocking and batch.skip_if_blocked(i):
                 continue
-            message = wire.encode(env)
+            message = wire.encode(env, self._cloudevents)
             err = self._refusal(env, dest, message.headers)
             if err is None and room <= 0:
                 err = await self._room(env, dest, pending, deadline)

@@ -22,6 +22,7 @@ from typing import Any
 from outbox.envelope import Envelope
 from outbox.kit import redact, require
 from outbox.wire import rabbitmq as wire
+from outbox.wire.cloudevents import CloudEvents
 from relay.brokers._batch import (
     Batch,
     PublishError,
@@ -70,7 +71,10 @@ class RabbitMQPublisher:
         connect_timeout: float = 5.0,
         max_payload_bytes: int = DEFAULT_MAX_MESSAGE_SIZE,
         persistent: bool = True,
+        cloudevents: CloudEvents | None = None,
     ) -> None:
+        #: the CloudEvents format (outbox.wire.cloudevents), or None: our own
+        self._cloudevents = cloudevents
         self._aio_pika = require("aio_pika", "rabbitmq")
         self._url = url
         self._destination = Destinations(
@@ -150,7 +154,7 @@ class RabbitMQPublisher:
 
     def _message(self, env: Envelope) -> Any:
         mode = self._aio_pika.DeliveryMode
-        message = wire.encode(env)
+        message = wire.encode(env, self._cloudevents)
         return self._aio_pika.Message(
             message.body,
             message_id=message.message_id,

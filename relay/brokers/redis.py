@@ -16,6 +16,7 @@ from outbox.envelope import Envelope
 from outbox.exceptions import InvalidMessageError
 from outbox.kit import redact, require
 from outbox.wire import redis as wire
+from outbox.wire.cloudevents import CloudEvents
 from relay.brokers._batch import (
     Batch,
     PublishError,
@@ -50,7 +51,10 @@ class RedisPublisher:
         timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
         max_payload_bytes: int = DEFAULT_MAX_BULK,
+        cloudevents: CloudEvents | None = None,
     ) -> None:
+        #: the CloudEvents format (outbox.wire.cloudevents), or None: our own
+        self._cloudevents = cloudevents
         self._redis = require("redis.asyncio", "redis")
         self._url = url
         self._destination = Destinations(destinations, broker="redis", allow=allowed_destinations)
@@ -100,7 +104,7 @@ class RedisPublisher:
             if batch.skip_if_blocked(i):
                 continue
             try:
-                fields = wire.encode(env)
+                fields = wire.encode(env, self._cloudevents)
             except InvalidMessageError as exc:
                 batch.refuse(i, permanent(str(exc), env, dest))
                 continue

@@ -37,6 +37,7 @@ from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError, InvalidMessageError
 from outbox.kit import redact, require
 from outbox.wire import sqs as wire
+from outbox.wire.cloudevents import CloudEvents
 from relay.brokers._batch import (
     Batch,
     PublishError,
@@ -110,7 +111,10 @@ class _AwsPublisher:
         call_timeout: float | None = None,
         connect_timeout: float = 2.0,
         concurrency: int = 16,
+        cloudevents: CloudEvents | None = None,
     ) -> None:
+        #: the CloudEvents format (outbox.wire.cloudevents), or None: our own
+        self._cloudevents = cloudevents
         self._boto3 = require("boto3", self.extra)
         if not isinstance(concurrency, int) or not 1 <= concurrency <= 256:
             raise ConfigurationError(f"concurrency must be 1..256, not {concurrency!r}")
@@ -236,7 +240,7 @@ class _AwsPublisher:
                 batch.refuse(i, _again(target, env, dest))
                 continue
             try:
-                message = wire.encode(env)
+                message = wire.encode(env, self._cloudevents)
             except InvalidMessageError as exc:
                 batch.refuse(i, permanent(str(exc), env, dest))
                 continue

@@ -566,3 +566,49 @@ def _dead_count(url: str) -> int:
         row = conn.execute("SELECT count(*) FROM outbox_messages WHERE status = 'dead'").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def test_claim_check_store_credentials_appear_in_no_log_error_or_repr(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An S3 claim check store given the sentinel as its secret key (and in its endpoint's
+    user-info), unreachable: the relay's failed upload and the consumer's failed download
+    show neither, in their errors, their log lines or the store's repr."""
+    import asyncio
+    import logging
+
+    from tests.support.services import import_or_missing
+
+    import_or_missing("boto3", "aws")
+    from inbox import ClaimCheckResolver
+    from inbox.exceptions import ClaimCheckStoreError
+    from outbox._redact import install_log_redaction
+    from outbox.claimcheck import ClaimCheck, S3Store
+    from outbox.envelope import Envelope
+    from relay import ClaimCheckPublisher
+    from tests.relay.relay_helpers import FakePublisher
+
+    endpoint = f"http://ak:{SENTINEL}@127.0.0.1:{free_port()}"
+    store = S3Store("b", region="us-east-1", endpoint_url=endpoint, access_key_id="AKIDEXAMPLE",
+                    secret_access_key=SENTINEL)  # fmt: skip
+    env = Envelope(uuid.uuid4(), "docs", "k", 1, b"x" * 100)
+    caplog.set_level(logging.DEBUG)  # botocore's debug lines too
+    install_log_redaction(caplog.handler)  # what the relay and the CLI install on theirs
+
+    async def go() -> tuple[str, str]:
+        pub = ClaimCheckPublisher(FakePublisher(), ClaimCheck(store, threshold=10),
+                                  upload_timeout=20)  # fmt: skip
+        (upload_error,) = await pub.publish_batch([env])
+        assert upload_error is not None
+        ref = ClaimCheck(store).reference(env, "outbox/docs/x")
+        reference = Envelope(env.id, "docs", "k", 1, ref.to_bytes(),
+                             "application/vnd.outbox.claim-check+json")  # fmt: skip
+        with pytest.raises(ClaimCheckStoreError) as caught:
+            await ClaimCheckResolver(store).resolve(reference)
+        return str(upload_error), f"{caught.value} {caught.value.__cause__!r}"
+
+    upload, download = asyncio.run(go())
+    for what, text in [("upload error", upload), ("download error", download),
+                       ("repr", repr(store)), ("logs", caplog.text)]:  # fmt: skip
+        assert SENTINEL not in text, f"{what}: the secret leaked:\n{text}"
+    assert "claim check upload" in upload
