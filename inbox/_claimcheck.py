@@ -19,7 +19,6 @@ import hashlib
 from collections.abc import Sequence
 
 from inbox.exceptions import ClaimCheckStoreError
-from outbox.kit import redact
 from outbox.claimcheck import (
     CONTENT_TYPE,
     DEFAULT_MAX_DOWNLOAD_BYTES,
@@ -28,6 +27,7 @@ from outbox.claimcheck import (
 )
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError, InvalidMessageError
+from outbox.kit import redact
 
 __all__ = ["ClaimCheckResolver"]
 

@@ -160,7 +160,8 @@ class WalCapture:
             pending = 0
             if mode != MODE_WAL and health.state != "ok":
                 counting = conn.cursor(row_factory=dict_row)
-                counted = await (await counting.execute(self._stmts.capture_pending_count)).fetchone()
+                counting = await counting.execute(self._stmts.capture_pending_count)
+                counted = await counting.fetchone()
                 pending = int(counted["messages"]) if counted else 0
         self._report(health, str(mode))
         if mode != MODE_WAL and health.state != "ok" and not pending:

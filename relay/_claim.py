@@ -20,8 +20,8 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
-from outbox.kit import redact
 from outbox.envelope import Envelope
+from outbox.kit import redact
 from relay._config import RelayConfig
 from relay._statements import RelayStatements, relay_statements
 from relay.exceptions import (

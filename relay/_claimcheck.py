@@ -25,10 +25,10 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from outbox.kit import redact
 from outbox.claimcheck import CONTENT_TYPE, OVERRIDE_HEADER, ClaimCheck
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
+from outbox.kit import redact
 from relay.brokers.base import BrokerFeatures, Publisher
 from relay.exceptions import NotSentError, RetryablePublishError
 
