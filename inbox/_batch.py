@@ -106,22 +106,23 @@ def _ordered(
 ) -> Generator[tuple[bytes, dict[str, Any]], Rows, None]:
     """The order guard for the batch: lock every key once, walk each key's messages in seq
     order from its position, then write what moved in one statement per kind."""
-    by_key: dict[tuple[str, str], list[int]] = defaultdict(list)
+    by_key: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for i in indexes:
-        by_key[(refs[i].topic, refs[i].key)].append(i)
+        by_key[(refs[i].origin, refs[i].topic, refs[i].key)].append(i)
     keys = sorted(by_key)
     rows = yield (
         stmts.positions_lock,
         base
         | {
-            "topics": [k[0] for k in keys],
-            "keys": [k[1] for k in keys],
+            "origins": [k[0] for k in keys],
+            "topics": [k[1] for k in keys],
+            "keys": [k[2] for k in keys],
         },
     )
-    positions = {(topic, key): (int(last), held) for topic, key, last, held in rows}
-    advanced: dict[tuple[str, str], int] = {}
+    positions = {(origin, topic, key): (int(last), held) for origin, topic, key, last, held in rows}
+    advanced: dict[tuple[str, str, str], int] = {}
     stale: list[uuid.UUID] = []
-    refused: dict[tuple[str, str], list[int]] = defaultdict(list)
+    refused: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for key in keys:
         last, held = positions[key]
         for i in sorted(by_key[key], key=lambda j: refs[j].seq or 0):
@@ -149,8 +150,9 @@ def _ordered(
             stmts.positions_advance,
             base
             | {
-                "topics": [k[0] for k in moved],
-                "keys": [k[1] for k in moved],
+                "origins": [k[0] for k in moved],
+                "topics": [k[1] for k in moved],
+                "keys": [k[2] for k in moved],
                 "seqs": [advanced[k] for k in moved],
             },
         )
@@ -162,8 +164,9 @@ def _ordered(
             stmts.forget_batch,
             base
             | {
-                "topics": [k[0] for k in waiting],
-                "keys": [k[1] for k in waiting],
+                "origins": [k[0] for k in waiting],
+                "topics": [k[1] for k in waiting],
+                "keys": [k[2] for k in waiting],
                 "seqs": [min(refs[i].seq or 0 for i in refused[k]) for k in waiting],
                 "refused": [len(refused[k]) for k in waiting],
                 "ids": [refs[i].id for k in waiting for i in refused[k]],

@@ -33,8 +33,9 @@ def runner_actor(consumer: str) -> str:
 
 
 def held_envelope(row: tuple[Any, ...]) -> Envelope:
-    """An Envelope from an ``inbox_held`` row (its first nine columns)."""
+    """An Envelope from an ``inbox_held`` row (its first nine columns, and its origin)."""
     msg_id, topic, key, seq, payload, content_type, headers, traceparent, created_at = row[:9]
+    origin = getattr(row, "origin", "")  # a HeldRow: held_columns end with it
     return Envelope(
         id=msg_id,
         topic=topic,
@@ -45,6 +46,7 @@ def held_envelope(row: tuple[Any, ...]) -> Envelope:
         headers=dict(headers or {}),
         traceparent=traceparent,
         created_at=created_at,
+        origin=origin or None,
     )
 
 

@@ -133,7 +133,10 @@ class _RabbitDelivery(Delivery):
         if result is None:
             await message.reject(requeue=False)
         elif result.outcome.ack:
-            await message.ack()
+            # queued on the connection, not waited for: the frames go out in order, and one
+            # lost with the connection is a redelivery the inbox finds a duplicate. Waiting for
+            # each ack's write (message.ack()) held every worker a loop turn per message.
+            await message.channel.basic_ack(delivery_tag=message.delivery_tag, wait=False)
         else:
             await self.consumer._wait_stopping(self.consumer.redeliver_delay)
             await message.nack(requeue=True)

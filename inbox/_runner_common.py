@@ -95,6 +95,7 @@ class HeldRow(NamedTuple):
     headers: Any
     traceparent: str | None
     created_at: dt.datetime
+    origin: str = ""
     decision: str | None = None
 
 

@@ -36,7 +36,9 @@ import psycopg
 from outbox._redact import redact
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError, OutboxError
+from relay._origin import read_origin, stamped
 from relay._replay_statements import ReplayStatements, replay_statements
+from relay._statements import relay_statements
 from relay.brokers.base import Publisher
 from relay.exceptions import PermanentPublishError
 
@@ -178,10 +180,14 @@ async def replay(
         )  # fmt: skip
         resumed, since, last_key, last_seq, replayed = cursor
         total = await _remaining(conn, stmts, topic, since, last_key, last_seq)
+        # the origin the relay puts on the messages (relay/_origin.py): replayed copies carry
+        # it too, or a consumer would take them for another database's
+        origin = await read_origin(conn, relay_statements(schema).origin)
         publisher = _publisher(broker, topic, dest, broker_options)
         await publisher.start()
         try:
             run = _Run(conn, stmts, publisher, key, dest, actor, reason, on_progress)
+            run.origin = origin
             run.replayed, run.last_key, run.last_seq, run.total = (
                 replayed, last_key, last_seq, total,
             )  # fmt: skip
@@ -274,6 +280,7 @@ class _Run:
         self.key, self.dest, self.actor, self.on_progress = key, dest, actor, on_progress
         self.reason = reason or f"replay to {key['consumer']} ({dest})"
         self.sent = 0
+        self.origin: str | None = None
         self.total = 0
         self.replayed = 0
         self.last_key: str | None = None
@@ -321,6 +328,7 @@ class _Run:
                         return True
 
     async def _send(self, envelopes: list[Envelope]) -> None:
+        envelopes = stamped(envelopes, self.origin)
         attempt = 0
         while envelopes:
             results = await self.publisher.publish_batch(envelopes)
