@@ -67,17 +67,21 @@ class RabbitMQConsumer(BrokerConsumer):
         try:
             channel = await connection.channel()
             await channel.set_qos(prefetch_count=self.prefetch)
-            queue = await channel.get_queue(self.queue, ensure=True)
+            await channel.get_queue(self.queue, ensure=True)  # a missing queue: a clear error
+            # aio-pika's own consume wraps each delivery in a message object and a second task
+            # per delivery; the channel underneath (aiormq) hands over the frames as they are
+            underlay = await channel.get_underlay_channel()
             self._inbound.clear()
             pump = asyncio.create_task(self._pump())
-            tag = await queue.consume(self._on_message, no_ack=False)
+            ok = await underlay.basic_consume(self.queue, self._on_message, no_ack=False)
             self.ready.set()
             stopped = asyncio.create_task(self._stopping.wait())
             await asyncio.wait([stopped, pump], return_when=asyncio.FIRST_COMPLETED)
             stopped.cancel()
             if pump.done():
                 pump.result()  # the pump failed: surface it
-            await queue.cancel(tag)  # no new deliveries; unacked ones return to the queue
+            # no new deliveries; unacked ones return to the queue
+            await underlay.basic_cancel(ok.consumer_tag or "")
             await self._end_pump(pump)
             await self._finish_workers()
         finally:
@@ -110,11 +114,11 @@ class RabbitMQConsumer(BrokerConsumer):
 
 
 def _tag(message: Any) -> int:
-    return int(message.delivery_tag or 0)
+    return int(message.delivery.delivery_tag or 0)
 
 
 class _RabbitDelivery(Delivery):
-    """An aio-pika message and its consumer: one object per message."""
+    """A delivered AMQP message (aiormq's) and its consumer: one object per message."""
 
     __slots__ = ("consumer", "message")
 
@@ -125,21 +129,23 @@ class _RabbitDelivery(Delivery):
     def decode(self) -> Envelope:
         message = self.message
         return wire.decode(
-            message.headers, message.body, max_payload_bytes=self.consumer.max_payload_bytes
+            message.header.properties.headers,
+            message.body,
+            max_payload_bytes=self.consumer.max_payload_bytes,
         )
 
     async def settle(self, result: Result | None) -> None:
-        message = self.message
+        channel, tag = self.message.channel, _tag(self.message)
         if result is None:
-            await message.reject(requeue=False)
+            await channel.basic_reject(tag, requeue=False)
         elif result.outcome.ack:
             # queued on the connection, not waited for: the frames go out in order, and one
             # lost with the connection is a redelivery the inbox finds a duplicate. Waiting for
-            # each ack's write (message.ack()) held every worker a loop turn per message.
-            await message.channel.basic_ack(delivery_tag=message.delivery_tag, wait=False)
+            # each ack's write held every worker a loop turn per message.
+            await channel.basic_ack(tag, wait=False)
         else:
             await self.consumer._wait_stopping(self.consumer.redeliver_delay)
-            await message.nack(requeue=True)
+            await channel.basic_nack(tag, requeue=True)
 
     def where(self) -> str:
-        return f"queue {self.consumer.queue} delivery tag {self.message.delivery_tag}"
+        return f"queue {self.consumer.queue} delivery tag {_tag(self.message)}"
