@@ -23,8 +23,8 @@ class RabbitMQConsumer(BrokerConsumer):
     A failed or out-of-order message is requeued after ``redeliver_delay``; an undecodable one
     is rejected without requeue (to the queue's dead-letter exchange, if it has one).
 
-    Deliveries reach the workers in the order the broker sent them. aio-pika runs its consumer
-    callback in a task of its own for each delivery; a callback that waited on the workers'
+    Deliveries reach the workers in the order the broker sent them. The client (aiormq, under
+    aio-pika) runs the consumer callback in a task of its own for each delivery; a callback that waited on the workers'
     bounded buffers let those tasks race (a task woken when the buffer had room could be
     overtaken by a newer one that found room at once), and an in-order queue was applied
     with a quarter of its messages refused as out of order, each redelivered after
