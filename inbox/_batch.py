@@ -95,6 +95,15 @@ def _copy(original: Verdict) -> Verdict:
     return Verdict.DUPLICATE if original in (Verdict.PROCESS, Verdict.PARKED) else original
 
 
+def _key_columns(keys: Sequence[tuple[str, str, str]]) -> dict[str, list[str]]:
+    """(origin, topic, key) triples as the three arrays the position statements take."""
+    return {
+        "origins": [k[0] for k in keys],
+        "topics": [k[1] for k in keys],
+        "keys": [k[2] for k in keys],
+    }
+
+
 def _ordered(
     stmts: InboxStatements,
     base: dict[str, Any],
@@ -106,24 +115,18 @@ def _ordered(
 ) -> Generator[tuple[bytes, dict[str, Any]], Rows, None]:
     """The order guard for the batch: lock every key once, walk each key's messages in seq
     order from its position, then write what moved in one statement per kind."""
-    by_key: dict[tuple[str, str], list[int]] = defaultdict(list)
+    by_key: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for i in indexes:
-        by_key[(refs[i].topic, refs[i].key)].append(i)
+        by_key[(refs[i].origin, refs[i].topic, refs[i].key)].append(i)
     keys = sorted(by_key)
-    rows = yield (
-        stmts.positions_lock,
-        base
-        | {
-            "topics": [k[0] for k in keys],
-            "keys": [k[1] for k in keys],
-        },
-    )
+    rows = yield stmts.positions_lock, base | _key_columns(keys)
     positions = {
-        (row["topic"], row["key"]): (int(row["last_seq"]), row["held_seq"]) for row in rows
+        (row["origin"], row["topic"], row["key"]): (int(row["last_seq"]), row["held_seq"])
+        for row in rows
     }
-    advanced: dict[tuple[str, str], int] = {}
+    advanced: dict[tuple[str, str, str], int] = {}
     stale: list[uuid.UUID] = []
-    refused: dict[tuple[str, str], list[int]] = defaultdict(list)
+    refused: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for key in keys:
         last, held = positions[key]
         for i in sorted(by_key[key], key=lambda j: refs[j].seq or 0):
@@ -149,12 +152,7 @@ def _ordered(
         moved = sorted(advanced)
         yield (
             stmts.positions_advance,
-            base
-            | {
-                "topics": [k[0] for k in moved],
-                "keys": [k[1] for k in moved],
-                "seqs": [advanced[k] for k in moved],
-            },
+            base | _key_columns(moved) | {"seqs": [advanced[k] for k in moved]},
         )
     if stale:
         yield stmts.mark_stale_batch, base | {"ids": stale}
@@ -163,9 +161,8 @@ def _ordered(
         yield (
             stmts.forget_batch,
             base
+            | _key_columns(waiting)
             | {
-                "topics": [k[0] for k in waiting],
-                "keys": [k[1] for k in waiting],
                 "seqs": [min(refs[i].seq or 0 for i in refused[k]) for k in waiting],
                 "refused": [len(refused[k]) for k in waiting],
                 "ids": [refs[i].id for k in waiting for i in refused[k]],

@@ -43,6 +43,8 @@ class BlockedKey:
     #: the dead message at the head of the gap, if the gap is a dead message
     dead_id: uuid.UUID | None
     dead_error: str | None
+    #: the database the key's messages come from ('' for messages without an origin)
+    origin: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -207,6 +207,8 @@ class BrokerConsumer:
         self._owners: dict[str, list[int]] = {}
         self._loads: list[int] = []
         self._crash: BaseException | None = None
+        #: set by :meth:`_finish_workers`: the workers stop taking batches
+        self._closing = False
         #: seconds between looks for decided held messages and parked ones whose turn came
         self.hold_interval = hold_interval
         #: seconds between refreshes of the blocked and held keys gauges (with metrics)
@@ -257,6 +259,7 @@ class BrokerConsumer:
         self._ready = [[] for _ in range(n)]
         self._busy = [asyncio.Lock() for _ in range(n)]
         self._owners, self._loads = {}, [0] * n
+        self._closing = False
         self._workers = [asyncio.create_task(self._work(i)) for i in range(n)]
 
     async def _submit(self, *deliveries: Delivery) -> None:
@@ -323,7 +326,7 @@ class BrokerConsumer:
         #: what the last batch could not take (over ``size``): it starts the next batch, which
         #: fills up from the buffer, instead of going out as a small batch of its own
         carry: Chunk = []
-        while True:
+        while not self._closing:
             batch = carry or await queue.get()  # an empty chunk: only a wake-up (_retry_later)
             batch, self._ready[index], carry = self._ready[index] + batch, [], []
             deadline = loop.time() + self.batching.wait
@@ -337,7 +340,11 @@ class BrokerConsumer:
                 if remaining <= 0:
                     break
                 try:
-                    batch = batch + await asyncio.wait_for(queue.get(), remaining)
+                    # asyncio.timeout, not asyncio.wait_for: on Python 3.11, wait_for returns
+                    # the item instead of raising when the worker is cancelled in the instant a
+                    # chunk arrives, and the worker went on to wait at queue.get() forever
+                    async with asyncio.timeout(remaining):
+                        batch = batch + await queue.get()
                 except TimeoutError:
                     break
             batch, carry = batch[:size], batch[size:]
@@ -486,6 +493,7 @@ class BrokerConsumer:
         then stop them; messages still buffered are not settled, so the broker redelivers
         them. Subclasses call it before they close the broker connection."""
         workers, self._workers = self._workers, []
+        self._closing = True  # a worker whose cancellation was lost ends at its next batch
         for index, task in enumerate(workers):
             async with self._busy[index]:
                 task.cancel()
@@ -669,7 +677,8 @@ class BrokerConsumer:
     async def _wait_stopping(self, seconds: float) -> None:
         """Wait up to ``seconds``, returning early when stop() is called."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
+            async with asyncio.timeout(seconds):  # not wait_for: it may swallow a cancel (3.11)
+                await self._stopping.wait()
 
 
 def _raise(exc: Exception) -> Envelope:

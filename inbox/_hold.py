@@ -50,6 +50,8 @@ class HeldRow:
     headers: Any
     traceparent: str | None
     created_at: dt.datetime
+    #: the database the message came from ('' for a message that names none)
+    origin: str = ""
     decision: str | None = None
 
 
@@ -65,6 +67,7 @@ def held_envelope(row: HeldRow) -> Envelope:
         headers=dict(row.headers or {}),
         traceparent=row.traceparent,
         created_at=row.created_at,
+        origin=row.origin or None,
     )
 
 

@@ -37,7 +37,8 @@ class KafkaConsumer(BrokerConsumer):
     per partition up to its first message not settled. A failed or out-of-order message is not
     committed: the consumer seeks back to it and polls it again after ``redeliver_delay=``
     (later messages of its partition wait behind it, and come back as duplicates if they were
-    applied). ``enable.auto.commit`` and ``enable.auto.offset.store`` are forced off.
+    applied). ``enable.auto.commit`` and ``enable.auto.offset.store`` are forced off;
+    ``session.timeout.ms`` defaults to 10 s (a new group's first assignment waits on it).
     """
 
     def __init__(
@@ -77,6 +78,10 @@ class KafkaConsumer(BrokerConsumer):
             )
         self.config = {
             "auto.offset.reset": "earliest",
+            # librdkafka's 45 s default makes tansu wait half of it before a new group's first
+            # assignment (bench/kafka_join.py); 10 s (Kafka's own default before 3.0) still
+            # rides out a GC pause or a slow poll, and finds a dead member in 10 s
+            "session.timeout.ms": 10_000,
             **config,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

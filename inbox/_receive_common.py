@@ -74,6 +74,8 @@ class MessageRef:
     topic: str
     key: str
     seq: int | None
+    #: the publishing database (the envelope's origin); '' for a message without one
+    origin: str = ""
 
     def params(self, **extra: Any) -> dict[str, Any]:
         base = {
@@ -82,6 +84,7 @@ class MessageRef:
             "topic": self.topic,
             "key": self.key,
             "seq": self.seq,
+            "origin": self.origin,
         }
         return base | extra if extra else base
 
@@ -131,6 +134,10 @@ def as_ref(consumer: str, message: Any, *, ordered: bool = False) -> MessageRef:
         )
     _checked_name(topic, "message topic")
     check_text(key, "message key", MAX_KEY_BYTES)
+    origin = getattr(message, "origin", None)
+    if origin:
+        _checked_name(origin, "message origin")
+        return MessageRef(consumer, msg_id, topic, key, seq, origin)
     return MessageRef(consumer, msg_id, topic, key, seq)
 
 

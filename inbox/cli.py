@@ -112,6 +112,8 @@ def blocked_command(
     else:
         for k in keys:
             dead = f" dead={k.dead_id}" if k.dead_id else ""
+            if k.origin:  # the database the key's messages come from (docs/how-to/tenants.md)
+                dead += f"\torigin={_field(k.origin)}"
             click.echo(
                 f"{_field(k.consumer)}\t{_field(k.topic)}\t{_field(k.key)}\tapplied={k.last_seq}"
                 f"\twaiting_for={k.last_seq + 1}\tarrived={k.waiting_seq}"

@@ -49,8 +49,10 @@ RETURNING attempts, status
 -- after waiting), so two messages of one key are decided one after the other, never on the
 -- same stale position. A new key starts at 0: its first message must be seq 1. held_seq is
 -- the dead message holding the key (on_dead="hold"): from that seq on, messages are parked.
-INSERT INTO {positions} AS p (consumer, topic, key, last_seq)
-VALUES (%(consumer)s, %(topic)s, %(key)s, 0)
+-- A position is per origin (the publishing database; '' for messages without one): several
+-- databases number one (topic, key) each, from 1.
+INSERT INTO {positions} AS p (consumer, origin, topic, key, last_seq)
+VALUES (%(consumer)s, %(origin)s, %(topic)s, %(key)s, 0)
 ON CONFLICT ON CONSTRAINT {positions_pkey} DO UPDATE SET last_seq = p.last_seq
 RETURNING p.last_seq, p.held_seq
 
@@ -59,7 +61,7 @@ RETURNING p.last_seq, p.held_seq
 -- The key is no longer waiting for it (blocked_since cleared; see inbox_forget).
 UPDATE {positions}
 SET last_seq = %(seq)s, updated_at = clock_timestamp(), blocked_since = NULL
-WHERE consumer = %(consumer)s AND topic = %(topic)s AND key = %(key)s
+WHERE consumer = %(consumer)s AND origin = %(origin)s AND topic = %(topic)s AND key = %(key)s
 
 -- name: mark_stale
 -- inbox_mark_stale: an older message of the key than the last applied one: recorded, no effect.
@@ -78,7 +80,7 @@ WITH noted AS (
     UPDATE {positions}
     SET waiting_seq = %(seq)s, out_of_order = out_of_order + 1,
         blocked_since = coalesce(blocked_since, clock_timestamp())
-    WHERE consumer = %(consumer)s AND topic = %(topic)s AND key = %(key)s
+    WHERE consumer = %(consumer)s AND origin = %(origin)s AND topic = %(topic)s AND key = %(key)s
 )
 DELETE FROM {messages} WHERE consumer = %(consumer)s AND message_id = %(id)s
 
@@ -105,8 +107,8 @@ RETURNING i.attempts, i.status
 -- create. The VALUES row is needed: an input row that depends on seq (say SELECT ... WHERE
 -- seq = 1) would leave the DO UPDATE unrun for seq > 1, and the key stuck behind its dead
 -- message.
-INSERT INTO {positions} AS p (consumer, topic, key, last_seq)
-VALUES (%(consumer)s, %(topic)s, %(key)s, CASE WHEN %(seq)s = 1 THEN 1 ELSE 0 END)
+INSERT INTO {positions} AS p (consumer, origin, topic, key, last_seq)
+VALUES (%(consumer)s, %(origin)s, %(topic)s, %(key)s, CASE WHEN %(seq)s = 1 THEN 1 ELSE 0 END)
 ON CONFLICT ON CONSTRAINT {positions_pkey} DO UPDATE
     SET last_seq = %(seq)s, updated_at = clock_timestamp(), blocked_since = NULL
     WHERE p.last_seq = %(seq)s - 1
@@ -159,7 +161,7 @@ WHERE consumer = %(consumer)s AND topic = ANY(%(topics)b::text[])
 -- the positions table: an operator's query, not a hot path.
 SELECT p.consumer, p.topic, p.key, p.last_seq, p.waiting_seq, p.blocked_since,
        p.out_of_order, clock_timestamp() - p.blocked_since AS waited,
-       d.message_id AS dead_id, d.last_error AS dead_error
+       d.message_id AS dead_id, d.last_error AS dead_error, p.origin
 FROM {positions} AS p
 LEFT JOIN {messages} AS d
   ON d.consumer = p.consumer AND d.topic = p.topic AND d.key = p.key
@@ -167,7 +169,7 @@ LEFT JOIN {messages} AS d
 WHERE p.blocked_since IS NOT NULL
   AND p.blocked_since <= clock_timestamp() - %(min_age)s::interval
   AND (%(consumer)s::text IS NULL OR p.consumer = %(consumer)s::text)
-ORDER BY p.blocked_since, p.consumer, p.topic, p.key
+ORDER BY p.blocked_since, p.consumer, p.origin, p.topic, p.key
 LIMIT %(limit)s
 
 -- name: key_gauges
@@ -189,16 +191,16 @@ SELECT (SELECT count(*) FROM {positions}
 -- the message is kept to be retried. A parked message that goes dead when released becomes the
 -- key's dead message (role 'dead', any earlier decision cleared).
 WITH held_key AS (
-    INSERT INTO {positions} AS p (consumer, topic, key, last_seq, held_seq)
-    VALUES (%(consumer)s, %(topic)s, %(key)s, 0, %(seq)s)
+    INSERT INTO {positions} AS p (consumer, origin, topic, key, last_seq, held_seq)
+    VALUES (%(consumer)s, %(origin)s, %(topic)s, %(key)s, 0, %(seq)s)
     ON CONFLICT ON CONSTRAINT {positions_pkey} DO UPDATE
         SET held_seq = %(seq)s, updated_at = clock_timestamp()
         WHERE p.last_seq = %(seq)s - 1
 )
 INSERT INTO {held} AS h (consumer, message_id, topic, key, seq, role, payload, content_type,
-                         headers, traceparent, created_at)
+                         headers, traceparent, created_at, origin)
 VALUES (%(consumer)s, %(id)s, %(topic)s, %(key)s, %(seq)s, 'dead', %(payload)s,
-        %(content_type)s, %(headers)s, %(traceparent)s, %(created_at)s)
+        %(content_type)s, %(headers)s, %(traceparent)s, %(created_at)s, %(origin)s)
 ON CONFLICT ON CONSTRAINT {held_pkey} DO UPDATE
     SET role = 'dead', decision = NULL, held_at = clock_timestamp()
 
@@ -209,9 +211,9 @@ ON CONFLICT ON CONSTRAINT {held_pkey} DO UPDATE
 -- is no attempt of the handler: attempts start at 0 and count the releases that failed.
 WITH kept AS (
     INSERT INTO {held} (consumer, message_id, topic, key, seq, role, payload, content_type,
-                        headers, traceparent, created_at)
+                        headers, traceparent, created_at, origin)
     VALUES (%(consumer)s, %(id)s, %(topic)s, %(key)s, %(seq)s, 'parked', %(payload)s,
-            %(content_type)s, %(headers)s, %(traceparent)s, %(created_at)s)
+            %(content_type)s, %(headers)s, %(traceparent)s, %(created_at)s, %(origin)s)
     ON CONFLICT ON CONSTRAINT {held_pkey} DO NOTHING
 )
 UPDATE {messages} SET status = 'parked', processed_at = NULL, attempts = 0
@@ -229,7 +231,8 @@ RETURNING attempts
 -- name: unhold
 -- inbox_unhold: a retried dead message frees its key in the transaction that applies it.
 UPDATE {positions} SET held_seq = NULL, updated_at = clock_timestamp()
-WHERE consumer = %(consumer)s AND topic = %(topic)s AND key = %(key)s AND held_seq = %(seq)s
+WHERE consumer = %(consumer)s AND origin = %(origin)s AND topic = %(topic)s AND key = %(key)s
+  AND held_seq = %(seq)s
 
 -- name: release_done
 -- inbox_release_done: the held copy is gone once the message is applied (or found stale).
@@ -265,7 +268,7 @@ WITH moved AS (
     UPDATE {positions}
     SET last_seq = %(seq)s, held_seq = NULL, blocked_since = NULL,
         updated_at = clock_timestamp()
-    WHERE consumer = %(consumer)s AND topic = %(topic)s AND key = %(key)s
+    WHERE consumer = %(consumer)s AND origin = %(origin)s AND topic = %(topic)s AND key = %(key)s
       AND held_seq = %(seq)s AND last_seq = %(seq)s - 1
     RETURNING 1
 )
@@ -288,16 +291,17 @@ LIMIT %(limit)s
 -- passed: those are released as stale), in key and seq order.
 SELECT {held_columns}
 FROM {held} AS h
-JOIN {positions} AS p ON p.consumer = h.consumer AND p.topic = h.topic AND p.key = h.key
+JOIN {positions} AS p ON p.consumer = h.consumer AND p.origin = h.origin
+ AND p.topic = h.topic AND p.key = h.key
 WHERE h.consumer = %(consumer)s AND h.role = 'parked' AND p.held_seq IS NULL
   AND h.seq <= p.last_seq + 1
-ORDER BY h.topic, h.key, h.seq
+ORDER BY h.origin, h.topic, h.key, h.seq
 LIMIT %(limit)s
 
 -- fragment: held_columns
 -- What the consumer needs of a held message to apply it (inbox_held aliased h).
 h.message_id, h.topic, h.key, h.seq, h.payload, h.content_type, h.headers,
-       h.traceparent, h.created_at
+       h.traceparent, h.created_at, h.origin
 
 -- name: held_list
 -- inbox_held_list: held keys for operators: the dead message holding each, its error, since
@@ -305,8 +309,8 @@ h.message_id, h.topic, h.key, h.seq, h.payload, h.content_type, h.headers,
 SELECT h.consumer, h.topic, h.key, h.seq, h.message_id, m.last_error, m.attempts, h.held_at,
        h.decision,
        (SELECT count(*) FROM {held} AS x
-        WHERE x.consumer = h.consumer AND x.topic = h.topic AND x.key = h.key
-          AND x.role = 'parked') AS parked
+        WHERE x.consumer = h.consumer AND x.origin = h.origin AND x.topic = h.topic
+          AND x.key = h.key AND x.role = 'parked') AS parked
 FROM {held} AS h
 LEFT JOIN {messages} AS m ON m.consumer = h.consumer AND m.message_id = h.message_id
 WHERE h.role = 'dead'
@@ -392,21 +396,23 @@ WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)b::uuid[])
 RETURNING message_id, status
 
 -- name: positions_lock
--- inbox_positions_lock: inbox_position_lock for every key of the batch, in (topic, key) order.
-INSERT INTO {positions} AS p (consumer, topic, key, last_seq)
-SELECT %(consumer)s, k.topic, k.key, 0
-FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
-ORDER BY k.topic, k.key
+-- inbox_positions_lock: inbox_position_lock for every key of the batch, in (origin, topic,
+-- key) order.
+INSERT INTO {positions} AS p (consumer, origin, topic, key, last_seq)
+SELECT %(consumer)s, k.origin, k.topic, k.key, 0
+FROM unnest(%(origins)b::text[], %(topics)b::text[], %(keys)b::text[]) AS k(origin, topic, key)
+ORDER BY k.origin, k.topic, k.key
 ON CONFLICT ON CONSTRAINT {positions_pkey} DO UPDATE SET last_seq = p.last_seq
-RETURNING p.topic, p.key, p.last_seq, p.held_seq
+RETURNING p.origin, p.topic, p.key, p.last_seq, p.held_seq
 
 -- name: positions_advance
 -- inbox_positions_advance: inbox_position_advance for every key that moved (rows locked above;
 -- the join is on the primary key).
 UPDATE {positions} AS p
 SET last_seq = v.seq, updated_at = clock_timestamp(), blocked_since = NULL
-FROM unnest(%(topics)b::text[], %(keys)b::text[], %(seqs)b::bigint[]) AS v(topic, key, seq)
-WHERE p.consumer = %(consumer)s AND p.topic = v.topic AND p.key = v.key
+FROM unnest(%(origins)b::text[], %(topics)b::text[], %(keys)b::text[], %(seqs)b::bigint[])
+     AS v(origin, topic, key, seq)
+WHERE p.consumer = %(consumer)s AND p.origin = v.origin AND p.topic = v.topic AND p.key = v.key
 
 -- name: mark_stale_batch
 -- inbox_mark_stale_batch: inbox_mark_stale for the batch's stale messages.
@@ -420,9 +426,10 @@ WITH noted AS (
     UPDATE {positions} AS p
     SET waiting_seq = v.seq, out_of_order = p.out_of_order + v.refused,
         blocked_since = coalesce(p.blocked_since, clock_timestamp())
-    FROM unnest(%(topics)b::text[], %(keys)b::text[], %(seqs)b::bigint[], %(refused)b::int[])
-         AS v(topic, key, seq, refused)
-    WHERE p.consumer = %(consumer)s AND p.topic = v.topic AND p.key = v.key
+    FROM unnest(%(origins)b::text[], %(topics)b::text[], %(keys)b::text[], %(seqs)b::bigint[],
+                %(refused)b::int[]) AS v(origin, topic, key, seq, refused)
+    WHERE p.consumer = %(consumer)s AND p.origin = v.origin AND p.topic = v.topic
+      AND p.key = v.key
 )
 DELETE FROM {messages} WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)b::uuid[])
 

@@ -43,6 +43,7 @@ from outbox.schema import (
     OUTBOX_CAPTURE,
     OUTBOX_CAPTURE_LEASE,
     OUTBOX_DEAD_AUDIT,
+    OUTBOX_IDENTITY,
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
     OUTBOX_REPLAY_CURSORS,
@@ -95,6 +96,8 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),
         # `outbox replay`: its cursor per (topic, consumer)
         ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_REPLAY_CURSORS, None),
+        # the database's origin, put on every message (outbox_0020)
+        ("SELECT", OUTBOX_IDENTITY, None),
         # the latest run's verdict and time (not its summary), exported as gauges for the
         # alert rules (relay/statements.sql outbox_last_reconciliation)
         ("SELECT", RECONCILIATION_RUNS, ("started_at", "finished_at", "outcome", "discrepancies")),
@@ -122,6 +125,8 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT, INSERT", INBOX_DEAD_AUDIT, None),
         ("SELECT", RECONCILIATION_RUNS, None),
         ("SELECT", OUTBOX_REPLAY_CURSORS, None),
+        # the database's origin, shown with its messages
+        ("SELECT", OUTBOX_IDENTITY, None),
     ],
     "reconcile": [
         # exactly the columns the reconciliation reads (spark_ingest/_sources.py)

@@ -13,6 +13,7 @@ from outbox.schema import (
     INBOX_HELD,
     INBOX_MESSAGES,
     INBOX_POSITIONS,
+    OUTBOX_IDENTITY,
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
     RECONCILIATION_RUNS,
@@ -28,6 +29,7 @@ class TraceStatements:
     neighbours: bytes
     key_blocker: bytes
     relays: bytes
+    origin: bytes
     last_run: bytes
     inbox_records: bytes
     inbox_records_by_seq: bytes
@@ -43,6 +45,7 @@ def _names(schema: str | None) -> Names:
     return {
         "messages": qualified(schema, OUTBOX_MESSAGES),
         "relays": qualified(schema, OUTBOX_RELAYS),
+        "identity": qualified(schema, OUTBOX_IDENTITY),
         "runs": qualified(schema, RECONCILIATION_RUNS),
         "inbox": qualified(schema, INBOX_MESSAGES),
         "positions": qualified(schema, INBOX_POSITIONS),

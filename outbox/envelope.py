@@ -31,6 +31,7 @@ __all__ = [
     "HEADER_CREATED_AT",
     "HEADER_ID",
     "HEADER_KEY",
+    "HEADER_ORIGIN",
     "HEADER_SEQ",
     "HEADER_TOPIC",
     "HEADER_TRACEPARENT",
@@ -47,6 +48,9 @@ HEADER_TOPIC = "outbox-topic"
 HEADER_KEY = "outbox-key"
 HEADER_SEQ = "outbox-seq"
 HEADER_CREATED_AT = "outbox-created-at"
+#: the database the message came from (its outbox identity); absent on messages of a database
+#: without one, and on every message published before origins existed
+HEADER_ORIGIN = "outbox-origin"
 HEADER_CONTENT_TYPE = "content-type"
 HEADER_TRACEPARENT = "traceparent"
 #: ``payload`` is the body's field in a Redis Streams entry; ``nats-msg-id`` is JetStream's dedup
@@ -87,6 +91,9 @@ class Envelope:
     headers: Mapping[str, str] = field(default_factory=dict)
     traceparent: str | None = None
     created_at: dt.datetime | None = None
+    #: the publishing database's identity (``outbox_identity``, or the relay's ``origin``
+    #: setting): an ordered consumer keeps one position per (origin, topic, key)
+    origin: str | None = None
 
     def to_headers(self) -> dict[str, str]:
         """User headers plus the reserved envelope headers, all text."""
@@ -100,6 +107,8 @@ class Envelope:
             out[HEADER_TRACEPARENT] = self.traceparent
         if self.created_at is not None:
             out[HEADER_CREATED_AT] = self.created_at.isoformat()
+        if self.origin:
+            out[HEADER_ORIGIN] = self.origin
         return out
 
     @classmethod
@@ -157,9 +166,15 @@ class Envelope:
                 reason="payload_too_large",
                 **known,
             )
+        origin = lowered.get(HEADER_ORIGIN) or None
+        if origin is not None:
+            _check_text(HEADER_ORIGIN, origin, MAX_ORIGIN_BYTES, "bad_header", known)
         return cls(msg_id, topic, key, seq, bytes(payload), content_type, user,
-                   lowered.get(HEADER_TRACEPARENT), created_at)  # fmt: skip
+                   lowered.get(HEADER_TRACEPARENT), created_at, origin)  # fmt: skip
 
+
+#: an origin is at most this long (outbox_identity's check)
+MAX_ORIGIN_BYTES = 255
 
 _NAME_CHARS = MAX_HEADER_NAME_BYTES // 4
 _VALUE_CHARS = MAX_HEADER_VALUE_BYTES // 4

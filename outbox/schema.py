@@ -49,6 +49,7 @@ __all__ = [
     "OUTBOX_CAPTURE",
     "OUTBOX_CAPTURE_LEASE",
     "OUTBOX_DEAD_AUDIT",
+    "OUTBOX_IDENTITY",
     "OUTBOX_MESSAGES",
     "OUTBOX_RELAYS",
     "OUTBOX_REPLAY_CURSORS",
@@ -65,6 +66,7 @@ __all__ = [
 
 OUTBOX_MESSAGES = "outbox_messages"
 OUTBOX_SEQUENCES = "outbox_key_sequences"
+OUTBOX_IDENTITY = "outbox_identity"
 OUTBOX_CAPTURE = "outbox_capture"
 OUTBOX_CAPTURE_LEASE = "outbox_capture_lease"
 OUTBOX_WAL_PENDING = "outbox_wal_pending"
@@ -133,6 +135,7 @@ def make_metadata(schema: str | None = None) -> MetaData:
     _outbox_messages_table(md)
     _capture_tables(md)
     _sequence_tables(md)
+    _identity_table(md)
     _inbox_message_tables(md)
     _inbox_tables(md)
     _relay_tables(md)
@@ -272,6 +275,24 @@ def _sequence_tables(md: MetaData) -> None:
     Sequence(OUTBOX_WRITE_COUNTER, metadata=md, data_type=BigInteger, cycle=True)
 
 
+def _identity_table(md: MetaData) -> None:
+    """The database's origin (outbox_0020), put on every message the relay publishes."""
+    Table(
+        OUTBOX_IDENTITY,
+        md,
+        # One row. NULL: messages go out without an origin (a database that published before
+        # outbox_0020 keeps doing so until an operator sets one: docs/how-to/tenants.md).
+        Column("one", Boolean, nullable=False, server_default=text("true")),
+        Column("origin", Text, nullable=True),
+        PrimaryKeyConstraint("one"),
+        CheckConstraint("one", name="one_row"),
+        CheckConstraint(
+            "origin IS NULL OR (origin <> '' AND octet_length(origin) <= 255)",
+            name="origin_valid",
+        ),
+    )
+
+
 def _inbox_message_tables(md: MetaData) -> None:
     """The inbox records and the per-key positions of ordered consumers."""
     Table(
@@ -323,7 +344,10 @@ def _inbox_message_tables(md: MetaData) -> None:
         # The seq of the dead message that holds the key (on_dead="hold", outbox_0008): no
         # later message of the key is applied until an operator retries or purges it.
         Column("held_seq", BigInteger, nullable=True),
-        PrimaryKeyConstraint("consumer", "topic", "key"),
+        # The database the key's messages come from (outbox_0020): the envelope's origin, ''
+        # for messages without one. Several databases may number one (topic, key) each.
+        Column("origin", Text, nullable=False, server_default=text("''")),
+        PrimaryKeyConstraint("consumer", "origin", "topic", "key"),
         # The few waiting keys of a consumer, for `outbox inbox blocked` and the consumers'
         # blocked-keys gauge, without reading every position of the consumer (outbox_0007).
         Index(None, "consumer", postgresql_where=text("blocked_since IS NOT NULL")),
@@ -351,6 +375,8 @@ def _inbox_tables(md: MetaData) -> None:
         Column("created_at", _TIMESTAMPTZ, nullable=True),
         Column("held_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")),
         Column("decision", Text, nullable=True),
+        # the origin of the held message (outbox_0020): its key's position is per origin
+        Column("origin", Text, nullable=False, server_default=text("''")),
         PrimaryKeyConstraint("consumer", "message_id"),
         CheckConstraint("role IN ('dead', 'parked')", name="role_valid"),
         CheckConstraint(

@@ -39,6 +39,11 @@ WHERE topic = %(topic)s AND key = %(key)s AND seq < %(seq)s AND status <> 'publi
 ORDER BY seq
 LIMIT 1
 
+-- name: origin
+-- The outbox database's origin (outbox_identity, outbox_0020): the relay puts it on every
+-- message it publishes (unless its own `origin` setting overrides it). One row.
+SELECT origin FROM {identity}
+
 -- name: relays
 -- The registered relays and where they publish (their broker, secrets
 -- masked when they registered), newest heartbeat first.
@@ -96,9 +101,13 @@ ORDER BY c.consumer
 -- name: inbox_position
 -- Inbox_trace_position: where each consumer stands on the key (the last seq applied, the seq
 -- that arrived too early and since when, the seq of a dead message holding it).
-SELECT consumer, last_seq, waiting_seq, blocked_since, held_seq, updated_at
+-- A position is per origin (outbox_0020): the message's origin when the outbox database is
+-- known ('' for a database without one), else every origin's, the one furthest on first.
+SELECT DISTINCT ON (consumer) consumer, last_seq, waiting_seq, blocked_since, held_seq,
+       updated_at, origin
 FROM {positions} WHERE topic = %(topic)s AND key = %(key)s
-ORDER BY consumer
+  AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+ORDER BY consumer, last_seq DESC
 
 -- name: inbox_held
 -- Inbox_trace_held: the message's row among the held ones (dead, or parked behind a dead one),

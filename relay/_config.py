@@ -90,6 +90,9 @@ class RelayConfig:
     broker_url: str | None = None
     #: schema of the outbox tables (None: the search_path)
     schema: str | None = None
+    #: the origin put on every message (which database it came from; consumers keep one
+    #: position per origin, topic and key). None: the database's own (outbox_identity)
+    origin: str | None = None
     #: this process's name in outbox_relays: unique among live relays (default: host-pid-random)
     relay_id: str = field(default_factory=_default_relay_id)
     #: rows per claim: the heads of keys (leased) and the runs behind them; whole runs of a few
@@ -148,6 +151,8 @@ class RelayConfig:
         for name in ("broker_url", "schema"):
             value = getattr(self, name)
             _check(name, value, value is None or isinstance(value, str), "a string")
+        _check("origin", self.origin, _is_origin(self.origin),
+               "1-255 bytes of printable text, no space at either end")  # fmt: skip
         if self.schema is not None:
             check_identifier(self.schema)
         for name in ("batch_size", "per_key_batch", "max_in_flight", "retention_batch"):
@@ -247,6 +252,18 @@ _SECONDS = (
 def _is_int(value: object) -> bool:
     """An int, and not a bool (``True`` is an int in Python; ``max_attempts = true`` is a typo)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_origin(value: object) -> bool:
+    """None, or what outbox_identity.origin takes: 1-255 bytes, printable, no edge spaces."""
+    if value is None:
+        return True
+    return (
+        isinstance(value, str)
+        and value.strip() == value
+        and value.isprintable()
+        and 0 < len(value.encode("utf-8", "surrogatepass")) <= 255
+    )
 
 
 def _is_seconds(value: object) -> bool:

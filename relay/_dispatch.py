@@ -24,6 +24,7 @@ from relay._claim import Claim, Outcome, decide, mark_batch
 from relay._config import RelayConfig
 from relay._destinations import PausedDestinations
 from relay._metrics import RelayMetrics
+from relay._origin import stamped
 from relay._retry import BROKER_BACKOFF, DB_BACKOFF, Backoff, retry
 from relay._state import RunState
 from relay._statements import RelayStatements
@@ -52,6 +53,8 @@ class Dispatcher:
         state: RunState,
     ) -> None:
         self.config = config
+        #: put on every message (relay/_origin.py); the relay reads the database's at start
+        self.origin: str | None = config.origin
         self.publisher = publisher
         self.metrics = metrics
         self._stmts = stmts
@@ -171,6 +174,7 @@ class Dispatcher:
         ``deadline``: the monotonic time after which nothing may be sent (a claim's lease)."""
         if not envelopes:
             return [], False
+        envelopes = stamped(envelopes, self.origin)
         budget = min(self.config.publish_timeout, deadline - time.monotonic())
         err: RetryablePublishError
         if budget <= 0:

@@ -36,6 +36,7 @@ from relay._config import RelayConfig
 from relay._dispatch import Dispatcher
 from relay._listener import Listener
 from relay._metrics import RelayMetrics
+from relay._origin import read_origin
 from relay._registration import Registration
 from relay._retry import DB_BACKOFF, Backoff, retry
 from relay._state import RunState
@@ -145,6 +146,8 @@ class Relay:
         background: list[asyncio.Task[None]] = []
         try:
             await self._check_schema(pool)
+            if self.dispatcher.origin is None:
+                self.dispatcher.origin = await self._read_origin(pool)
             await self.registration.register(pool, self.db_backoff)
             background.append(asyncio.create_task(self.registration.heartbeat(pool)))
             if self.config.listen:
@@ -226,6 +229,15 @@ class Relay:
                 else "predate this relay (its lease columns, its write counter)",
                 then="then start the relay",
             )
+
+    async def _read_origin(self, pool: AsyncConnectionPool[Any]) -> str | None:
+        """The database's origin (relay/_origin.py), retried while the database is away."""
+
+        async def read() -> str | None:
+            async with pool.connection(timeout=self.config.poll_interval * 5) as conn:
+                return await read_origin(conn, self.stmts.origin)
+
+        return await retry("reading the origin", read, self.db_backoff, state=self.state)
 
     async def _start_publisher(self) -> None:
         async def start() -> None:

@@ -38,7 +38,9 @@ from psycopg.rows import dict_row
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
 from outbox.kit import redact
+from relay._origin import read_origin, stamped
 from relay._replay_statements import ReplayStatements, replay_statements
+from relay._statements import relay_statements
 from relay.brokers.base import Publisher
 from relay.exceptions import PermanentPublishError, ReplayError
 
@@ -185,10 +187,14 @@ async def replay(
         )  # fmt: skip
         resumed, since, last_key, last_seq, replayed = cursor
         total = await _remaining(conn, stmts, topic, since, last_key, last_seq)
+        # the origin the relay puts on the messages (relay/_origin.py): replayed copies carry
+        # it too, or a consumer would take them for another database's
+        origin = await read_origin(conn, relay_statements(schema).origin)
         publisher = _publisher(broker, topic, dest, broker_options)
         await publisher.start()
         try:
             run = _Run(conn, stmts, publisher, key, dest, actor, reason, on_progress)
+            run.origin = origin
             run.replayed, run.last_key, run.last_seq, run.total = (
                 replayed, last_key, last_seq, total,
             )  # fmt: skip
@@ -283,6 +289,7 @@ class _Run:
         self.key, self.dest, self.actor, self.on_progress = key, dest, actor, on_progress
         self.reason = reason or f"replay to {key['consumer']} ({dest})"
         self.sent = 0
+        self.origin: str | None = None
         self.total = 0
         self.replayed = 0
         self.last_key: str | None = None
@@ -331,6 +338,7 @@ class _Run:
                         return True
 
     async def _send(self, envelopes: list[Envelope]) -> None:
+        envelopes = stamped(envelopes, self.origin)
         attempt = 0
         while envelopes:
             results = await self.publisher.publish_batch(envelopes)

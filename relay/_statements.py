@@ -13,6 +13,7 @@ from outbox.schema import (
     OUTBOX_CAPTURE,
     OUTBOX_CAPTURE_LEASE,
     OUTBOX_DEAD_AUDIT,
+    OUTBOX_IDENTITY,
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
     OUTBOX_SEQUENCES,
@@ -27,6 +28,7 @@ __all__ = ["TEMPLATES", "RelayStatements", "RelayTemplates", "relay_statements"]
 @dataclass(frozen=True)
 class RelayStatements:
     tables_present: bytes
+    origin: bytes
     claim: bytes
     mark: bytes
     mark_published: bytes
@@ -105,6 +107,7 @@ def _names(schema: str | None) -> Names:
         "runs": qualified(schema, RECONCILIATION_RUNS),
         "audit": qualified(schema, OUTBOX_DEAD_AUDIT),
         "sequences": qualified(schema, OUTBOX_SEQUENCES),
+        "identity": qualified(schema, OUTBOX_IDENTITY),
         "capture": qualified(schema, OUTBOX_CAPTURE),
         "capture_lease": qualified(schema, OUTBOX_CAPTURE_LEASE),
         "pending": qualified(schema, OUTBOX_WAL_PENDING),

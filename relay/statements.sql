@@ -64,6 +64,12 @@ SELECT to_regclass({messages_name}) IS NOT NULL
                  AND NOT attisdropped)
        AND to_regclass({counter_name}) IS NOT NULL
 
+-- name: origin
+-- outbox_origin: the database's origin (outbox_identity, outbox_0020), read once at start: the
+-- relay puts it on every message, so a consumer of several databases keeps one position per
+-- (origin, topic, key). One row (its check constraint); NULL: no origin.
+SELECT origin FROM {identity}
+
 -- name: claim
 -- outbox_claim_batch: claim up to %(limit)s rows, the heads of keys plus the runs behind them;
 -- only the heads are written (leased). Depth first on a deep backlog (whole runs of a few keys,

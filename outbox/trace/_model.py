@@ -171,6 +171,9 @@ class Journey:
     timeline: tuple[Step, ...]
     actions: tuple[Action, ...]
     notes: tuple[str, ...] = field(default=())
+    #: the outbox database's origin (outbox_identity), which its messages carry; None: none
+    #: (or the outbox database was not read)
+    origin: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The journey as JSON-ready values: times ISO 8601, gaps in seconds, ids as text;

@@ -4,6 +4,7 @@ database in one read-only transaction."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -127,7 +128,10 @@ def trace_message(
     wanted_id, by_seq = _lookup_id(message_id, idempotency_key, topic, key, seq)
     found = _read_outbox(sources.outbox, wanted_id, by_seq)
     ident = found.ident
-    inboxes = _read_inboxes(sources.inboxes, wanted_id, by_seq, ident)
+    # the consumers' positions of the message's origin ('' for a database without one);
+    # without the outbox row, every origin's
+    origin = (found.origin or "") if ident is not None else None
+    inboxes = _read_inboxes(sources.inboxes, wanted_id, by_seq, ident, origin)
     if ident is None:
         ident = _ident_from_inboxes(inboxes, wanted_id, by_seq)
     records = tuple(r for r, _ in inboxes)
@@ -136,10 +140,11 @@ def trace_message(
     verdict = (
         _verdict(found.last_run, ident.id, reports_dir) if found.last_run is not None else None
     )
-    return compose_journey(
+    journey = compose_journey(
         ident, found.record, records, found.previous, found.next, found.blocker, found.relays,
         verdict, sources,
     )  # fmt: skip
+    return dataclasses.replace(journey, origin=found.origin) if found.origin else journey
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,7 @@ class _OutboxFindings:
     next: KeyNeighbour | None = None
     blocker: KeyNeighbour | None = None
     last_run: Row | None = None
+    origin: str | None = None
 
 
 def _read_outbox(
@@ -182,8 +188,9 @@ def _read_outbox(
             )
             for r in conn.execute(stmts.relays)
         )
+        origin = _origin(conn, stmts)
         if not rows:
-            return _OutboxFindings(relays=relays)
+            return _OutboxFindings(relays=relays, origin=origin)
         row = rows[0]
         ident = Ident(id=row["id"], topic=row["topic"], key=row["key"], seq=row["seq"])
         record = _outbox_record(row)
@@ -203,7 +210,18 @@ def _read_outbox(
             next=nxt,
             blocker=_neighbour(b) if b else None,
             last_run=_last_run(conn, stmts, record.created_at),
+            origin=origin,
         )
+
+
+def _origin(conn: psycopg.Connection[Row], stmts: TraceStatements) -> str | None:
+    """The outbox database's origin; None without one (or before outbox_0020)."""
+    try:
+        with conn.transaction():  # a savepoint: an older schema or a narrower role goes on
+            row = conn.execute(stmts.origin).fetchone()
+    except (pg_errors.InsufficientPrivilege, pg_errors.UndefinedTable):
+        return None
+    return row["origin"] if row else None
 
 
 def _last_run(
@@ -225,11 +243,12 @@ def _read_inboxes(
     wanted_id: uuid.UUID | None,
     by_seq: tuple[str, str, int] | None,
     ident: Ident | None,
+    origin: str | None = None,
 ) -> list[Found]:
     out: list[Found] = []
     for src in sources:
         try:
-            out.extend(_read_inbox(src, wanted_id, by_seq, ident))
+            out.extend(_read_inbox(src, wanted_id, by_seq, ident, origin))
         except psycopg.Error as exc:
             error = describe_database_error(exc).replace(
                 "check --url (or $OUTBOX_DATABASE_URL)", f"check the URL of inbox {src.name!r}"
@@ -243,6 +262,7 @@ def _read_inbox(
     wanted_id: uuid.UUID | None,
     by_seq: tuple[str, str, int] | None,
     ident: Ident | None,
+    origin: str | None = None,
 ) -> list[Found]:
     stmts = trace_statements(src.schema)
     with _read_only(src) as conn:
@@ -271,7 +291,7 @@ def _read_inbox(
         if found is None:
             return []
         topic, key = found.topic, found.key
-        positions = _positions(conn, stmts, topic, key)
+        positions = _positions(conn, stmts, topic, key, origin)
         held = {h["consumer"]: h for h in conn.execute(stmts.inbox_held, {"id": found.id})}
         consumers = [c["consumer"] for c in conn.execute(stmts.inbox_consumers, {"topic": topic})]
     seen = {r["consumer"]: r for r in rows}
@@ -314,14 +334,16 @@ def _inbox_record(
 
 
 def _positions(
-    conn: psycopg.Connection[Row], stmts: TraceStatements, topic: str, key: str
+    conn: psycopg.Connection[Row],
+    stmts: TraceStatements,
+    topic: str,
+    key: str,
+    origin: str | None = None,
 ) -> dict[str, Row]:
+    params = {"topic": topic, "key": key, "origin": origin}
     try:
         with conn.transaction():  # a role without SELECT on the positions still traces
-            return {
-                p["consumer"]: p
-                for p in conn.execute(stmts.inbox_position, {"topic": topic, "key": key})
-            }
+            return {p["consumer"]: p for p in conn.execute(stmts.inbox_position, params)}
     except pg_errors.InsufficientPrivilege:
         return {}
 

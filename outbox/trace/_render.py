@@ -34,8 +34,9 @@ def render_text(journey: Journey) -> str:
     own (control characters escaped)."""
     j = journey
     seq = j.seq if j.seq is not None else "?"
+    origin = f"  origin {one_line(j.origin)}" if j.origin else ""
     lines = [
-        f"message {j.id}  topic {one_line(j.topic)}  key {one_line(j.key)}  seq {seq}",
+        f"message {j.id}  topic {one_line(j.topic)}  key {one_line(j.key)}  seq {seq}{origin}",
         f"state: {j.summary}",
         "",
         *_outbox_lines(j),

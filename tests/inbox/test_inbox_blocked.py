@@ -71,6 +71,29 @@ def test_cli_lists_one_line_per_key_and_exits_1(pool: ConnectionPool, effects_ur
     assert (quiet.exit_code, quiet.stdout) == (0, "")
 
 
+def test_one_key_of_two_origins_waits_on_its_own_and_says_which(
+    pool: ConnectionPool, effects_url: str
+) -> None:
+    """Two databases number key K each from 1: tenant-a's seq 1 leaves tenant-b's K waiting
+    for its own seq 1 (not judged stale), and the listing names the origin."""
+    runner = _runner(pool)
+    a1 = make_envelope(key="K", seq=1, origin="tenant-a")
+    assert runner.handle(a1).outcome is Outcome.PROCESSED
+    assert runner.handle(make_envelope(key="K", seq=2, origin="tenant-b")).outcome is (
+        Outcome.OUT_OF_ORDER
+    )
+    [waiting] = blocked_keys(effects_url, min_age=_NOW)
+    assert (waiting.origin, waiting.key, waiting.last_seq) == ("tenant-b", "K", 0)
+    text = CliRunner().invoke(
+        commands[0], ["blocked", "--url", effects_url, "--min-age-seconds", "0"]
+    )
+    assert text.stdout.rstrip("\n").endswith("\torigin=tenant-b")
+    assert runner.handle(make_envelope(key="K", seq=1, origin="tenant-b")).outcome is (
+        Outcome.PROCESSED
+    )
+    assert blocked_keys(effects_url, min_age=_NOW) == []
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [({"min_age": 5}, "min_age must be a timedelta"), ({"limit": 0}, "limit must be")],

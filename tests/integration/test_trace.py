@@ -397,3 +397,25 @@ def test_a_consumer_retrying_it_and_one_waiting_for_an_earlier_seq(
         f"outbox trace --topic orders --key W --seq 2 --url {shlex.quote(outbox_url)}"
     )
     assert w1 != w2
+
+
+def test_the_origin_is_on_every_message_and_in_the_trace(dbs: tuple[str, str, str]) -> None:
+    """The relay puts the outbox database's origin on its messages; the consumer keeps its
+    position under it; the trace (text and JSON) names it and finds that position."""
+    outbox_url, billing_url, _ = dbs
+    with psycopg.connect(outbox_url) as conn:
+        row = conn.execute("SELECT origin FROM outbox_identity").fetchone()
+    assert row is not None
+    origin = row[0]
+    assert origin
+    [mid] = _write(outbox_url, "O", ["1"])
+    sent = _relay_once(outbox_url, 1)
+    assert [e.origin for e in sent] == [origin]
+    assert _consume(billing_url, "billing", sent, ordered=True) == [Outcome.PROCESSED]
+    j = trace_message(_sources(outbox_url, billing_url), mid)
+    assert j.origin == origin
+    assert [(r.consumer, r.key_applied_seq) for r in j.inboxes] == [("billing", 1)]
+    text = _trace_cli(str(mid), "--url", outbox_url, "--inbox", billing_url)
+    assert f"seq 1  origin {origin}" in text.output
+    doc = json.loads(_trace_cli(str(mid), "--url", outbox_url, "--json").output)
+    assert doc["origin"] == origin

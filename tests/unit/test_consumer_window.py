@@ -50,3 +50,18 @@ def test_the_window_grows_with_workers(size: int) -> None:
     for broker, window in four.items():
         assert window >= size * 4, broker  # every worker can fill a batch from one window
         assert window > one[broker], broker
+
+
+def test_kafka_session_timeout_defaults_to_ten_seconds_and_the_config_wins() -> None:
+    """librdkafka's 45 s made a new group wait about 23 s for its first assignment on tansu
+    (bench/kafka_join.py); the consumer's own config still decides."""
+    pytest.importorskip("confluent_kafka")
+    from inbox import KafkaConsumer
+
+    config = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}
+    default = KafkaConsumer(_runner(), config=config, topics=["t"])
+    assert default.config["session.timeout.ms"] == 10_000
+    chosen = KafkaConsumer(
+        _runner(), config={**config, "session.timeout.ms": 30_000}, topics=["t"]
+    )
+    assert chosen.config["session.timeout.ms"] == 30_000
