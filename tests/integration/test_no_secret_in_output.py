@@ -561,6 +561,38 @@ def test_the_spark_sources_never_show_a_hostile_password(
         assert tag not in str(failed.value)
 
 
+def test_a_hostile_broker_password_shows_in_no_relay_output(database_url: str) -> None:
+    """One password holding every character above (percent-encoded in the URL, as a URL must
+    carry it): the relay's output with the broker refusing the login (RabbitMQ, Redis) or
+    unreachable (NATS), and its registration row in `outbox status`, show no part of it."""
+    from urllib.parse import quote
+
+    from tests.support.services import reachable
+
+    password = "Sntl" + uuid.uuid4().hex[:6] + "".join(HOSTILE_PASSWORDS) + "pw"
+    tag = password[4:10]
+    encoded = quote(password, safe="")
+    brokers = {"nats": f"nats://relay:{encoded}@127.0.0.1:{free_port()}"}
+    if reachable(5672):
+        brokers["amqp"] = f"amqp://relay:{encoded}@127.0.0.1:5672/"
+    if reachable(6379):
+        brokers["redis"] = f"redis://someone:{encoded}@127.0.0.1:6379/0"
+    jobs = {
+        name: (
+            lambda broker=broker: _relay_output(
+                ["--url", database_url, "--broker", broker], "connecting to the broker failed"
+            )
+        )
+        for name, broker in brokers.items()
+    }
+    for name, (output, _status) in _in_parallel(jobs).items():
+        assert "connecting to the broker failed" in output, f"{name}:\n{output}"
+        assert tag not in output, f"{name}: the password leaked:\n{output}"
+        assert quote(password[10:], safe="") not in output
+    status = _run(["status", "--json", "--url", database_url])
+    assert tag not in status.stdout + status.stderr
+
+
 def _dead_count(url: str) -> int:
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*) FROM outbox_messages WHERE status = 'dead'").fetchone()
