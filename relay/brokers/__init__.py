@@ -88,7 +88,8 @@ def _allow_of(url: str) -> tuple[str, list[str] | None]:
     base, question, query = url.partition("?")
     if not question or "allow=" not in query:
         return url, None
-    keep, allow = [], []
+    keep: list[str] = []
+    allow: list[str] = []
     for item in query.split("&"):
         key, _, value = item.partition("=")
         if key == "allow":
