@@ -34,7 +34,9 @@ def minutes(text: str) -> float:
 def dead_filter(params: Any) -> tuple[DeadFilter, str]:
     """The dead-letter filter of a listing's query or a change's form, and its error text."""
     older = str(params.get("older_than_minutes") or "").strip()
-    until = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=minutes(older)) if older else None
+    span = minutes(older) if older else 0.0
+    # "older than 0 minutes" selects every dead letter: no filter, so a change needs "all"
+    until = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=span) if span > 0 else None
     where = DeadFilter(
         topic=params.get("topic") or None, key=params.get("key") or None, until=until
     )

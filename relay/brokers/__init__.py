@@ -63,6 +63,13 @@ def publisher_for_url(
     module, cls_name, make_args = builder
     cls = getattr(importlib.import_module(f"relay.brokers.{module}"), cls_name)
     remember_secrets(url, options.get("config"))  # masked wherever a client's error quotes them
+    url, allow = _allow_of(url)
+    if allow is not None:
+        if not _accepts(cls, "allowed_destinations"):
+            raise ConfigurationError(
+                f"{scheme}: URLs take no allow= (this adapter sends to one place)", url=redact(url)
+            )
+        options = {"allowed_destinations": allow, **options}
     args, implied = make_args(url)
     if "config" in implied and options.get("config") is not None:  # the caller's settings win
         options = {**options, "config": {**implied["config"], **options["config"]}}
@@ -72,6 +79,29 @@ def publisher_for_url(
     _check_options(cls, kwargs, url)
     publisher: Publisher = cls(*args, **kwargs)
     return publisher
+
+
+def _allow_of(url: str) -> tuple[str, list[str] | None]:
+    """``url`` without its ``allow=`` query parameters, and their patterns (comma-separated,
+    repeatable): the destinations the default mapping may make (``allowed_destinations``), so
+    ``outbox relay --broker 'kafka://k:9092?allow=orders-*'`` bounds where topics go."""
+    base, question, query = url.partition("?")
+    if not question or "allow=" not in query:
+        return url, None
+    keep: list[str] = []
+    allow: list[str] = []
+    for item in query.split("&"):
+        key, _, value = item.partition("=")
+        if key == "allow":
+            allow.extend(p for p in unquote(value).split(",") if p)
+        else:
+            keep.append(item)
+    if not allow:
+        raise ConfigurationError(
+            f"broker URL {redact(url)!r}: allow= needs destination patterns (orders-*,events.>)",
+            url=redact(url),
+        )
+    return base + ("?" + "&".join(keep) if keep else ""), allow
 
 
 def _accepts(cls: Callable[..., Any], option: str) -> bool:

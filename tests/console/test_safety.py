@@ -537,3 +537,25 @@ def test_logout_ends_the_session_for_every_copy_of_the_cookie(
                 after = thief.get("/dead")
         assert after.status_code != 200
         assert "/login" in after.headers.get("location", "") or 'name="token"' in after.text
+
+
+@pytest.mark.parametrize("older", ["0", "0.0", " 0 "])
+def test_older_than_zero_is_no_filter_so_a_bulk_change_needs_all(
+    database_url: str, console: Any, older: str
+) -> None:
+    import httpx
+
+    dead = seed(database_url)
+    with console(database_url, token=TOKEN) as base, httpx.Client(base_url=base) as client:
+        csrf = http_login(client, "carol")
+        answer = client.post("/dead/change", data={
+            "action": "purge", "scope": "filter", "older_than_minutes": older,
+            "reason": "cleanup", "csrf": csrf})  # fmt: skip
+        assert answer.status_code in (200, 303, 400), answer.text
+        page = client.get("/dead").text if answer.status_code == 303 else answer.text
+    assert "no filter" in page
+    with psycopg.connect(database_url) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM outbox_messages WHERE id = ANY(%s)", (dead["all"],)
+        ).fetchone()
+    assert left == (len(dead["all"]),)  # nothing purged

@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.support.server_process import free_port
@@ -559,6 +560,98 @@ def test_the_spark_sources_never_show_a_hostile_password(
         with pytest.raises((SourceError, psycopg.Error)) as failed:
             connect(source)
         assert tag not in str(failed.value)
+
+
+def test_a_hostile_broker_password_shows_in_no_relay_output(database_url: str) -> None:
+    """One password holding every character above (percent-encoded in the URL, as a URL must
+    carry it): the relay's output with the broker refusing the login (RabbitMQ, Redis) or
+    unreachable (NATS), and its registration row in `outbox status`, show no part of it."""
+    from urllib.parse import quote
+
+    from tests.support.services import reachable
+
+    password = "Sntl" + uuid.uuid4().hex[:6] + "".join(HOSTILE_PASSWORDS) + "pw"
+    tag = password[4:10]
+    encoded = quote(password, safe="")
+    brokers = {"nats": f"nats://relay:{encoded}@127.0.0.1:{free_port()}"}
+    if reachable(5672):
+        brokers["amqp"] = f"amqp://relay:{encoded}@127.0.0.1:5672/"
+    if reachable(6379):
+        brokers["redis"] = f"redis://someone:{encoded}@127.0.0.1:6379/0"
+    jobs = {
+        name: (
+            lambda broker=broker: _relay_output(
+                ["--url", database_url, "--broker", broker], "connecting to the broker failed"
+            )
+        )
+        for name, broker in brokers.items()
+    }
+    for name, (output, _status) in _in_parallel(jobs).items():
+        assert "connecting to the broker failed" in output, f"{name}:\n{output}"
+        assert tag not in output, f"{name}: the password leaked:\n{output}"
+        assert quote(password[10:], safe="") not in output
+    status = _run(["status", "--json", "--url", database_url])
+    assert tag not in status.stdout + status.stderr
+
+
+@pytest.fixture(scope="module")
+def scram_server() -> Iterator[tuple[str, int]]:
+    """A private PostgreSQL that asks role ``app`` for its password (scram-sha-256); yields
+    the superuser's URL and the port."""
+    import shutil
+    import tempfile
+
+    from tests.support.harness import logical_server
+    from tests.support.services import missing
+
+    # not under pytest's tmp_path: the server may run as another user, who must reach it
+    workdir = Path(tempfile.mkdtemp(prefix="outbox-scram-"))
+    server = logical_server(str(workdir))
+    if server is None:
+        missing("PostgreSQL server binaries", "apt-get install postgresql")
+    assert server is not None
+    try:
+        port = int(conninfo_to_dict(server.admin_url)["port"])
+        hba = workdir / "data" / "pg_hba.conf"
+        hba.write_text("host all app 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+        with psycopg.connect(server.admin_url, autocommit=True) as conn:
+            conn.execute("CREATE ROLE app LOGIN")
+            conn.execute("SELECT pg_reload_conf()")
+        yield server.admin_url, port
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_wrong_hostile_password_is_one_line_without_it(
+    scram_server: tuple[str, int],
+) -> None:
+    """The role's password, and the wrong one given, hold a quote, a bracket, a backtick, a
+    blank, ``%@:/#?&`` and non-ASCII; the server refuses the login: each form of the URL
+    gives one line, with no part of either password."""
+    from urllib.parse import quote
+
+    admin, port = scram_server
+    chars = "".join(HOSTILE_PASSWORDS)
+    password = f"Sntl{uuid.uuid4().hex[:6]}{chars}q7pw"
+    wrong = f"Sntl{uuid.uuid4().hex[:6]}{chars}Q8pw"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER ROLE app PASSWORD {}").format(sql.Literal(password)))
+    quoted = "'" + wrong.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    forms = {
+        "url": f"postgresql://app:{quote(wrong, safe='')}@127.0.0.1:{port}/postgres",
+        "url ?password=": f"postgresql://app@127.0.0.1:{port}/postgres?password="
+        + quote(wrong, safe=""),
+        "conninfo": f"host=127.0.0.1 port={port} dbname=postgres user=app password={quoted}",
+    }
+    jobs = {name: (lambda url=url: _run(["status", "--url", url])) for name, url in forms.items()}
+    for name, done in _in_parallel(jobs).items():
+        output = done.stdout + done.stderr
+        assert done.returncode == 2, f"{name}: {output}"
+        assert len(output.strip().splitlines()) == 1, f"{name}: {output}"
+        assert "password authentication failed" in output, f"{name}: {output}"
+        for secret in (password, wrong):
+            assert secret[4:10] not in output, f"{name}: a password leaked: {output}"
 
 
 def _dead_count(url: str) -> int:

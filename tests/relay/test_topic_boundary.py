@@ -20,6 +20,7 @@ from relay import Relay
 from relay.brokers import publisher_for_url
 from tests.relay.broker_helpers import need
 from tests.relay.relay_helpers import await_for, config, running, write
+from tests.support.services import import_or_missing
 
 
 def _steer(url: str, topic: str) -> uuid.UUID:
@@ -109,3 +110,13 @@ def test_a_broker_system_address_is_not_reachable_through_a_row(
             client.delete(f"tb-{tag}")
         finally:
             client.close()
+
+
+def test_a_kafka_internal_topic_is_not_reachable_through_a_row(url: str) -> None:
+    """``__consumer_offsets`` (the groups' committed offsets) as a row's topic: paused, nothing
+    produced to it with the relay's credentials."""
+    import_or_missing("confluent_kafka", "kafka")
+    from tests.support.kafka_broker import bootstrap
+
+    tag = uuid.uuid4().hex[:10]
+    asyncio.run(_refused(url, f"kafka://{bootstrap()}", "__consumer_offsets", f"tb-{tag}"))

@@ -3,6 +3,8 @@ tests/integration/test_topic_boundary.py and tests/relay/test_topic_boundary.py)
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from outbox._topic import check_topic, topic_problem
@@ -115,3 +117,24 @@ def test_a_bad_allow_list_is_a_configuration_error() -> None:
 
     with pytest.raises(ConfigurationError):
         Destinations(None, broker="kafka", allow="orders-*")  # type: ignore[arg-type]
+
+
+def test_a_broker_url_carries_the_allow_list_for_outbox_relay() -> None:
+    """``outbox relay --broker 'kafka://k:9092?allow=orders-*'``: the allow-list reaches the
+    adapter (the command line has no destinations option); the rest of the URL is unchanged."""
+    from relay.brokers import publisher_for_url
+
+    kafka: Any = publisher_for_url("kafka://127.0.0.1:9092?allow=orders-*,audit")
+    assert kafka._destination("orders-v2") == "orders-v2"
+    assert kafka._destination("audit") == "audit"
+    with pytest.raises(DestinationRefusedError, match="not among the allowed"):
+        kafka._destination("payments")
+    nats: Any = publisher_for_url("nats://127.0.0.1:4222?allow=events.%3E")
+    assert nats._destination("events.a") == "events.a"
+    with pytest.raises(DestinationRefusedError):
+        nats._destination("orders")
+    from outbox.exceptions import ConfigurationError
+
+    for url in ("kafka://127.0.0.1:9092?allow=", "stdout:?allow=x"):
+        with pytest.raises(ConfigurationError):
+            publisher_for_url(url)

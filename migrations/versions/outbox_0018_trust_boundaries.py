@@ -1,4 +1,5 @@
-"""A topic is a name, never a broker address: ``outbox_check_topic`` and ``outbox_publish``.
+"""Trust boundaries: a topic is a name (``outbox_check_topic``, called by ``outbox_publish``);
+the console's changes and the reconciliation's horizon go through operator functions.
 
 Revision ID: outbox_0018
 Revises: outbox_0017
