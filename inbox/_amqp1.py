@@ -17,16 +17,14 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
-from inbox._claimcheck import ClaimCheckResolver
-from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
+from inbox._consumer import BrokerConsumer, ConsumerOptions, Delivery
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox import amqp1_reactor as _proton
 from outbox.envelope import Envelope
 from outbox.exceptions import InvalidMessageError
 from outbox.kit import (
-    DEFAULT_MAX_RECEIVE_BYTES,
     MAX_HEADER_NAME_BYTES,
     MAX_HEADER_VALUE_BYTES,
     MAX_RECEIVED_HEADERS,
@@ -202,28 +200,17 @@ class Amqp1Consumer(BrokerConsumer):
         address: str,
         url: str = "amqp1://127.0.0.1:5672",
         credit: int = 10,
-        redeliver_delay: float = 1.0,
-        on_result: ResultCallback | None = None,
-        batching: Batching | None = None,
         durable: bool = True,
-        max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
-        claim_check: ClaimCheckResolver | None = None,
         connect_timeout: float = 10.0,
         sasl_mechanisms: str | None = None,
         tls_ca: str | None = None,
         tls_verify: bool = True,
         virtual_host: str | None = None,
         reconnect: bool = True,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
         require("proton", "amqp1")  # fail at construction, naming the extra
-        super().__init__(
-            runner,
-            redeliver_delay=redeliver_delay,
-            on_result=on_result,
-            batching=batching,
-            max_payload_bytes=max_payload_bytes,
-            claim_check=claim_check,
-        )
+        super().__init__(runner, **options)
         self.address = address
         self._endpoint = _proton.endpoint(url)
         self.url = self._endpoint.shown()  # never the password

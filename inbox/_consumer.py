@@ -25,6 +25,7 @@ import logging
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 from inbox._claimcheck import ClaimCheckResolver
 from inbox._receive import MessageRef, invalid_ref
@@ -144,6 +145,19 @@ class _Aside:
     delivery: Delivery
     result: Result
     taken: bool = False
+
+
+class ConsumerOptions(TypedDict, total=False):
+    """The settings every broker's consumer takes besides its own, passed on to
+    :class:`BrokerConsumer` (see its parameters): ``redeliver_delay``, ``on_result``,
+    ``hold_interval``, ``batching``, ``max_payload_bytes``, ``claim_check``."""
+
+    redeliver_delay: float
+    on_result: ResultCallback | None
+    hold_interval: float
+    batching: Batching | None
+    max_payload_bytes: int
+    claim_check: ClaimCheckResolver | None
 
 
 class BrokerConsumer:

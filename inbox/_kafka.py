@@ -12,15 +12,19 @@ import asyncio
 import functools
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
-from inbox._claimcheck import ClaimCheckResolver
-from inbox._consumer import Batching, BrokerConsumer, Invalid, ResultCallback, described
+from inbox._consumer import (
+    BrokerConsumer,
+    ConsumerOptions,
+    Invalid,
+    described,
+)
 from inbox._receive import MessageRef
 from inbox._runner import AsyncAlso, AsyncBatchAlso, AsyncHandlerRunner, Outcome, Result
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
-from outbox.kit import DEFAULT_MAX_RECEIVE_BYTES, require, resolve_async, rows_by_name
+from outbox.kit import require, resolve_async, rows_by_name
 from outbox.wire import kafka as wire
 
 __all__ = ["KafkaConsumer"]
@@ -49,22 +53,11 @@ class KafkaConsumer(BrokerConsumer):
         topics: Sequence[str],
         offsets_in_db: bool = False,
         poll_timeout: float = 0.5,
-        redeliver_delay: float = 1.0,
-        on_result: ResultCallback | None = None,
         schema: str | None = None,
-        batching: Batching | None = None,
-        max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
-        claim_check: ClaimCheckResolver | None = None,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
         require("confluent_kafka", "kafka")  # fail at construction, naming the extra
-        super().__init__(
-            runner,
-            redeliver_delay=redeliver_delay,
-            on_result=on_result,
-            batching=batching,
-            max_payload_bytes=max_payload_bytes,
-            claim_check=claim_check,
-        )
+        super().__init__(runner, **options)
         if self.batching.workers != 1:
             raise ConfigurationError(
                 "KafkaConsumer takes batching.workers=1: offsets are committed per partition in "

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any
+from typing import Any, Unpack
 
-from inbox._claimcheck import ClaimCheckResolver
-from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
+from inbox._consumer import BrokerConsumer, ConsumerOptions, Delivery
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox.envelope import shown
 from outbox.exceptions import ConfigurationError
-from outbox.kit import DEFAULT_MAX_RECEIVE_BYTES, require
+from outbox.kit import require
 from outbox.wire import mqtt as wire
 
 __all__ = ["MqttConsumer"]
@@ -34,22 +33,11 @@ class MqttConsumer(BrokerConsumer):
         host: str = "127.0.0.1",
         port: int = 1883,
         session_expiry: int = 86_400,
-        redeliver_delay: float = 1.0,
         connect_timeout: float = 10.0,
-        on_result: ResultCallback | None = None,
-        batching: Batching | None = None,
-        max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
-        claim_check: ClaimCheckResolver | None = None,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
         require("paho.mqtt.client", "mqtt")  # fail at construction, naming the extra
-        super().__init__(
-            runner,
-            redeliver_delay=redeliver_delay,
-            on_result=on_result,
-            batching=batching,
-            max_payload_bytes=max_payload_bytes,
-            claim_check=claim_check,
-        )
+        super().__init__(runner, **options)
         if not client_id:
             raise ConfigurationError("client_id is required: it names the persistent session")
         self.topic, self.client_id, self.host, self.port = topic, client_id, host, port

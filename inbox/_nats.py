@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
-from inbox._claimcheck import ClaimCheckResolver
-from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
+from inbox._consumer import BrokerConsumer, ConsumerOptions, Delivery
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox.envelope import Envelope
-from outbox.kit import DEFAULT_MAX_RECEIVE_BYTES, require
+from outbox.kit import require
 from outbox.wire import nats as wire
 
 __all__ = ["NatsConsumer"]
@@ -33,21 +32,10 @@ class NatsConsumer(BrokerConsumer):
         servers: str | list[str] = "nats://127.0.0.1:4222",
         batch: int = 10,
         fetch_timeout: float = 1.0,
-        redeliver_delay: float = 1.0,
-        on_result: ResultCallback | None = None,
-        batching: Batching | None = None,
-        max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
-        claim_check: ClaimCheckResolver | None = None,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
         require("nats", "nats")  # fail at construction, naming the extra
-        super().__init__(
-            runner,
-            redeliver_delay=redeliver_delay,
-            on_result=on_result,
-            batching=batching,
-            max_payload_bytes=max_payload_bytes,
-            claim_check=claim_check,
-        )
+        super().__init__(runner, **options)
         self.stream, self.durable, self.subject = stream, durable, subject
         self.servers, self.fetch_timeout = servers, fetch_timeout
         #: messages per fetch: at least a whole transaction batch for every worker

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from typing import Any
+from typing import Any, Unpack
 
-from inbox._claimcheck import ClaimCheckResolver
-from inbox._consumer import Batching, BrokerConsumer, Delivery, ResultCallback
+from inbox._consumer import BrokerConsumer, ConsumerOptions, Delivery
 from inbox._runner import AsyncHandlerRunner, Result
 from outbox.envelope import Envelope
-from outbox.kit import DEFAULT_MAX_RECEIVE_BYTES, require
+from outbox.kit import require
 from outbox.wire import rabbitmq as wire
 
 __all__ = ["RabbitMQConsumer"]
@@ -41,21 +40,10 @@ class RabbitMQConsumer(BrokerConsumer):
         queue: str,
         url: str = "amqp://guest:guest@127.0.0.1:5672/",
         prefetch: int = 10,
-        redeliver_delay: float = 1.0,
-        on_result: ResultCallback | None = None,
-        batching: Batching | None = None,
-        max_payload_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
-        claim_check: ClaimCheckResolver | None = None,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
         require("aio_pika", "rabbitmq")  # fail at construction, naming the extra
-        super().__init__(
-            runner,
-            redeliver_delay=redeliver_delay,
-            on_result=on_result,
-            batching=batching,
-            max_payload_bytes=max_payload_bytes,
-            claim_check=claim_check,
-        )
+        super().__init__(runner, **options)
         self.queue, self.url = queue, url
         #: unacknowledged messages in flight: at least a whole transaction batch per worker
         self.prefetch = max(prefetch, self.batching.size * self.batching.workers)

@@ -208,6 +208,12 @@ def _pending_actions(
         )
 
 
+def _inbox_retry(consumer: str, message_id: object, inbox_url: tuple[str, ...]) -> str:
+    """The command that retries a consumer's dead message (``outbox inbox dead retry``)."""
+    args = ("--consumer", consumer, "--id", message_id, "--reason", "...", *inbox_url)
+    return _cmd("outbox", "inbox", "dead", "retry", *args)
+
+
 def _inbox_action(
     r: InboxRecord,
     mid: uuid.UUID,
@@ -228,19 +234,7 @@ def _inbox_action(
             f"consumer {consumer} gave up on it after {r.attempts} attempt(s) ({error}) and "
             f"holds its key{decided}: fix the handler, then retry it (or purge it to move the "
             "key on without it)",
-            _cmd(
-                "outbox",
-                "inbox",
-                "dead",
-                "retry",
-                "--consumer",
-                consumer,
-                "--id",
-                mid,
-                "--reason",
-                "...",
-                *inbox_url,
-            ),
+            _inbox_retry(consumer, mid, inbox_url),
         )
     if r.state == "dead":
         return Action(
@@ -251,19 +245,7 @@ def _inbox_action(
         return Action(
             f"consumer {consumer} keeps it parked behind dead seq {r.held_by_seq} of its key "
             f"({r.held_by}): retry (or purge) that one and this one follows",
-            _cmd(
-                "outbox",
-                "inbox",
-                "dead",
-                "retry",
-                "--consumer",
-                consumer,
-                "--id",
-                r.held_by,
-                "--reason",
-                "...",
-                *inbox_url,
-            ),
+            _inbox_retry(consumer, r.held_by, inbox_url),
         )
     if r.state == "retrying":
         return Action(
