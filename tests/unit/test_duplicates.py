@@ -8,8 +8,8 @@ places (the shape of a definition, not logic). The ``duplicates`` tool (not inst
 the same way, plus pairs alike only in shape.
 
 ``MAX_PAIRS`` is the count when this test was written: lower it as pairs are folded into one
-piece of code; a change that copies code again fails here. Most pairs left are the broker
-adapters' constructors and connect loops (``inbox/_<broker>.py``, ``relay/brokers/<broker>.py``).
+piece of code; a change that copies code again fails here. Several pairs left are the relay's broker
+adapters' connect and send loops (``relay/brokers/<broker>.py``).
 """
 
 from __future__ import annotations
