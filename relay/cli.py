@@ -112,10 +112,9 @@ def _relay_options(fn: Any) -> Any:
             click.option(
                 "--broker",
                 default=None,
-                help="Broker URL: nats://, amqp[s]:// (RabbitMQ), amqp1[s]:// (AMQP 1.0), "
-                "kafka[s]://, redis[s]://, mqtt[s]://, sqs://REGION, sns://REGION, stdout:, "
-                "file:/path (default: $OUTBOX_BROKER_URL; its options: the config file's "
-                "[broker] table).",
+                help=f"Broker URL: {_SCHEMES_TEXT} (amqp:// is RabbitMQ, amqp1:// AMQP 1.0; "
+                "sqs://REGION, file:/path; default: $OUTBOX_BROKER_URL; its options: the "
+                "config file's [broker] table).",
             ),
             click.option(
                 "--config",

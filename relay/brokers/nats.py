@@ -482,7 +482,7 @@ def _unreachable(servers: Sequence[str], exc: BaseException) -> BaseException:
     )
 
 
-async def _any_server_answers(servers: Sequence[str], timeout: float) -> None:
+async def _any_server_answers(servers: Sequence[str], within: float) -> None:
     """Return once one server accepts a TCP connection; raise the last refusal otherwise."""
     from urllib.parse import urlsplit
 
@@ -492,10 +492,10 @@ async def _any_server_answers(servers: Sequence[str], timeout: float) -> None:
         if parts.scheme not in ("nats", "tls"):  # websockets: let nats-py connect
             return
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(within):
                 _, writer = await asyncio.open_connection(parts.hostname, parts.port or 4222)
         except (OSError, TimeoutError) as exc:
-            last = exc if str(exc) else TimeoutError(f"no answer within {timeout:g}s")
+            last = exc if str(exc) else TimeoutError(f"no answer within {within:g}s")
             continue
         writer.close()
         return
