@@ -10,6 +10,7 @@ import traceback
 import click
 
 from outbox import _migrate
+from outbox._dburl import libpq_url, url_source
 from outbox._errors import describe_cli_error, missing_extra
 from outbox._redact import install_log_redaction, redact, remember_secrets
 from outbox.exceptions import MissingDependencyError
@@ -23,14 +24,20 @@ _URL_HELP = "PostgreSQL URL (default: $OUTBOX_DATABASE_URL, else $DATABASE_URL).
 
 def database_url(url: str | None) -> str:
     """The database URL from the flag or the environment, or a clear usage error."""
-    url = url or os.environ.get("OUTBOX_DATABASE_URL") or os.environ.get("DATABASE_URL")
+    source = "--url"
+    if not url:
+        for var in ("OUTBOX_DATABASE_URL", "DATABASE_URL"):
+            if os.environ.get(var):
+                url, source = os.environ[var], f"${var}"
+                break
     if not url:
         raise click.UsageError(
             "no database given: pass --url postgresql://user@host:5432/dbname "
             "or set OUTBOX_DATABASE_URL (or DATABASE_URL)"
         )
     remember_secrets(url)  # masked wherever a driver's error might quote it
-    return url
+    url_source(source)  # the hints of a later connection error name it
+    return libpq_url(url, source)
 
 
 class _Group(click.Group):

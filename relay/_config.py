@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from outbox._config import check_keys, check_value, parse_env, read_toml
+from outbox._dburl import libpq_url, url_source
 from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
 from outbox.schema import check_identifier
@@ -155,6 +156,8 @@ class RelayConfig:
             )
         for name in ("database_url", "relay_id", "metrics_host"):
             _check(name, getattr(self, name), isinstance(getattr(self, name), str), "a string")
+        # the one URL rule (outbox/_dburl.py): SQLAlchemy's and JDBC's forms work here too
+        object.__setattr__(self, "database_url", libpq_url(self.database_url, "database_url"))
         for name in ("broker_url", "schema"):
             value = getattr(self, name)
             _check(name, value, value is None or isinstance(value, str), "a string")
@@ -255,6 +258,19 @@ class RelayConfig:
         environ = os.environ if env is None else env
         values.update(_from_env(environ))
         values.update({k: v for k, v in flags.items() if v is not None})
+        if values.get("database_url"):  # say where it came from, in errors and hints
+            url = values["database_url"]
+            source = (
+                "--url"
+                if flags.get("database_url")
+                else next(
+                    (f"${v}" for v in ("OUTBOX_DATABASE_URL", "DATABASE_URL")
+                     if environ.get(v) == url),
+                    f"config file {file}: database_url",
+                )
+            )  # fmt: skip
+            values["database_url"] = libpq_url(url, source)
+            url_source(source)
         _broker_from_env(environ, values, origin)
         if values.get("broker_url") and values.get("broker_options"):
             validate_options(values["broker_url"], values["broker_options"], origin)
@@ -359,6 +375,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if env.get("OUTBOX_DATABASE_URL"):
         out["database_url"] = env["OUTBOX_DATABASE_URL"]
+    elif env.get("DATABASE_URL"):  # the other commands' fallback, the same for the relay
+        out["database_url"] = env["DATABASE_URL"]
     if env.get("OUTBOX_BROKER_URL"):
         out["broker_url"] = env["OUTBOX_BROKER_URL"]
     if env.get("OUTBOX_SCHEMA"):

@@ -43,7 +43,9 @@ from relay.brokers.base import Publisher
 __all__ = ["commands", "dead_group", "relay_cmd", "replay_cmd", "retention_cmd", "status_cmd"]
 
 _relay_url = click.option(
-    "--url", default=None, help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL)."
+    "--url",
+    default=None,
+    help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL, else $DATABASE_URL).",
 )
 _url = click.option(
     "--url",
