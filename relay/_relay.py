@@ -159,7 +159,7 @@ class Relay:
                     bound=max(self.config.heartbeat_interval, 1.0),
                 )
                 background.append(asyncio.create_task(self.watch.run()))
-            await self._start_publisher()
+            await self._start_publisher(pool)
             self.ready.set()
             # 'wal' mode: stream the slot too (it waits while the database polls)
             self.capture = WalCapture(self.config, pool, self.stmts, self.dispatcher, self.state)
@@ -251,7 +251,15 @@ class Relay:
             metrics,
         )
 
-    async def _start_publisher(self) -> None:
+    async def _show_broker_state(self, pool: AsyncConnectionPool[Any]) -> None:
+        """Write the broker's new state to our row now (``outbox status`` shows it), not at
+        the next heartbeat."""
+        self.metrics.broker_changed.set(self.state.broker_since)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5), pool.connection(timeout=3) as conn:
+                await self.registration.refresh(conn)
+
+    async def _start_publisher(self, pool: AsyncConnectionPool[Any]) -> None:
         async def start() -> None:
             # the attempt itself ends when the relay stops (a host that drops packets would
             # hold it for the whole connect timeout)
@@ -269,13 +277,13 @@ class Relay:
             try:
                 attempt.result()
             except Exception as exc:
-                if self.state.broker_seen(False, redact(str(exc) or type(exc).__name__)):
-                    self.metrics.broker_changed.set(self.state.broker_since)
                 self.metrics.broker_unreachable.set(1)
+                if self.state.broker_seen(False, redact(str(exc) or type(exc).__name__)):
+                    await self._show_broker_state(pool)
                 raise
-            if self.state.broker_seen(True):
-                self.metrics.broker_changed.set(self.state.broker_since)
             self.metrics.broker_unreachable.set(0)
+            if self.state.broker_seen(True):
+                await self._show_broker_state(pool)
 
         await retry("connecting to the broker", start, Backoff.of((0.05, 10.0)), state=self.state)
 
