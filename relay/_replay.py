@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import getpass
+import hashlib
 import json
 import socket
 import time
@@ -34,7 +35,7 @@ from typing import Any
 import psycopg
 
 from outbox._redact import redact
-from outbox.envelope import Envelope
+from outbox.envelope import HEADER_REPLAY, Envelope
 from outbox.exceptions import ConfigurationError, OutboxError
 from relay._replay_statements import ReplayStatements, replay_statements
 from relay.brokers.base import Publisher
@@ -96,15 +97,25 @@ def default_actor() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
-def _envelope(row: Sequence[Any]) -> Envelope:
+def _envelope(row: Sequence[Any], token: str) -> Envelope:
     id_, topic, key, seq, payload, content_type, headers, traceparent, created_at = row
     if isinstance(headers, str):  # pragma: no cover - jsonb arrives decoded with psycopg 3
         headers = json.loads(headers)
     return Envelope(
         id=id_, topic=topic, key=key, seq=seq, payload=bytes(payload),
-        content_type=content_type, headers=headers or {}, traceparent=traceparent,
-        created_at=created_at,
+        content_type=content_type, headers={**(headers or {}), HEADER_REPLAY: token},
+        traceparent=traceparent, created_at=created_at,
     )  # fmt: skip
+
+
+def replay_token(consumer: str, started_at: dt.datetime) -> str:
+    """The replay's part of the broker's dedup id (``outbox.envelope.HEADER_REPLAY``): one per
+    replay cursor, the same when a run continues it (the broker drops what a resumed run sends
+    again), another after ``--restart``. Without it, JetStream (or an SQS FIFO queue) would
+    drop every replayed message as a duplicate of its original inside its window, and the
+    replay would report messages the broker never kept."""
+    digest = hashlib.sha256(f"{consumer}\0{started_at.isoformat()}".encode()).hexdigest()
+    return f"replay-{digest[:12]}"
 
 
 def resolve_destination(template: str, *, topic: str, consumer: str) -> str:
@@ -176,12 +187,13 @@ async def replay(
             conn, stmts, key, dest=dest, since=since, restart=restart, actor=actor,
             reason=reason, options={"rate": rate, "batch": batch},
         )  # fmt: skip
-        resumed, since, last_key, last_seq, replayed = cursor
+        resumed, since, last_key, last_seq, replayed, started_at = cursor
         total = await _remaining(conn, stmts, topic, since, last_key, last_seq)
         publisher = _publisher(broker, topic, dest, broker_options)
         await publisher.start()
         try:
             run = _Run(conn, stmts, publisher, key, dest, actor, reason, on_progress)
+            run.token = replay_token(consumer, started_at)
             run.replayed, run.last_key, run.last_seq, run.total = (
                 replayed, last_key, last_seq, total,
             )  # fmt: skip
@@ -204,7 +216,7 @@ async def _open_cursor(
     actor: str,
     reason: str | None,
     options: dict[str, Any],
-) -> tuple[bool, dt.datetime | None, str | None, int | None, int]:
+) -> tuple[bool, dt.datetime | None, str | None, int | None, int, dt.datetime]:
     if restart:
         await conn.execute(stmts.reset, key)
     row = await (await conn.execute(stmts.cursor, key)).fetchone()
@@ -214,8 +226,10 @@ async def _open_cursor(
             {**key, "destination": dest, "since": since, "actor": actor, "reason": reason,
              "options": json.dumps(options)},
         )  # fmt: skip
+        row = await (await conn.execute(stmts.cursor, key)).fetchone()
         await conn.commit()
-        return False, since, None, None, 0
+        assert row is not None  # inserted just now, in this transaction
+        return False, since, None, None, 0, row[7]
     old_dest, old_since, last_key, last_seq, replayed = row[:5]
     if old_dest != dest:
         raise ConfigurationError(
@@ -231,7 +245,7 @@ async def _open_cursor(
         )
     await conn.execute(stmts.resume, {**key, "actor": actor, "reason": reason})
     await conn.commit()
-    return True, old_since, last_key, last_seq, int(replayed)
+    return True, old_since, last_key, last_seq, int(replayed), row[7]
 
 
 async def _remaining(
@@ -279,6 +293,8 @@ class _Run:
         self.last_key: str | None = None
         self.last_seq: int | None = None
         self.started = time.monotonic()
+        #: the replay's dedup-id token (replay_token)
+        self.token = ""
 
     async def go(
         self,
@@ -315,7 +331,7 @@ class _Run:
                     rows = await cur.fetchmany(batch)
                     if not rows:
                         return False
-                    await self._send([_envelope(r) for r in rows])
+                    await self._send([_envelope(r, self.token) for r in rows])
                     await self._pace(rate)
                     if time.monotonic() >= deadline:
                         return True

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
-from outbox.envelope import HEADER_ID, Envelope
+from outbox.envelope import HEADER_ID, HEADER_REPLAY, Envelope
 from outbox.wire._text import total
 
 __all__ = ["MSG_ID_HEADER", "NatsMessage", "decode", "encode"]
@@ -30,6 +30,9 @@ class NatsMessage:
 def encode(envelope: Envelope) -> NatsMessage:
     headers = envelope.to_headers()
     headers[MSG_ID_HEADER] = headers[HEADER_ID]  # the id's text, made once
+    replay = headers.get(HEADER_REPLAY)
+    if replay:  # outbox replay: not a duplicate of the original within the stream's window
+        headers[MSG_ID_HEADER] += f":{replay}"
     return NatsMessage(headers=headers, data=envelope.payload)
 
 

@@ -48,6 +48,7 @@ from outbox.envelope import (
     HEADER_CREATED_AT,
     HEADER_ID,
     HEADER_KEY,
+    HEADER_REPLAY,
     HEADER_SEQ,
     HEADER_TOPIC,
     HEADER_TRACEPARENT,
@@ -106,6 +107,7 @@ def encode(envelope: Envelope) -> SqsMessage:
     """The message for ``envelope``; InvalidMessageError for a field SQS cannot carry (an empty
     topic, key or content type: SQS refuses empty attribute values)."""
     headers = envelope.to_headers()
+    replay = headers.pop(HEADER_REPLAY, None)  # outbox replay: its own FIFO dedup id
     attributes: dict[str, dict[str, str]] = {}
     for name in _FIELDS:
         value = headers.pop(name, None)
@@ -131,7 +133,7 @@ def encode(envelope: Envelope) -> SqsMessage:
         body=body,
         attributes=attributes,
         group_id=group_id(envelope.key),
-        deduplication_id=str(envelope.id),
+        deduplication_id=f"{envelope.id}:{replay}" if replay else str(envelope.id),
     )
 
 
