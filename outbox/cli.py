@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -72,10 +73,47 @@ class _Group(click.Group):
             sys.exit(2)
 
 
-@click.group(cls=_Group)
+#: ``outbox --help`` lists the commands by what a user does with them, in this order
+SECTIONS = {
+    "Set up": ("migrate", "capture"),
+    "Run": ("relay", "console"),
+    "Operate": ("status", "trace", "dead", "inbox", "replay", "retention"),
+    "Reconcile": ("reconcile", "ingest", "redrive"),
+}
+
+
+class _Main(_Group):
+    """The ``outbox`` group: its help lists the commands by task, in full sentences."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        listed = set()
+        for title, names in [*SECTIONS.items(), ("Other", tuple(self.list_commands(ctx)))]:
+            rows = []
+            for name in names:
+                command = self.get_command(ctx, name)
+                if command is None or command.hidden or name in listed:
+                    continue
+                listed.add(name)
+                text = inspect.cleandoc(command.help or command.short_help or "")
+                rows.append((name, " ".join(text.split("\n\n")[0].split())))
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+@click.group(
+    cls=_Main,
+    epilog="Each command's options: outbox COMMAND --help. The documentation (a tutorial, "
+    "how-to guides, the reference of every command and setting) is docs/README.md in the "
+    "project's source distribution and repository.",
+)
 @click.version_option(package_name="outbox-inbox", prog_name="outbox")
 def main() -> None:
-    """outbox-inbox: transactional outbox and inbox for PostgreSQL."""
+    """outbox-inbox: transactional outbox and inbox for PostgreSQL.
+
+    Start with `outbox migrate upgrade --url postgresql://user@host:5432/dbname`: it creates
+    the tables (the URL may also come from $OUTBOX_DATABASE_URL). Then `outbox relay check`
+    and `outbox relay` publish what your services write."""
 
 
 @main.group()

@@ -415,3 +415,21 @@ broker = "{closed}"
     assert "NATS connection error" not in text, text
     assert took < 3 + 2, f"SIGTERM took {took:.1f}s with shutdown_timeout 3"
     assert f"relay {relay_id} stopped" in text
+
+
+def test_outbox_help_groups_the_commands_by_task_and_says_where_to_start() -> None:
+    done = _run("--help")
+    assert done.returncode == 0
+    text = done.stdout
+    sections = [line for line in text.splitlines() if line in
+                ("Set up:", "Run:", "Operate:", "Reconcile:")]  # fmt: skip
+    assert sections == ["Set up:", "Run:", "Operate:", "Reconcile:"]
+    listing = text[text.index("Set up:") :]
+    order = [listing.index(s) for s in ("\n  migrate ", "Run:", "\n  relay ", "Operate:",
+                                        "\n  status ", "Reconcile:", "\n  reconcile ")]  # fmt: skip
+    assert order == sorted(order)
+    flat = " ".join(text.split())
+    assert "Start with `outbox migrate upgrade" in flat
+    assert "docs/README.md" in flat
+    assert "..." not in text  # no description cut short
+    assert "Other:" not in text  # every command has its section
