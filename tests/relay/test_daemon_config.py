@@ -431,5 +431,5 @@ def test_outbox_help_groups_the_commands_by_task_and_says_where_to_start() -> No
     flat = " ".join(text.split())
     assert "Start with `outbox migrate upgrade" in flat
     assert "docs/README.md" in flat
-    assert "..." not in text  # no description cut short
+    assert "..." not in listing  # no description cut short
     assert "Other:" not in text  # every command has its section
