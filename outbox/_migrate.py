@@ -10,7 +10,7 @@ from importlib import resources
 from alembic import command
 from alembic.config import Config
 from psycopg.conninfo import conninfo_to_dict
-from sqlalchemy import Connection, create_engine, make_url
+from sqlalchemy import Connection, create_engine, make_url, text
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
@@ -108,9 +108,15 @@ def upgrade(url: str, *, schema: str | None = None, revision: str = "heads") -> 
 
 
 def downgrade(url: str, revision: str, *, schema: str | None = None) -> None:
-    """Downgrade the outbox tables to ``revision`` (``base`` removes them)."""
+    """Downgrade the outbox tables to ``revision`` (``base`` removes them, and the runner's
+    version table with them: nothing of ours is left)."""
     with _connected(url) as conn:
         command.downgrade(alembic_config(schema=schema, connection=conn), revision)
+        # the schema passed check_identifier (alembic_config): a plain identifier, quoted as is
+        table = f'"{schema}".{VERSION_TABLE}' if schema else VERSION_TABLE
+        left = conn.execute(text(f"SELECT count(*) FROM {table}")).scalar()
+        if not left:  # at base: Alembic leaves its version table behind, empty
+            conn.execute(text(f"DROP TABLE {table}"))
 
 
 def current(url: str, *, schema: str | None = None) -> str:
@@ -121,6 +127,20 @@ def current(url: str, *, schema: str | None = None) -> str:
         cfg.stdout = out
         command.current(cfg)
     return out.getvalue().strip()
+
+
+def schemas_with_tables(url: str) -> list[str]:
+    """The schemas holding a version table of this runner (where ``upgrade --schema`` put
+    the tables): what ``migrate current`` suggests when it finds none where it looked."""
+    with _connected(url) as conn:
+        rows = conn.execute(
+            text(
+                "SELECT table_schema FROM information_schema.tables WHERE table_name = :t "
+                "ORDER BY 1"
+            ),
+            {"t": VERSION_TABLE},
+        )
+        return [str(r[0]) for r in rows]
 
 
 def sql(

@@ -155,7 +155,20 @@ def migrate_downgrade(revision: str, url: str | None, schema: str | None) -> Non
 @_schema
 def migrate_current(url: str | None, schema: str | None) -> None:
     """Show the applied revision."""
-    click.echo(_migrate.current(database_url(url), schema=schema) or "(none)")
+    url = database_url(url)
+    found = _migrate.current(url, schema=schema)
+    if found:
+        click.echo(found)
+        return
+    where = f"schema {schema}" if schema else "the search_path"
+    elsewhere = [s for s in _migrate.schemas_with_tables(url) if s != schema]
+    hint = (
+        f": the tables are in {', '.join(elsewhere)}: pass --schema {elsewhere[0]} (or set "
+        "OUTBOX_SCHEMA)"
+        if elsewhere
+        else ": run `outbox migrate upgrade` to create them"
+    )
+    click.echo(f"(none) in {where}{hint}")
 
 
 @migrate.command("sql")
