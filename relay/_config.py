@@ -6,6 +6,7 @@ the setting, where it came from and what would be accepted.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 import os
@@ -29,6 +30,10 @@ Semantics = Literal["at-least-once", "at-most-once"]
 DeadPolicy = Literal["hold", "skip"]
 
 _SEMANTICS = ("at-least-once", "at-most-once")
+#: where RelayConfig.load found the database URL, for the error that refuses it
+_URL_LABEL: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "url_label", default="database_url"
+)
 _DEAD = ("hold", "skip")
 
 
@@ -156,8 +161,6 @@ class RelayConfig:
             )
         for name in ("database_url", "relay_id", "metrics_host"):
             _check(name, getattr(self, name), isinstance(getattr(self, name), str), "a string")
-        # the one URL rule (outbox/_dburl.py): SQLAlchemy's and JDBC's forms work here too
-        object.__setattr__(self, "database_url", libpq_url(self.database_url, "database_url"))
         for name in ("broker_url", "schema"):
             value = getattr(self, name)
             _check(name, value, value is None or isinstance(value, str), "a string")
@@ -229,6 +232,10 @@ class RelayConfig:
                 "still being published",
                 setting="publish_timeout",
             )
+        # the one URL rule (outbox/_dburl.py): SQLAlchemy's and JDBC's forms work here too;
+        # checked last, so that a config's other errors are said whatever its URL
+        label = _URL_LABEL.get()
+        object.__setattr__(self, "database_url", libpq_url(self.database_url, label))
 
     def policy(self, topic: str) -> TopicPolicy:
         """The policy of ``topic`` (the default one unless configured)."""
@@ -258,6 +265,10 @@ class RelayConfig:
         environ = os.environ if env is None else env
         values.update(_from_env(environ))
         values.update({k: v for k, v in flags.items() if v is not None})
+        _broker_from_env(environ, values, origin)
+        if values.get("broker_url") and values.get("broker_options"):
+            validate_options(values["broker_url"], values["broker_options"], origin)
+        source = "database_url"
         if values.get("database_url"):  # say where it came from, in errors and hints
             url = values["database_url"]
             source = (
@@ -269,12 +280,12 @@ class RelayConfig:
                     f"config file {file}: database_url",
                 )
             )  # fmt: skip
-            values["database_url"] = libpq_url(url, source)
             url_source(source)
-        _broker_from_env(environ, values, origin)
-        if values.get("broker_url") and values.get("broker_options"):
-            validate_options(values["broker_url"], values["broker_options"], origin)
-        return _build(cls, values)
+        token = _URL_LABEL.set(source)
+        try:
+            return _build(cls, values)
+        finally:
+            _URL_LABEL.reset(token)
 
 
 _SECONDS = (
