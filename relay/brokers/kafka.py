@@ -134,9 +134,8 @@ class KafkaPublisher:
         from relay.exceptions import DestinationUnavailableError
 
         await self.start()
-        meta = await asyncio.to_thread(
-            self._producer.list_topics, destination, timeout=self._connect_timeout
-        )
+        # every topic's metadata: asking for one topic by name may auto-create it
+        meta = await asyncio.to_thread(self._producer.list_topics, timeout=self._connect_timeout)
         found = meta.topics.get(destination)
         if found is None or found.error is not None:
             reason = found.error.str() if found is not None and found.error else "not found"

@@ -265,6 +265,15 @@ url = "kafka://{server}"
 [broker.destinations]
 invoices = "{topic}"
 """)  # fmt: skip
+    checked = _run("relay", "check", "--config", str(cfg))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"topic invoices -> {topic}: ok, topic {topic}, 1 partition(s)" in checked.stdout
+    unmapped = f"unmapped-{uuid.uuid4().hex[:6]}"
+    missing = _run("relay", "check", "--config", str(cfg), "--topic", unmapped)
+    assert missing.returncode == 1
+    assert f"topic {unmapped} -> {unmapped}: MISSING: Kafka topic '{unmapped}'" in missing.stdout
+    # the check created nothing
+    assert unmapped not in admin.list_topics(timeout=10).topics
     proc = _start_relay(cfg, tmp_path / "relay.log")
     try:
         wait_for(lambda: statuses(url).get("published") == 1, 30, "published")
@@ -350,7 +359,7 @@ def test_relay_check_exits_1_with_one_line_per_problem(url: str, tmp_path: Path)
         assert "uthoriz" in line  # nats: 'Authorization Violation'
     closed = f"nats://127.0.0.1:{free_port()}"
     started = time.monotonic()
-    done = _run("relay", "check", "--config", str(_check_config(tmp_path, url, closed)))
+    done = _run("relay", "--check", "--config", str(_check_config(tmp_path, url, closed)))
     assert done.returncode == 1
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("broker")]
     assert "FAILED: cannot connect to NATS" in line
@@ -433,3 +442,36 @@ def test_outbox_help_groups_the_commands_by_task_and_says_where_to_start() -> No
     assert "docs/README.md" in flat
     assert "..." not in listing  # no description cut short
     assert "Other:" not in text  # every command has its section
+
+
+def test_relay_check_finds_rabbitmq_exchanges_and_queues(url: str, tmp_path: Path) -> None:
+    import_or_missing("aio_pika", "rabbitmq")
+    from tests.support.services import require_port
+
+    require_port(5672, "RabbitMQ")
+    cfg = _toml(tmp_path / "rabbit.toml", f"""
+database_url = "{url}"
+[broker]
+url = "amqp://guest:guest@127.0.0.1:5672/"
+[broker.destinations]
+orders = "amq.topic/orders.created"
+payments = "no-such-exchange-i39/payments"
+refunds = "no-such-queue-i39"
+""")  # fmt: skip
+    done = _run("relay", "check", "--config", str(cfg))
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert (
+        "topic orders -> amq.topic/orders.created: ok, exchange amq.topic, routing key "
+        "orders.created" in lines
+    ), lines
+    assert any(
+        line.startswith("topic payments -> no-such-exchange-i39/payments: MISSING: exchange "
+                        "'no-such-exchange-i39' does not exist")
+        for line in lines
+    ), lines  # fmt: skip
+    assert any(
+        line.startswith("topic refunds -> no-such-queue-i39: MISSING: queue 'no-such-queue-i39'")
+        for line in lines
+    ), lines
+    assert "guest:guest" not in done.stdout + done.stderr
