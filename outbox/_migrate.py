@@ -10,11 +10,12 @@ from importlib import resources
 from alembic import command
 from alembic.config import Config
 from psycopg.conninfo import conninfo_to_dict
-from sqlalchemy import Connection, create_engine, make_url, text
+from sqlalchemy import Connection, create_engine, make_url
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
 from outbox._redact import redact
+from outbox._statements import migrate_statements
 from outbox.exceptions import ConfigurationError
 from outbox.schema import check_identifier
 
@@ -112,11 +113,10 @@ def downgrade(url: str, revision: str, *, schema: str | None = None) -> None:
     version table with them: nothing of ours is left)."""
     with _connected(url) as conn:
         command.downgrade(alembic_config(schema=schema, connection=conn), revision)
-        # the schema passed check_identifier (alembic_config): a plain identifier, quoted as is
-        table = f'"{schema}".{VERSION_TABLE}' if schema else VERSION_TABLE
-        left = conn.execute(text(f"SELECT count(*) FROM {table}")).scalar()
+        stmts = migrate_statements(schema)
+        left = conn.exec_driver_sql(stmts.version_rows.decode()).scalar()
         if not left:  # at base: Alembic leaves its version table behind, empty
-            conn.execute(text(f"DROP TABLE {table}"))
+            conn.exec_driver_sql(stmts.drop_version_table.decode())
 
 
 def current(url: str, *, schema: str | None = None) -> str:
@@ -133,12 +133,8 @@ def schemas_with_tables(url: str) -> list[str]:
     """The schemas holding a version table of this runner (where ``upgrade --schema`` put
     the tables): what ``migrate current`` suggests when it finds none where it looked."""
     with _connected(url) as conn:
-        rows = conn.execute(
-            text(
-                "SELECT table_schema FROM information_schema.tables WHERE table_name = :t "
-                "ORDER BY 1"
-            ),
-            {"t": VERSION_TABLE},
+        rows = conn.exec_driver_sql(
+            migrate_statements(None).version_schemas.decode(), {"table": VERSION_TABLE}
         )
         return [str(r[0]) for r in rows]
 

@@ -209,6 +209,21 @@ class RelayConfig:
             ),
             "a mapping of topic names to TopicPolicy",
         )
+        self._check_broker()
+        if self.publish_timeout >= self.lease_seconds:
+            raise ConfigurationError(
+                f"publish_timeout ({self.publish_timeout}s) must be shorter than lease_seconds "
+                f"({self.lease_seconds}s), or another relay could take over a batch that is "
+                "still being published",
+                setting="publish_timeout",
+            )
+        # the one URL rule (outbox/_dburl.py): SQLAlchemy's and JDBC's forms work here too;
+        # checked last, so that a config's other errors are said whatever its URL
+        label = _URL_LABEL.get()
+        object.__setattr__(self, "database_url", libpq_url(self.database_url, label))
+
+    def _check_broker(self) -> None:
+        """The [broker] table's options (for the URL's adapter) and its destinations."""
         _check(
             "destinations",
             self.destinations,
@@ -225,17 +240,6 @@ class RelayConfig:
         )  # fmt: skip
         if self.broker_url is not None and self.broker_options:
             validate_options(self.broker_url, self.broker_options)
-        if self.publish_timeout >= self.lease_seconds:
-            raise ConfigurationError(
-                f"publish_timeout ({self.publish_timeout}s) must be shorter than lease_seconds "
-                f"({self.lease_seconds}s), or another relay could take over a batch that is "
-                "still being published",
-                setting="publish_timeout",
-            )
-        # the one URL rule (outbox/_dburl.py): SQLAlchemy's and JDBC's forms work here too;
-        # checked last, so that a config's other errors are said whatever its URL
-        label = _URL_LABEL.get()
-        object.__setattr__(self, "database_url", libpq_url(self.database_url, label))
 
     def policy(self, topic: str) -> TopicPolicy:
         """The policy of ``topic`` (the default one unless configured)."""

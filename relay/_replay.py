@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from outbox._redact import redact
 from outbox.envelope import HEADER_REPLAY, Envelope
@@ -219,18 +220,19 @@ async def _open_cursor(
 ) -> tuple[bool, dt.datetime | None, str | None, int | None, int, dt.datetime]:
     if restart:
         await conn.execute(stmts.reset, key)
-    row = await (await conn.execute(stmts.cursor, key)).fetchone()
+    row = await _cursor_row(conn, stmts, key)
     if row is None:
         await conn.execute(
             stmts.start,
             {**key, "destination": dest, "since": since, "actor": actor, "reason": reason,
              "options": json.dumps(options)},
         )  # fmt: skip
-        row = await (await conn.execute(stmts.cursor, key)).fetchone()
+        row = await _cursor_row(conn, stmts, key)
         await conn.commit()
         assert row is not None  # inserted just now, in this transaction
-        return False, since, None, None, 0, row[7]
-    old_dest, old_since, last_key, last_seq, replayed = row[:5]
+        return False, since, None, None, 0, row["started_at"]
+    old_dest, old_since = row["destination"], row["since"]
+    last_key, last_seq, replayed = row["last_key"], row["last_seq"], row["replayed"]
     if old_dest != dest:
         raise ConfigurationError(
             f"the replay of topic {key['topic']!r} to {key['consumer']!r} went to "
@@ -245,7 +247,16 @@ async def _open_cursor(
         )
     await conn.execute(stmts.resume, {**key, "actor": actor, "reason": reason})
     await conn.commit()
-    return True, old_since, last_key, last_seq, int(replayed), row[7]
+    return True, old_since, last_key, last_seq, int(replayed), row["started_at"]
+
+
+async def _cursor_row(
+    conn: psycopg.AsyncConnection[Any], stmts: ReplayStatements, key: dict[str, str]
+) -> dict[str, Any] | None:
+    """The (topic, consumer)'s cursor row, by column name; None before a first run."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(stmts.cursor, key)
+        return await cur.fetchone()
 
 
 async def _remaining(

@@ -11,6 +11,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from outbox.wire import nats as wire
 from relay import Relay, replay
 from relay.brokers import publisher_for_url
@@ -23,6 +25,15 @@ async def _stream_messages(js: Any, stream: str) -> list[Any]:
     info = await js.stream_info(stream)
     return [await js.get_msg(stream, seq)
             for seq in range(info.state.first_seq, info.state.last_seq + 1)]  # fmt: skip
+
+
+def _advisory_locks(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def test_a_replay_into_the_live_stream_within_the_window_is_stored_whole(
@@ -57,6 +68,9 @@ def test_a_replay_into_the_live_stream_within_the_window_is_stored_whole(
         msg_ids = {m.headers["Nats-Msg-Id"] for m in stored}
         assert len(msg_ids) == 40
         # started over within the window: stored again, not dropped as the first run's copies
+        # (once the first run's session, gone, has released its advisory lock: the server
+        # ends a closed connection's backend a moment after the client)
+        await await_for(lambda: _advisory_locks(url) == 0, 10, "the first run's lock released")
         again = await replay(url, server, topic=topic, consumer="late", restart=True)
         assert again.sent == 20
         assert len(await _stream_messages(js, "SHOP")) == 60
