@@ -14,11 +14,13 @@ form (:func:`publisher_kwargs`).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import json
 import re
 import ssl
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,7 @@ __all__ = [
     "TLS_FILES",
     "Option",
     "adapter_name",
+    "object_options",
     "options_for",
     "parse_env_option",
     "publisher_kwargs",
@@ -103,6 +106,8 @@ class Option:
     kinds: tuple[str, ...]
     default: Any
     help: str
+    #: the module whose names the annotation uses (to build an ``object:`` option's class)
+    module: str = ""
 
     def accepts(self) -> str:
         words = {
@@ -114,7 +119,11 @@ class Option:
             "table": "a table",
             "none": "omitted",
         }
-        return " or ".join(words[k] for k in self.kinds if k != "none")
+        return " or ".join(
+            words.get(k, f"a table of {k.partition(':')[2]}'s fields")
+            for k in self.kinds
+            if k != "none"
+        )
 
     def check(self, value: Any, where: str) -> None:
         ok = (
@@ -131,7 +140,10 @@ class Option:
                 and isinstance(value, list)
                 and all(isinstance(v, str) for v in value)
             )
-            or ("table" in self.kinds and isinstance(value, dict))
+            or (
+                any(k == "table" or k.startswith("object:") for k in self.kinds)
+                and isinstance(value, dict)
+            )
         )
         if not ok:
             raise value_error(self.name, value, self.accepts(), where=where, setting=self.name)
@@ -152,6 +164,8 @@ def _kinds(annotation: str) -> tuple[str, ...] | None:
             kinds.append("table")
         elif alt.startswith("os.PathLike") or alt == "Path":
             kinds.append("str")
+        elif alt.isidentifier() and alt[:1].isupper():  # a class of the adapter's module,
+            kinds.append(f"object:{alt}")  # built from a table of its fields (object_options)
         else:
             return None
     return tuple(kinds)
@@ -190,10 +204,18 @@ def options_for(scheme: str) -> dict[str, Option]:
             if param.kind is not inspect.Parameter.KEYWORD_ONLY or param.name in _NOT_SETTINGS:
                 continue
             kinds = _kinds(str(param.annotation))
-            if kinds is None:
+            module = sys.modules.get(getattr(source, "__module__", ""))
+            if kinds is None or not all(
+                dataclasses.is_dataclass(getattr(module, k.partition(":")[2], None))
+                for k in kinds
+                if k.startswith("object:")
+            ):  # only a dataclass is built from a table (TextIO, say, is not)
                 continue
             default = None if param.default is inspect.Parameter.empty else param.default
-            found[param.name] = Option(param.name, kinds, default, OPTION_HELP.get(param.name, ""))
+            found[param.name] = Option(
+                param.name, kinds, default, OPTION_HELP.get(param.name, ""),
+                getattr(source, "__module__", ""),
+            )  # fmt: skip
     for name, text in TLS_FILES.items():
         found.setdefault(name, Option(name, ("str", "none"), None, text))
     return found
@@ -218,6 +240,7 @@ def validate_options(
                 f"{origin.get(name, '[broker]')}: {name} file {path} does not exist",
                 setting=name,
             )
+    object_options(url, options, origin)  # a table that does not build its object: here
     if options.get("password") is not None:
         remember_secrets({"password": options["password"]})
     for name in ("connect_options", "config"):
@@ -225,10 +248,41 @@ def validate_options(
             remember_secrets(options[name])
 
 
+def object_options(
+    url: str, options: Mapping[str, Any], origin: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """``options`` with each table given for a class-typed option (``cloudevents =
+    {...}``, say) built into that class, from the adapter module's own name for it."""
+    known = options_for(scheme_of(url))
+    out = dict(options)
+    for name, value in options.items():
+        option = known.get(name)
+        classes = [k.partition(":")[2] for k in option.kinds if k.startswith("object:")] if (
+            option is not None and isinstance(value, dict)
+        ) else []  # fmt: skip
+        if not classes or option is None:
+            continue
+        where = (origin or {}).get(name, "[broker]")
+        cls = getattr(sys.modules.get(option.module), classes[0], None)
+        if cls is None:
+            raise ConfigurationError(
+                f"{where}: {name} cannot be built from the config file ({classes[0]} is not "
+                "importable where the adapter names it): set it from Python",
+                setting=name,
+            )
+        try:
+            out[name] = cls(**value)
+        except (TypeError, ValueError, ConfigurationError) as exc:
+            raise ConfigurationError(f"{where}: {name}: {exc}", setting=name) from exc
+    return out
+
+
 def parse_env_option(var: str, raw: str, option: Option) -> Any:
     """The text of ``var`` as ``option``'s kind: a list is comma-separated (or a JSON array),
     a table is ``k=v,k=v`` (or a JSON object)."""
-    if "table" in option.kinds or "list" in option.kinds:
+    if "list" in option.kinds or any(
+        k == "table" or k.startswith("object:") for k in option.kinds
+    ):
         text = raw.strip()
         if text.startswith(("{", "[")):
             try:
@@ -237,7 +291,7 @@ def parse_env_option(var: str, raw: str, option: Option) -> Any:
                 raise ConfigurationError(
                     f"{var} is not valid JSON: {exc}", setting=option.name
                 ) from None
-        if "table" in option.kinds:
+        if "list" not in option.kinds:
             pairs = [p for p in text.split(",") if p.strip()]
             if not all("=" in p for p in pairs):
                 raise ConfigurationError(
@@ -256,7 +310,7 @@ def publisher_kwargs(url: str, options: Mapping[str, Any]) -> tuple[str, dict[st
     """The URL and keyword arguments for publisher_for_url: the TLS files in the client's form
     (NATS: an SSL context; Kafka: librdkafka's ssl.* settings; RabbitMQ, Redis: URL
     parameters; AMQP 1.0: its tls_ca)."""
-    kwargs = dict(options)
+    kwargs = object_options(url, options)
     tls = {name: kwargs.pop(name) for name in TLS_FILES if kwargs.get(name) is not None}
     scheme = scheme_of(url)
     if not tls:
