@@ -142,8 +142,11 @@ def _broker_section() -> list[str]:
         "name). Each option can also come from `OUTBOX_BROKER_<OPTION>` (`OUTBOX_BROKER_STREAM`, "
         "`OUTBOX_BROKER_DESTINATIONS=orders=orders.created,*=events.{topic}`; a list is "
         "comma-separated, a table `name=value,...` or JSON), which wins over the file. An "
-        "option the URL's adapter does not take is an error at start. RabbitMQ's exchange is "
-        "part of the destination (`exchange/routing_key`).\n",
+        "option the URL's adapter does not take is an error at start. An option whose value is "
+        "an object (a format, say) is a table of that object's fields (`[broker.NAME]`). "
+        "RabbitMQ's exchange is part of the destination (`exchange/routing_key`). The options "
+        "are read from the adapters' signatures: an adapter's new option is listed here, "
+        "with its line from `OPTION_HELP` (relay/_broker_config.py).\n",
     ]
     by_adapter: dict[str, list[str]] = {}
     for scheme in SCHEMES:
