@@ -124,8 +124,46 @@ def settings_page() -> str:
         "",
         "## TopicPolicy (`[default]` and `[topics.NAME]`)\n",
         *_fields_table(TopicPolicy),
+        "",
+        *_broker_section(),
     ]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _broker_section() -> list[str]:
+    from relay._broker_config import adapter_name, options_for
+    from relay.brokers import SCHEMES
+
+    out = [
+        "## Broker options (`[broker]`)\n",
+        'The `[broker]` table holds the broker\'s URL (`url`, or `broker = "URL"` at the top), '
+        "the options of the URL's adapter below, and `[broker.destinations]` (topic = "
+        'destination; `"*"` is a template with `{topic}`; unmapped topics go to the topic\'s '
+        "name). Each option can also come from `OUTBOX_BROKER_<OPTION>` (`OUTBOX_BROKER_STREAM`, "
+        "`OUTBOX_BROKER_DESTINATIONS=orders=orders.created,*=events.{topic}`; a list is "
+        "comma-separated, a table `name=value,...` or JSON), which wins over the file. An "
+        "option the URL's adapter does not take is an error at start. An option whose value is "
+        "an object (a format, say) is a table of that object's fields (`[broker.NAME]`). "
+        "RabbitMQ's exchange is part of the destination (`exchange/routing_key`). The options "
+        "are read from the adapters' signatures: an adapter's new option is listed here, "
+        "with its line from `OPTION_HELP` (relay/_broker_config.py).\n",
+    ]
+    by_adapter: dict[str, list[str]] = {}
+    for scheme in SCHEMES:
+        by_adapter.setdefault(adapter_name(scheme), []).append(scheme)
+    for name, schemes in by_adapter.items():
+        urls = ", ".join(f"`{s}:`" if s in ("stdout", "file", "memory") else f"`{s}://`"
+                         for s in schemes)  # fmt: skip
+        out.append(f"### {urls} ({name})\n")
+        out.append("| option | accepts | default | meaning |\n|---|---|---|---|")
+        for option in options_for(schemes[0]).values():
+            default = "none" if option.default is None else f"`{option.default!r}`"
+            out.append(
+                f"| `{option.name}` | {_cell(option.accepts())} | {default} | "
+                f"{_cell(option.help)} |"
+            )
+        out.append("")
+    return out
 
 
 PAGES = {"cli.md": cli_page, "relay-settings.md": settings_page}

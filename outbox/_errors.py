@@ -129,13 +129,17 @@ def connect_failure(exc: BaseException) -> str | None:
     return None
 
 
-_HINTS = {
-    "database": "check the database name in --url (or $OUTBOX_DATABASE_URL)",
-    "login": "check the user and password in --url (or $OUTBOX_DATABASE_URL; a password may "
-    "also come from PGPASSWORD or ~/.pgpass) and the server's pg_hba.conf",
-    "url": "check --url (or $OUTBOX_DATABASE_URL): postgresql://user@host:5432/dbname or a "
-    "conninfo string 'host=... dbname=...'",
-}
+def _hint(kind: str) -> str:
+    """What to check for a connection failure of ``kind``, naming where the URL came from."""
+    from outbox._dburl import ACCEPTED, url_source
+
+    where = url_source()
+    return {
+        "database": f"check the database name in {where}",
+        "login": f"check the user and password in {where} (a password may also come from "
+        "PGPASSWORD or ~/.pgpass) and the server's pg_hba.conf",
+        "url": f"check {where}: {ACCEPTED}",
+    }[kind]
 
 
 #: admin_shutdown, crash_shutdown, cannot_connect_now: the server answered, then ended the session
@@ -157,14 +161,14 @@ def describe_database_error(exc: psycopg.Error) -> str:
         )
     kind = connect_failure(exc)
     if kind is not None:
-        return f"{reason}: {_HINTS[kind]}"
+        return f"{reason}: {_hint(kind)}"
     if isinstance(exc, pg_errors.UndefinedObject) and reason.startswith("role "):
         return (
             f"{reason}: create the role first (CREATE ROLE ... LOGIN) or check its name; "
             "`outbox migrate grants` grants to existing roles only"
         )
     if "does not exist" in reason:
-        return f"{reason}: {_HINTS['database']}"
+        return f"{reason}: {_hint('database')}"
     if getattr(exc, "sqlstate", None) in _SESSION_ENDED:
         return (
             f"the server ended this session ({reason}): another session terminated it (an "
@@ -172,8 +176,10 @@ def describe_database_error(exc: psycopg.Error) -> str:
             "not complete: run the command again"
         )
     if isinstance(exc, psycopg.OperationalError):
+        from outbox._dburl import url_source
+
         return (
-            f"cannot reach the database ({reason}): check --url (or $OUTBOX_DATABASE_URL), "
+            f"cannot reach the database ({reason}): check {url_source()}, "
             "that the server is running and that it accepts connections from here"
         )
     return f"database error ({type(exc).__name__}): {reason}"

@@ -15,6 +15,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
 from outbox._redact import redact
+from outbox._statements import migrate_statements
 from outbox.exceptions import ConfigurationError
 from outbox.schema import check_identifier
 
@@ -108,9 +109,14 @@ def upgrade(url: str, *, schema: str | None = None, revision: str = "heads") -> 
 
 
 def downgrade(url: str, revision: str, *, schema: str | None = None) -> None:
-    """Downgrade the outbox tables to ``revision`` (``base`` removes them)."""
+    """Downgrade the outbox tables to ``revision`` (``base`` removes them, and the runner's
+    version table with them: nothing of ours is left)."""
     with _connected(url) as conn:
         command.downgrade(alembic_config(schema=schema, connection=conn), revision)
+        stmts = migrate_statements(schema)
+        left = conn.exec_driver_sql(stmts.version_rows.decode()).scalar()
+        if not left:  # at base: Alembic leaves its version table behind, empty
+            conn.exec_driver_sql(stmts.drop_version_table.decode())
 
 
 def current(url: str, *, schema: str | None = None) -> str:
@@ -121,6 +127,16 @@ def current(url: str, *, schema: str | None = None) -> str:
         cfg.stdout = out
         command.current(cfg)
     return out.getvalue().strip()
+
+
+def schemas_with_tables(url: str) -> list[str]:
+    """The schemas holding a version table of this runner (where ``upgrade --schema`` put
+    the tables): what ``migrate current`` suggests when it finds none where it looked."""
+    with _connected(url) as conn:
+        rows = conn.exec_driver_sql(
+            migrate_statements(None).version_schemas.decode(), {"table": VERSION_TABLE}
+        )
+        return [str(r[0]) for r in rows]
 
 
 def sql(

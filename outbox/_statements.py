@@ -27,10 +27,12 @@ __all__ = [
     "TEMPLATES",
     "WAKEUP_CHANNEL",
     "DoorbellStatements",
+    "MigrateStatements",
     "OutboxTemplates",
     "ProducerStatements",
     "RedriveStatements",
     "doorbell_statements",
+    "migrate_statements",
     "producer_statements",
     "redrive_statements",
 ]
@@ -63,6 +65,13 @@ class DoorbellStatements:
 
 
 @dataclass(frozen=True)
+class MigrateStatements:
+    version_rows: bytes
+    drop_version_table: bytes
+    version_schemas: bytes
+
+
+@dataclass(frozen=True)
 class OutboxTemplates:
     """Statements the caller completes per call (``.format(...)``)."""
 
@@ -76,7 +85,12 @@ class OutboxTemplates:
 
 
 _SQL = load(
-    "outbox", ProducerStatements, RedriveStatements, DoorbellStatements, OutboxTemplates
+    "outbox",
+    ProducerStatements,
+    RedriveStatements,
+    DoorbellStatements,
+    MigrateStatements,
+    OutboxTemplates,
 )
 
 
@@ -106,6 +120,13 @@ redrive_statements = registry(
 
 #: The doorbell's statements (no table: the schema does not matter; pass None).
 doorbell_statements = registry(DoorbellStatements, _SQL, lambda schema: {})
+
+#: The standalone migration runner's statements on its version table in ``schema``.
+migrate_statements = registry(
+    MigrateStatements,
+    _SQL,
+    lambda schema: {"version": qualified(schema, "outbox_alembic_version")},
+)
 
 #: The templates, completed per call.
 TEMPLATES = templates(OutboxTemplates, _SQL)

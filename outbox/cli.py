@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -10,6 +11,7 @@ import traceback
 import click
 
 from outbox import _migrate
+from outbox._dburl import libpq_url, url_source
 from outbox._errors import describe_cli_error, missing_extra
 from outbox._redact import install_log_redaction, redact, remember_secrets
 from outbox.exceptions import MissingDependencyError
@@ -23,14 +25,20 @@ _URL_HELP = "PostgreSQL URL (default: $OUTBOX_DATABASE_URL, else $DATABASE_URL).
 
 def database_url(url: str | None) -> str:
     """The database URL from the flag or the environment, or a clear usage error."""
-    url = url or os.environ.get("OUTBOX_DATABASE_URL") or os.environ.get("DATABASE_URL")
+    source = "--url"
+    if not url:
+        for var in ("OUTBOX_DATABASE_URL", "DATABASE_URL"):
+            if os.environ.get(var):
+                url, source = os.environ[var], f"${var}"
+                break
     if not url:
         raise click.UsageError(
             "no database given: pass --url postgresql://user@host:5432/dbname "
             "or set OUTBOX_DATABASE_URL (or DATABASE_URL)"
         )
     remember_secrets(url)  # masked wherever a driver's error might quote it
-    return url
+    url_source(source)  # the hints of a later connection error name it
+    return libpq_url(url, source)
 
 
 class _Group(click.Group):
@@ -65,10 +73,47 @@ class _Group(click.Group):
             sys.exit(2)
 
 
-@click.group(cls=_Group)
+#: ``outbox --help`` lists the commands by what a user does with them, in this order
+SECTIONS = {
+    "Set up": ("migrate", "capture"),
+    "Run": ("relay", "console"),
+    "Operate": ("status", "trace", "dead", "inbox", "replay", "retention"),
+    "Reconcile": ("reconcile", "ingest", "redrive"),
+}
+
+
+class _Main(_Group):
+    """The ``outbox`` group: its help lists the commands by task, in full sentences."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        listed = set()
+        for title, names in [*SECTIONS.items(), ("Other", tuple(self.list_commands(ctx)))]:
+            rows = []
+            for name in names:
+                command = self.get_command(ctx, name)
+                if command is None or command.hidden or name in listed:
+                    continue
+                listed.add(name)
+                text = inspect.cleandoc(command.help or command.short_help or "")
+                rows.append((name, " ".join(text.split("\n\n")[0].split())))
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+@click.group(
+    cls=_Main,
+    epilog="Each command's options: outbox COMMAND --help. The documentation (a tutorial, "
+    "how-to guides, the reference of every command and setting) is docs/README.md in the "
+    "project's source distribution and repository.",
+)
 @click.version_option(package_name="outbox-inbox", prog_name="outbox")
 def main() -> None:
-    """outbox-inbox: transactional outbox and inbox for PostgreSQL."""
+    """outbox-inbox: transactional outbox and inbox for PostgreSQL.
+
+    Start with `outbox migrate upgrade --url postgresql://user@host:5432/dbname`: it creates
+    the tables (the URL may also come from $OUTBOX_DATABASE_URL). Then `outbox relay check`
+    and `outbox relay` publish what your services write."""
 
 
 @main.group()
@@ -110,7 +155,20 @@ def migrate_downgrade(revision: str, url: str | None, schema: str | None) -> Non
 @_schema
 def migrate_current(url: str | None, schema: str | None) -> None:
     """Show the applied revision."""
-    click.echo(_migrate.current(database_url(url), schema=schema) or "(none)")
+    url = database_url(url)
+    found = _migrate.current(url, schema=schema)
+    if found:
+        click.echo(found)
+        return
+    where = f"schema {schema}" if schema else "the search_path"
+    elsewhere = [s for s in _migrate.schemas_with_tables(url) if s != schema]
+    hint = (
+        f": the tables are in {', '.join(elsewhere)}: pass --schema {elsewhere[0]} (or set "
+        "OUTBOX_SCHEMA)"
+        if elsewhere
+        else ": run `outbox migrate upgrade` to create them"
+    )
+    click.echo(f"(none) in {where}{hint}")
 
 
 @migrate.command("sql")

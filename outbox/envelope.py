@@ -32,6 +32,7 @@ __all__ = [
     "HEADER_ID",
     "HEADER_KEY",
     "HEADER_ORIGIN",
+    "HEADER_REPLAY",
     "HEADER_SEQ",
     "HEADER_TOPIC",
     "HEADER_TRACEPARENT",
@@ -53,6 +54,11 @@ HEADER_CREATED_AT = "outbox-created-at"
 HEADER_ORIGIN = "outbox-origin"
 HEADER_CONTENT_TYPE = "content-type"
 HEADER_TRACEPARENT = "traceparent"
+#: set by ``outbox replay`` on what it re-publishes: the replay's token, which the wire formats
+#: add to the broker's dedup id (a replay is not a duplicate of the original inside the
+#: broker's window); a reserved header, so consumers never see it, and the envelope's id, the
+#: inbox's dedup key, stays the original's
+HEADER_REPLAY = "outbox-replay"
 #: ``payload`` is the body's field in a Redis Streams entry; ``nats-msg-id`` is JetStream's dedup
 #: header. Neither may be a user header, and neither is returned as one.
 _RESERVED_EXACT = frozenset({HEADER_CONTENT_TYPE, HEADER_TRACEPARENT, "payload", "nats-msg-id"})

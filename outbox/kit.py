@@ -43,6 +43,7 @@ from outbox._config import (
 )
 from outbox._connections import AsyncRaw, AsyncTarget, Target, resolve_async, resolve_sync
 from outbox._database import Database, connected, row_by_name, rows_by_name
+from outbox._dburl import ACCEPTED, libpq_url, url_source
 from outbox._errors import (
     connect_failure,
     describe_cli_error,
@@ -74,6 +75,7 @@ from outbox._statements import WAKEUP_CHANNEL, redrive_statements
 from outbox._wakeup import doorbell_for, ring_after_commit
 
 __all__ = [
+    "ACCEPTED",
     "DEFAULT_MAX_RECEIVE_BYTES",
     "JOB_SOURCE_KEYS",
     "JOB_TOP_KEYS",
@@ -107,6 +109,7 @@ __all__ = [
     "env_secret",
     "file_secret",
     "install_log_redaction",
+    "libpq_url",
     "load",
     "loaded_class",
     "one_line",
@@ -129,4 +132,5 @@ __all__ = [
     "table_name",
     "templates",
     "translate",
+    "url_source",
 ]

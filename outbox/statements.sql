@@ -244,3 +244,19 @@ GRANT EXECUTE ON FUNCTION {function} TO {role}
 -- Membership in a predefined role (pg_read_all_stats): needs a superuser, or a role holding
 -- it WITH ADMIN OPTION.
 GRANT {member_of} TO {role}
+
+-- `outbox migrate` (outbox/_migrate.py): the standalone runner's own version table.
+
+-- name: version_rows
+-- How many rows the runner's version table holds (read after a downgrade: none at base).
+SELECT count(*) FROM {version}
+
+-- name: drop_version_table
+-- After `downgrade base`: Alembic leaves its version table behind, empty; nothing of ours
+-- should stay. Runs in the downgrade's transaction, only when version_rows said 0.
+DROP TABLE {version}
+
+-- name: version_schemas
+-- The schemas holding the runner's version table, i.e. where `upgrade --schema` put the
+-- tables (`migrate current` names them when it finds none where it looked). Read-only.
+SELECT table_schema FROM information_schema.tables WHERE table_name = %(table)s ORDER BY 1

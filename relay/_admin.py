@@ -140,6 +140,8 @@ def relay_status(url: Database, *, schema: str | None = None) -> RelayStatus:
         broker = relay.get("broker")
         relay["broker"] = redact(broker) if broker else None
         relay["broker_kind"] = broker_kind(broker)
+        if isinstance(relay.get("broker_error"), str):
+            relay["broker_error"] = redact(relay["broker_error"])
         for pause in (relay.get("paused_destinations") or {}).values():
             for text in ("destination", "reason", "error"):
                 if isinstance(pause.get(text), str):

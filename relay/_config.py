@@ -6,6 +6,7 @@ the setting, where it came from and what would be accepted.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 import os
@@ -17,8 +18,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from outbox.exceptions import ConfigurationError
-from outbox.kit import check_keys, check_value, parse_env, read_toml, redact
+from outbox.kit import (
+    check_keys,
+    check_value,
+    libpq_url,
+    parse_env,
+    read_toml,
+    redact,
+    url_source,
+)
 from outbox.schema import check_identifier
+from relay._broker_config import options_for, parse_env_option, scheme_of, validate_options
 
 __all__ = ["RelayConfig", "TopicPolicy"]
 
@@ -26,6 +36,10 @@ Semantics = Literal["at-least-once", "at-most-once"]
 DeadPolicy = Literal["hold", "skip"]
 
 _SEMANTICS = ("at-least-once", "at-most-once")
+#: where RelayConfig.load found the database URL, for the error that refuses it
+_URL_LABEL: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "url_label", default="database_url"
+)
 _DEAD = ("hold", "skip")
 
 
@@ -79,15 +93,23 @@ class RelayConfig:
         shown = (
             f"{f.name}={redact(value)!r}"
             if f.name.endswith("_url") and isinstance(value := getattr(self, f.name), str)
-            else f"{f.name}={getattr(self, f.name)!r}"
+            else f"{f.name}={redact(repr(getattr(self, f.name)))}"
             for f in dataclasses.fields(self)
         )
         return f"RelayConfig({', '.join(shown)})"
 
     #: the outbox's PostgreSQL (libpq URL)
     database_url: str
-    #: where to publish (nats://, amqp://, kafka://, redis://, mqtt://, memory://, stdout://)
+    #: where to publish: nats://, amqp[s]:// (RabbitMQ), amqp1[s]:// (AMQP 1.0), kafka[s]://,
+    #: redis[s]://, mqtt[s]://, sqs://, sns://, stdout:, file:/path, memory: (TOML: broker =
+    #: "URL", or url in [broker])
     broker_url: str | None = None
+    #: the adapter's options (TOML: the [broker] table; OUTBOX_BROKER_<OPTION>); each broker's
+    #: are listed below
+    broker_options: Mapping[str, Any] = field(default_factory=dict)
+    #: topic -> broker destination, "*" a template with {topic} (TOML: [broker.destinations];
+    #: OUTBOX_BROKER_DESTINATIONS=topic=dest,...)
+    destinations: Mapping[str, str] = field(default_factory=dict)
     #: schema of the outbox tables (None: the search_path)
     schema: str | None = None
     #: the origin put on every message (which database it came from; consumers keep one
@@ -198,6 +220,7 @@ class RelayConfig:
             ),
             "a mapping of topic names to TopicPolicy",
         )
+        self._check_broker()
         if self.publish_timeout >= self.lease_seconds:
             raise ConfigurationError(
                 f"publish_timeout ({self.publish_timeout}s) must be shorter than lease_seconds "
@@ -205,6 +228,29 @@ class RelayConfig:
                 "still being published",
                 setting="publish_timeout",
             )
+        # the one URL rule (outbox/_dburl.py): SQLAlchemy's and JDBC's forms work here too;
+        # checked last, so that a config's other errors are said whatever its URL
+        label = _URL_LABEL.get()
+        object.__setattr__(self, "database_url", libpq_url(self.database_url, label))
+
+    def _check_broker(self) -> None:
+        """The [broker] table's options (for the URL's adapter) and its destinations."""
+        _check(
+            "destinations",
+            self.destinations,
+            isinstance(self.destinations, Mapping)
+            and all(
+                isinstance(t, str) and isinstance(d, str) and d
+                for t, d in self.destinations.items()
+            ),
+            'a table of topic = "destination" (non-empty strings)',
+        )
+        _check(
+            "broker_options", self.broker_options, isinstance(self.broker_options, Mapping),
+            "a table of broker options",
+        )  # fmt: skip
+        if self.broker_url is not None and self.broker_options:
+            validate_options(self.broker_url, self.broker_options)
 
     def policy(self, topic: str) -> TopicPolicy:
         """The policy of ``topic`` (the default one unless configured)."""
@@ -228,11 +274,33 @@ class RelayConfig:
     ) -> RelayConfig:
         """Merge a TOML file, ``OUTBOX_*`` environment variables and flags (``None`` = unset)."""
         values: dict[str, Any] = {}
+        origin: dict[str, str] = {}
         if file is not None:
-            values.update(_from_toml(Path(file)))
-        values.update(_from_env(os.environ if env is None else env))
+            values.update(_from_toml(Path(file), origin))
+        environ = os.environ if env is None else env
+        values.update(_from_env(environ))
         values.update({k: v for k, v in flags.items() if v is not None})
-        return _build(cls, values)
+        _broker_from_env(environ, values, origin)
+        if values.get("broker_url") and values.get("broker_options"):
+            validate_options(values["broker_url"], values["broker_options"], origin)
+        source = "database_url"
+        if values.get("database_url"):  # say where it came from, in errors and hints
+            url = values["database_url"]
+            source = (
+                "--url"
+                if flags.get("database_url")
+                else next(
+                    (f"${v}" for v in ("OUTBOX_DATABASE_URL", "DATABASE_URL")
+                     if environ.get(v) == url),
+                    f"config file {file}: database_url",
+                )
+            )  # fmt: skip
+            url_source(source)
+        token = _URL_LABEL.set(source)
+        try:
+            return _build(cls, values)
+        finally:
+            _URL_LABEL.reset(token)
 
 
 _SECONDS = (
@@ -281,15 +349,42 @@ def _check(name: str, value: object, ok: bool, accepts: str) -> None:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RelayConfig)}
-_SCALARS = set(_FIELDS) - {"default_policy", "topics"}
+_SCALARS = set(_FIELDS) - {"default_policy", "topics", "broker_options", "destinations"}
 
 
-def _from_toml(path: Path) -> dict[str, Any]:
+def _from_toml(path: Path, origin: dict[str, str]) -> dict[str, Any]:
     data = read_toml(path, kind="config file")
-    data = data.get("relay", data)
+    if "relay" in data:  # [relay] holds the settings; [broker] may sit beside it
+        data = {**data["relay"], **({"broker": data["broker"]} if "broker" in data else {})}
     where = f"config file {path}"
-    check_keys(data, sorted({*_FIELDS, "default"}), where, what="setting")
+    check_keys(data, sorted({*_FIELDS, "default", "broker"}), where, what="setting")
     out = {k: v for k, v in data.items() if k in _SCALARS}
+    broker = data.get("broker")
+    if isinstance(broker, str):  # broker = "nats://..." is the URL
+        out["broker_url"] = broker
+    elif isinstance(broker, dict):
+        broker = dict(broker)
+        if "url" in broker:
+            if "broker_url" in data:
+                raise ConfigurationError(
+                    f"{where}: the broker URL is given twice (broker_url and [broker] url)"
+                )
+            out["broker_url"] = broker.pop("url")
+        if "destinations" in broker:
+            out["destinations"] = broker.pop("destinations")
+            check_value(
+                "[broker.destinations]",
+                out["destinations"],
+                isinstance(out["destinations"], dict),
+                'a table of topic = "destination"',
+                where=where,
+            )
+        out["broker_options"] = broker
+        origin.update({name: f"{where}: [broker]" for name in broker})
+    elif broker is not None:
+        raise ConfigurationError(
+            f'{where}: broker must be a URL (broker = "nats://...") or a [broker] table'
+        )
     if "default" in data or "default_policy" in data:
         raw = data.get("default", data.get("default_policy"))
         out["default_policy"] = _policy("the default policy", raw, f"{where}: [default]")
@@ -318,6 +413,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if env.get("OUTBOX_DATABASE_URL"):
         out["database_url"] = env["OUTBOX_DATABASE_URL"]
+    elif env.get("DATABASE_URL"):  # the other commands' fallback, the same for the relay
+        out["database_url"] = env["DATABASE_URL"]
     if env.get("OUTBOX_BROKER_URL"):
         out["broker_url"] = env["OUTBOX_BROKER_URL"]
     if env.get("OUTBOX_SCHEMA"):
@@ -327,6 +424,43 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         if var in env:
             out[name] = parse_env(var, env[var], _kind(name), name)
     return out
+
+
+def _broker_from_env(
+    env: Mapping[str, str], values: dict[str, Any], origin: dict[str, str]
+) -> None:
+    """``OUTBOX_BROKER_DESTINATIONS`` and ``OUTBOX_BROKER_<OPTION>`` (over the file's)."""
+    raw = {
+        var: text
+        for var, text in env.items()
+        if var.startswith("OUTBOX_BROKER_") and var != "OUTBOX_BROKER_URL" and text != ""
+    }
+    if not raw:
+        return
+    if "OUTBOX_BROKER_DESTINATIONS" in raw:
+        text = raw.pop("OUTBOX_BROKER_DESTINATIONS")
+        from relay._broker_config import Option
+
+        table = parse_env_option("OUTBOX_BROKER_DESTINATIONS", text,
+                                 Option("destinations", ("table",), None, ""))  # fmt: skip
+        values["destinations"] = {**values.get("destinations", {}), **table}
+    if not raw:
+        return
+    url = values.get("broker_url")
+    if not url:
+        raise ConfigurationError(
+            f"{sorted(raw)[0]} is set but no broker URL is (OUTBOX_BROKER_URL, --broker, or "
+            "broker in the config file)"
+        )
+    known = options_for(scheme_of(url))
+    options = dict(values.get("broker_options", {}))
+    for var, text in sorted(raw.items()):
+        name = var.removeprefix("OUTBOX_BROKER_").lower()
+        if name not in known:
+            check_keys([name], sorted(known), var, what=f"{scheme_of(url)}:// option")
+        options[name] = parse_env_option(var, text, known[name])
+        origin[name] = var
+    values["broker_options"] = options
 
 
 def _kind(name: str) -> type:

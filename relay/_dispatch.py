@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from outbox._redact import redact
 from outbox.envelope import Envelope
 from relay._claim import Claim, Outcome, decide, mark_batch
 from relay._config import RelayConfig
@@ -164,6 +165,8 @@ class Dispatcher:
         """Stop claiming for a while (exponential backoff): the broker is unreachable."""
         delay = self.broker_backoff.failed()
         self.metrics.broker_unreachable.set(1)
+        if self._state.broker_seen(False, redact(str(reason))):
+            self.metrics.broker_changed.set(self._state.broker_since)
         log.warning("relay: broker unavailable (%s); pausing %.1fs", reason, delay)
         self.paused_until = time.monotonic() + delay
 
@@ -198,6 +201,8 @@ class Dispatcher:
             return [err] * len(envelopes), True
         if any(r is None for r in results):
             self.metrics.broker_unreachable.set(0)  # the broker acknowledged a message: it is up
+            if self._state.broker_seen(True):
+                self.metrics.broker_changed.set(self._state.broker_since)
         return list(results), False
 
     async def mark(

@@ -40,7 +40,7 @@ class RelayMetrics:
             self.slot_lag = self.slot_retained = self.slot_active = noop
             self.slot_ok = self.slot_state = noop
             self.capture_recovered = self.capture_pending = noop
-            self.heartbeat = self.broker_unreachable = noop
+            self.heartbeat = self.broker_unreachable = self.broker_changed = noop
             self.reconciliation_finished = self.reconciliation_failed = noop
             self.reconciliation_discrepancies = noop
             return
@@ -103,6 +103,12 @@ class RelayMetrics:
             "outbox_relay_broker_unreachable",
             "1 while claims pause because the broker is unreachable (nothing is tried or "
             "counted), 0 once it acknowledges a message again",
+            **kw,
+        )
+        self.broker_changed = Gauge(
+            "outbox_relay_broker_state_since_timestamp_seconds",
+            "Unix time at which outbox_relay_broker_unreachable last changed (or the relay "
+            "first reached or failed to reach the broker)",
             **kw,
         )
 

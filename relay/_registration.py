@@ -62,6 +62,12 @@ class Registration:
             "instance": self.instance,
             # topics whose destination refuses messages: `outbox status` shows them
             "paused_destinations": self._paused_destinations(),
+            # whether the broker answered (None: not tried yet), since when, and why not
+            "broker_reachable": self._state.broker_up,
+            "broker_since": time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._state.broker_since)
+            ),
+            "broker_error": self._state.broker_error,
         }
         return {
             "relay_id": cfg.relay_id,

@@ -19,6 +19,7 @@ import uuid
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from outbox.exceptions import ConfigurationError
@@ -90,6 +91,8 @@ class Relay:
         #: set once run() has found its tables, registered and connected to the broker: the
         #: relay is publishing (``outbox.fastapi.consumer_lifespan`` waits for it)
         self.ready = asyncio.Event()
+        #: registered under its relay id: it started, so it says when it stops
+        self._registered = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -130,9 +133,8 @@ class Relay:
         help.
         """
         await self._wait_for_database()
-        if self.state.stopping:  # stopped while the database was still unreachable
-            log.info("relay %s stopped", self.config.relay_id)
-            return
+        if self.state.stopping:  # stopped while the database was still unreachable: it never
+            return  # started, so no "stopped" line (it would read as another relay's news)
         pool = AsyncConnectionPool(
             self.config.database_url,
             min_size=1,
@@ -149,6 +151,10 @@ class Relay:
             if self.dispatcher.origin is None:
                 self.dispatcher.origin = await self._read_origin(pool)
             await self.registration.register(pool, self.db_backoff)
+            if self.state.stopping:
+                return
+            self._registered = True
+            await self._announce(pool)
             background.append(asyncio.create_task(self.registration.heartbeat(pool)))
             if self.config.listen:
                 listener = Listener(self.listen_dsn, self.config.heartbeat_interval, self.state)
@@ -163,7 +169,7 @@ class Relay:
                     bound=max(self.config.heartbeat_interval, 1.0),
                 )
                 background.append(asyncio.create_task(self.watch.run()))
-            await self._start_publisher()
+            await self._start_publisher(pool)
             self.ready.set()
             # 'wal' mode: stream the slot too (it waits while the database polls)
             self.capture = WalCapture(self.config, pool, self.stmts, self.dispatcher, self.state)
@@ -239,9 +245,65 @@ class Relay:
 
         return await retry("reading the origin", read, self.db_backoff, state=self.state)
 
-    async def _start_publisher(self) -> None:
+    async def _announce(self, pool: AsyncConnectionPool[Any]) -> None:
+        """The one line that says what this relay does: id, mode, broker, destinations,
+        metrics address."""
+        mode = "polling"
+        with contextlib.suppress(Exception):
+            async with pool.connection(timeout=5) as conn:
+                cur = conn.cursor(row_factory=dict_row)
+                row = await (await cur.execute(self.stmts.capture_mode)).fetchone()
+                mode = str(row["mode"]) if row else mode
+        cfg = self.config
+        routes = ", ".join(f"{t} -> {d}" for t, d in cfg.destinations.items())
+        metrics = (
+            f"http://{cfg.metrics_host}:{cfg.metrics_port}/metrics"
+            if cfg.metrics_port is not None
+            else "off"
+        )
+        log.info(
+            "relay %s started: mode %s, broker %s, destinations %s, schema %s, metrics %s",
+            cfg.relay_id,
+            mode,
+            redact(cfg.broker_url) if cfg.broker_url else type(self.publisher).__name__,
+            routes or "the topic names",
+            cfg.schema or "the search_path",
+            metrics,
+        )
+
+    async def _show_broker_state(self, pool: AsyncConnectionPool[Any]) -> None:
+        """Write the broker's new state to our row now (``outbox status`` shows it), not at
+        the next heartbeat."""
+        self.metrics.broker_changed.set(self.state.broker_since)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5), pool.connection(timeout=3) as conn:
+                await self.registration.refresh(conn)
+
+    async def _start_publisher(self, pool: AsyncConnectionPool[Any]) -> None:
         async def start() -> None:
-            await self.publisher.start()
+            # the attempt itself ends when the relay stops (a host that drops packets would
+            # hold it for the whole connect timeout)
+            attempt = asyncio.ensure_future(self.publisher.start())
+            stop = asyncio.ensure_future(self.state.stopped())
+            try:
+                await asyncio.wait([attempt, stop], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+            if not attempt.done():
+                attempt.cancel()
+                with contextlib.suppress(BaseException):
+                    await attempt
+                return
+            try:
+                attempt.result()
+            except Exception as exc:
+                self.metrics.broker_unreachable.set(1)
+                if self.state.broker_seen(False, redact(str(exc) or type(exc).__name__)):
+                    await self._show_broker_state(pool)
+                raise
+            self.metrics.broker_unreachable.set(0)
+            if self.state.broker_seen(True):
+                await self._show_broker_state(pool)
 
         await retry("connecting to the broker", start, Backoff.of((0.05, 10.0)), state=self.state)
 
@@ -249,18 +311,24 @@ class Relay:
         self, pool: AsyncConnectionPool[Any], tasks: list[asyncio.Task[None]]
     ) -> None:
         self.state.stop()
+        # everything below fits in shutdown_timeout, also while the broker is down
+        end = time.monotonic() + self.config.shutdown_timeout
+
+        def left(at_most: float) -> float:
+            return max(0.1, min(at_most, end - time.monotonic()))
+
         if self._inflight:
             _, pending = await asyncio.wait(self._inflight, timeout=self.config.shutdown_timeout)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         if self._capture_task is not None:  # it ends its batch (sent, recorded, confirmed)
-            await asyncio.wait([self._capture_task], timeout=self.config.shutdown_timeout)
+            await asyncio.wait([self._capture_task], timeout=left(self.config.shutdown_timeout))
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
-            async with asyncio.timeout(5), pool.connection(timeout=3) as conn:
+            async with asyncio.timeout(left(5)), pool.connection(timeout=left(3)) as conn:
                 if self._open_claims:  # only our own claims: another process may share the id
                     cur = await conn.execute(
                         self.stmts.release_owner,
@@ -270,9 +338,12 @@ class Relay:
                         log.info("relay: released %d leased rows at shutdown", cur.rowcount)
                 await self.registration.unregister(conn)
         with contextlib.suppress(Exception):
-            await self.publisher.close()
-        await pool.close(timeout=5)
-        log.info("relay %s stopped", self.config.relay_id)
+            async with asyncio.timeout(left(self.config.shutdown_timeout)):
+                await self.publisher.close()
+        await pool.close(timeout=left(5))
+        if self._registered:  # a relay that never started (its id in use, no tables) says
+            # nothing here: its error says why
+            log.info("relay %s stopped", self.config.relay_id)
 
     # -- the loop ----------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import getpass
+import hashlib
 import json
 import socket
 import string
@@ -35,7 +36,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from outbox.envelope import Envelope
+from outbox.envelope import HEADER_REPLAY, Envelope
 from outbox.exceptions import ConfigurationError
 from outbox.kit import redact
 from relay._origin import read_origin, stamped
@@ -96,15 +97,26 @@ def default_actor() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
-def _envelope(row: dict[str, Any]) -> Envelope:
+def _envelope(row: dict[str, Any], token: str) -> Envelope:
     headers = row["headers"]
     if isinstance(headers, str):  # pragma: no cover - jsonb arrives decoded with psycopg 3
         headers = json.loads(headers)
     return Envelope(
         id=row["id"], topic=row["topic"], key=row["key"], seq=row["seq"],
-        payload=bytes(row["payload"]), content_type=row["content_type"], headers=headers or {},
+        payload=bytes(row["payload"]), content_type=row["content_type"],
+        headers={**(headers or {}), HEADER_REPLAY: token},
         traceparent=row["traceparent"], created_at=row["created_at"],
     )  # fmt: skip
+
+
+def replay_token(consumer: str, started_at: dt.datetime) -> str:
+    """The replay's part of the broker's dedup id (``outbox.envelope.HEADER_REPLAY``): one per
+    replay cursor, the same when a run continues it (the broker drops what a resumed run sends
+    again), another after ``--restart``. Without it, JetStream (or an SQS FIFO queue) would
+    drop every replayed message as a duplicate of its original inside its window, and the
+    replay would report messages the broker never kept."""
+    digest = hashlib.sha256(f"{consumer}\0{started_at.isoformat()}".encode()).hexdigest()
+    return f"replay-{digest[:12]}"
 
 
 def resolve_destination(template: str, *, topic: str, consumer: str) -> str:
@@ -185,7 +197,7 @@ async def replay(
             conn, stmts, key, dest=dest, since=since, restart=restart, actor=actor,
             reason=reason, options={"rate": rate, "batch": batch},
         )  # fmt: skip
-        resumed, since, last_key, last_seq, replayed = cursor
+        resumed, since, last_key, last_seq, replayed, started_at = cursor
         total = await _remaining(conn, stmts, topic, since, last_key, last_seq)
         # the origin the relay puts on the messages (relay/_origin.py): replayed copies carry
         # it too, or a consumer would take them for another database's
@@ -195,6 +207,7 @@ async def replay(
         try:
             run = _Run(conn, stmts, publisher, key, dest, actor, reason, on_progress)
             run.origin = origin
+            run.token = replay_token(consumer, started_at)
             run.replayed, run.last_key, run.last_seq, run.total = (
                 replayed, last_key, last_seq, total,
             )  # fmt: skip
@@ -218,18 +231,20 @@ async def _open_cursor(
     actor: str,
     reason: str | None,
     options: dict[str, Any],
-) -> tuple[bool, dt.datetime | None, str | None, int | None, int]:
+) -> tuple[bool, dt.datetime | None, str | None, int | None, int, dt.datetime]:
     if restart:
         await conn.execute(stmts.reset, key)
-    row = await (await conn.execute(stmts.cursor, key)).fetchone()
+    row = await _cursor_row(conn, stmts, key)
     if row is None:
         await conn.execute(
             stmts.start,
             {**key, "destination": dest, "since": since, "actor": actor, "reason": reason,
              "options": json.dumps(options)},
         )  # fmt: skip
+        row = await _cursor_row(conn, stmts, key)
         await conn.commit()
-        return False, since, None, None, 0
+        assert row is not None  # inserted just now, in this transaction
+        return False, since, None, None, 0, row["started_at"]
     old_dest, old_since = row["destination"], row["since"]
     last_key, last_seq, replayed = row["last_key"], row["last_seq"], row["replayed"]
     if old_dest != dest:
@@ -246,7 +261,16 @@ async def _open_cursor(
         )
     await conn.execute(stmts.resume, {**key, "actor": actor, "reason": reason})
     await conn.commit()
-    return True, old_since, last_key, last_seq, int(replayed)
+    return True, old_since, last_key, last_seq, int(replayed), row["started_at"]
+
+
+async def _cursor_row(
+    conn: psycopg.AsyncConnection[Any], stmts: ReplayStatements, key: dict[str, str]
+) -> dict[str, Any] | None:
+    """The (topic, consumer)'s cursor row, by column name; None before a first run."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(stmts.cursor, key)
+        return await cur.fetchone()
 
 
 async def _remaining(
@@ -295,6 +319,8 @@ class _Run:
         self.last_key: str | None = None
         self.last_seq: int | None = None
         self.started = time.monotonic()
+        #: the replay's dedup-id token (replay_token)
+        self.token = ""
 
     async def go(
         self,
@@ -332,7 +358,7 @@ class _Run:
                     rows = await cur.fetchmany(batch)
                     if not rows:
                         return False
-                    await self._send([_envelope(r) for r in rows])
+                    await self._send([_envelope(r, self.token) for r in rows])
                     await self._pace(rate)
                     if time.monotonic() >= deadline:
                         return True

@@ -15,7 +15,15 @@ __all__ = ["RunState"]
 
 
 class RunState:
-    __slots__ = ("_stopping", "last_db_ok", "listening", "wake")
+    __slots__ = (
+        "_stopping",
+        "broker_error",
+        "broker_since",
+        "broker_up",
+        "last_db_ok",
+        "listening",
+        "wake",
+    )
 
     def __init__(self) -> None:
         self._stopping = asyncio.Event()
@@ -25,6 +33,19 @@ class RunState:
         self.last_db_ok = 0.0
         #: the LISTEN connection is up: a commit's NOTIFY wakes the loop (else it polls)
         self.listening = False
+        #: the broker answered last time (None: not tried yet), since when (wall clock), and
+        #: why it did not (``outbox status`` and the metrics show them)
+        self.broker_up: bool | None = None
+        self.broker_since = time.time()
+        self.broker_error: str | None = None
+
+    def broker_seen(self, up: bool, error: str | None = None) -> bool:
+        """Record whether the broker answered; True when that changed."""
+        changed = up is not self.broker_up
+        if changed:
+            self.broker_up, self.broker_since = up, time.time()
+        self.broker_error = None if up else error
+        return changed
 
     def stop(self) -> None:
         self._stopping.set()
@@ -36,6 +57,10 @@ class RunState:
 
     def db_ok(self) -> None:
         self.last_db_ok = time.monotonic()
+
+    async def stopped(self) -> None:
+        """Return once the relay is stopping."""
+        await self._stopping.wait()
 
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds``, or less if the relay is stopped meanwhile."""

@@ -31,6 +31,7 @@ from relay._admin import (
     enable_capture,
     relay_status,
 )
+from relay._broker_config import publisher_kwargs
 from relay._config import RelayConfig
 from relay._logs import configure_logging
 from relay._metrics import MetricsServer, RelayMetrics
@@ -41,7 +42,9 @@ from relay.brokers.base import Publisher
 __all__ = ["commands", "dead_group", "relay_cmd", "replay_cmd", "retention_cmd", "status_cmd"]
 
 _relay_url = click.option(
-    "--url", default=None, help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL)."
+    "--url",
+    default=None,
+    help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL, else $DATABASE_URL).",
 )
 _url = click.option(
     "--url",
@@ -51,6 +54,16 @@ _url = click.option(
 _schema = click.option(
     "--schema", default=None, envvar="OUTBOX_SCHEMA", help="Schema of the tables."
 )
+
+
+def _schemes_text() -> str:
+    from relay.brokers import SCHEMES
+
+    shown = [s for s in SCHEMES if s != "memory"]
+    return ", ".join(f"{s}:" if s in ("stdout", "file") else f"{s}://" for s in shown)
+
+
+_SCHEMES_TEXT = _schemes_text()
 
 
 def database_url(url: str | None) -> str:
@@ -64,8 +77,8 @@ def make_publisher(config: RelayConfig) -> Publisher:
     """The broker adapter for ``config.broker_url`` (relay.brokers.publisher_for_url)."""
     if not config.broker_url:
         raise ConfigurationError(
-            "no broker: pass --broker nats://host:4222 (or amqp://, amqp1://, kafka://, redis://, "
-            "mqtt://, stdout:, file:), set OUTBOX_BROKER_URL, or broker_url in the config file"
+            f"no broker: pass --broker nats://host:4222 (or {_SCHEMES_TEXT}), set "
+            "OUTBOX_BROKER_URL, or broker in the config file"
         )
     try:
         from relay import brokers
@@ -78,7 +91,13 @@ def make_publisher(config: RelayConfig) -> Publisher:
         )
     # the adapter must give up on a message before the relay gives up on the batch (see Relay)
     budget = min(config.publish_timeout, config.lease_seconds * 0.9)
-    publisher: Publisher = factory(config.broker_url, ack_timeout=round(budget * 0.8, 3))
+    url, options = publisher_kwargs(config.broker_url, config.broker_options)
+    publisher: Publisher = factory(
+        url,
+        destinations=dict(config.destinations) or None,
+        ack_timeout=round(budget * 0.8, 3),
+        **options,
+    )
     return publisher
 
 
@@ -87,48 +106,87 @@ async def _serve(relay: Relay) -> None:
     await relay.run()
 
 
-@click.command("relay")
-@_relay_url
+def _relay_options(fn: Any) -> Any:
+    for opt in reversed(
+        [
+            _relay_url,
+            click.option(
+                "--broker",
+                default=None,
+                help=f"Broker URL: {_SCHEMES_TEXT} (amqp:// is RabbitMQ, amqp1:// AMQP 1.0; "
+                "sqs://REGION, file:/path; default: $OUTBOX_BROKER_URL; its options: the "
+                "config file's [broker] table).",
+            ),
+            click.option(
+                "--config",
+                "config_file",
+                default=None,
+                type=click.Path(dir_okay=False),
+                help="TOML file (flags and OUTBOX_* variables override it).",
+            ),
+            _schema,
+            click.option(
+                "--relay-id", default=None, help="Name of this relay (default: host-pid-random)."
+            ),
+            click.option("--batch-size", type=int, default=None),
+            click.option("--lease-seconds", type=float, default=None),
+            click.option("--poll-interval", type=float, default=None),
+            click.option(
+                "--retention-seconds",
+                type=float,
+                default=None,
+                help="Delete published rows older than this (default: keep).",
+            ),
+            click.option(
+                "--metrics-port", type=int, default=None, help="Serve /metrics and /healthz here."
+            ),
+            click.option("--log-format", type=click.Choice(["text", "json"]), default="text"),
+            click.option("--log-level", default="info"),
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+def _load(
+    url: str | None, broker: str | None, config_file: str | None, flags: dict[str, Any]
+) -> RelayConfig:
+    if url:
+        flags["database_url"] = url
+    return RelayConfig.load(config_file, broker_url=broker, **flags)
+
+
+@click.group("relay", invoke_without_command=True)
+@_relay_options
 @click.option(
-    "--broker",
-    default=None,
-    help="Broker URL: nats://, amqp:// (RabbitMQ), amqp1:// (AMQP 1.0), kafka://, redis://, "
-    "mqtt://.",
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="Do what `outbox relay check` does, then exit.",
 )
-@click.option(
-    "--config",
-    "config_file",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="TOML file (flags and OUTBOX_* variables override it).",
-)
-@_schema
-@click.option("--relay-id", default=None, help="Name of this relay (default: host-pid-random).")
-@click.option("--batch-size", type=int, default=None)
-@click.option("--lease-seconds", type=float, default=None)
-@click.option("--poll-interval", type=float, default=None)
-@click.option(
-    "--retention-seconds",
-    type=float,
-    default=None,
-    help="Delete published rows older than this (default: keep).",
-)
-@click.option("--metrics-port", type=int, default=None, help="Serve /metrics and /healthz here.")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
-@click.option("--log-level", default="info")
+@click.pass_context
 def relay_cmd(
+    ctx: click.Context,
+    /,
     url: str | None,
     broker: str | None,
     config_file: str | None,
     log_format: str,
     log_level: str,
+    check_only: bool,
     **flags: Any,
 ) -> None:
-    """Publish committed outbox messages to the broker, until SIGTERM/SIGINT."""
+    """Publish committed outbox messages to the broker, until SIGTERM/SIGINT.
+
+    `outbox relay check` (same options) checks the configuration, the database and the
+    broker's destinations without publishing."""
+    if ctx.invoked_subcommand is not None:
+        return
     configure_logging(log_level, log_format)
-    if url:
-        flags["database_url"] = url
-    config = RelayConfig.load(config_file, broker_url=broker, **flags)
+    config = _load(url, broker, config_file, flags)
+    if check_only:
+        _run_check(config, ())
+        return
     metrics = RelayMetrics.prometheus() if config.metrics_port is not None else None
     relay = Relay(config, make_publisher(config), metrics=metrics)
     server = None
@@ -142,6 +200,46 @@ def relay_cmd(
     finally:
         if server is not None:
             server.close()
+
+
+@relay_cmd.command("check")
+@_relay_options
+@click.option("--topic", "topics", multiple=True, help="Check this topic too (repeatable).")
+@click.pass_context
+def relay_check_cmd(
+    ctx: click.Context,
+    /,
+    url: str | None,
+    broker: str | None,
+    config_file: str | None,
+    log_format: str,
+    log_level: str,
+    topics: tuple[str, ...],
+    **flags: Any,
+) -> None:
+    """Load the relay's configuration, connect to the database and the broker, and print per
+    topic where the relay would publish and whether that destination exists; publishes
+    nothing. Exits 0 when everything was found, 1 otherwise."""
+    parent = ctx.parent.params if ctx.parent is not None else {}
+    url = url or parent.get("url")
+    broker = broker or parent.get("broker")
+    config_file = config_file or parent.get("config_file")
+    for name, value in parent.items():
+        if name in flags and flags[name] is None:
+            flags[name] = value
+    configure_logging("warning" if log_level == "info" else log_level, log_format)
+    _run_check(_load(url, broker, config_file, flags), topics)
+
+
+def _run_check(config: RelayConfig, topics: tuple[str, ...]) -> None:
+    from relay._check import check_relay
+
+    if not config.broker_url:
+        make_publisher(config)  # the one-line "no broker" error
+    report = asyncio.run(check_relay(config, make_publisher, extra_topics=topics))
+    for line in report.lines:
+        click.echo(line)
+    sys.exit(0 if report.ok else 1)
 
 
 def _healthy(relay: Relay) -> bool:
@@ -181,7 +279,10 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
             f"{relay_id:<36} {r['pid']:>7} {r['silent_s']:>9.1f}s {r['leased']:>7}  {topics}"
         )
         if r.get("broker"):  # registered redacted, masked again by relay_status
-            click.echo(f"{'':<4}broker: {r['broker_kind']}, {one_line(redact(r['broker']))}")
+            click.echo(
+                f"{'':<4}broker: {r['broker_kind']}, {one_line(redact(r['broker']))}"
+                f"{_reachability(r)}"
+            )
     click.echo("")
     click.echo(_capture_line(status.capture))
     paused = status.paused_destinations
@@ -195,6 +296,16 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
                 f"{one_line(p['topic'])}{where}{kind} since {p['since']} ({p['refusals']} "
                 f"refusals, relay {one_line(p['relay_id'])}): {one_line(redact(p['reason']))}"
             )
+
+
+def _reachability(relay: dict[str, Any]) -> str:
+    """``, reachable since T`` / ``, UNREACHABLE since T: why`` / ``, not reached yet``."""
+    up, since = relay.get("broker_reachable"), relay.get("broker_since")
+    if up is None:
+        return ", not reached yet" if since else ""
+    if up:
+        return f", reachable since {since}"
+    return f", UNREACHABLE since {since}: {one_line(redact(relay.get('broker_error') or '?'))}"
 
 
 def _capture_line(state: dict[str, Any]) -> str:
@@ -312,9 +423,7 @@ def dead_group() -> None:
 @_filters
 @click.option("--limit", type=int, default=100)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document.")
-def dead_list_cmd(
-    url: str | None, schema: str | None, limit: int, as_json: bool, **f: Any
-) -> None:
+def dead_list_cmd(url: str | None, schema: str | None, limit: int, as_json: bool, **f: Any) -> None:
     """List dead messages matching the filters, one line each (or --json)."""
     found = dead_list(database_url(url), _dead_filter(**f), limit=limit, schema=schema)
     if as_json:

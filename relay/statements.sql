@@ -379,11 +379,15 @@ GROUP BY topic ORDER BY topic
 -- name: status_relays
 -- outbox_status_relays: the registered relays with what each holds right now: its leased heads,
 -- one per key being relayed (read-only; an operator's query, not a hot path: its two
--- sub-selects run once per relay row).
+-- sub-selects run once per relay row). The broker's reachability is what the relay wrote on
+-- its last heartbeat (JSON null, i.e. not tried yet, becomes SQL NULL).
 SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
        extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS silent_s,
        coalesce(r.config->'paused_destinations', '{{}}'::jsonb) AS paused_destinations,
        r.config->>'broker' AS broker,
+       (r.config->>'broker_reachable')::boolean AS broker_reachable,
+       r.config->>'broker_since' AS broker_since,
+       r.config->>'broker_error' AS broker_error,
        (SELECT count(*) FROM {messages} AS m
         WHERE m.status = 'pending' AND m.lease_owner = r.relay_id
           AND m.lease_until > clock_timestamp()) AS leased,

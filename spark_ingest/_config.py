@@ -13,16 +13,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from outbox.exceptions import ConfigurationError
 from outbox.kit import (
+    ACCEPTED,
     JOB_SOURCE_KEYS,
     JOB_TOP_KEYS,
     check_keys,
     check_value,
     env_secret,
     file_secret,
+    libpq_url,
     read_toml,
     redact,
     secrets_in,
@@ -120,6 +122,8 @@ class Source:
     sslpassword_env: str | None = None
 
     def __post_init__(self) -> None:
+        # the one URL rule (outbox/_dburl.py); the JDBC URL is derived from it (jdbc_url)
+        object.__setattr__(self, "url", _url_form(self.url, f"source {self.name!r}"))
         if self.schema is not None:
             check_identifier(self.schema)
         _check_count(
@@ -218,6 +222,7 @@ class Source:
 
     @property
     def jdbc_url(self) -> str:
+        """``jdbc:postgresql://host:port/dbname``, whichever form the source's URL had."""
         host, port, dbname, _ = self._parts()
         return f"jdbc:postgresql://{host}:{port}/{dbname}"
 
@@ -528,3 +533,29 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         _check_count(where, "rows_per_partition", rows, example=DEFAULT_ROWS_PER_PARTITION)
         out["rows_per_partition"] = rows
     return out
+
+
+def _url_form(url: str, where: str) -> str:
+    """``url`` (any form outbox/_dburl.py accepts) as ``postgresql://`` URL; a libpq
+    ``key=value`` string becomes one (its password, if any, is refused by :meth:`parameters`)."""
+    try:
+        raw = libpq_url(url, where)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"{where}: invalid URL {redact(url)!r}: expected jdbc:postgresql://host:5432/dbname "
+            f"(or {ACCEPTED})"
+        ) from None
+    if "://" in raw:
+        return raw
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = {k: str(v) for k, v in conninfo_to_dict(raw).items() if v is not None}
+    host = params.pop("host", "localhost")
+    port = params.pop("port", None)
+    user = params.pop("user", None)
+    dbname = params.pop("dbname", "")
+    netloc = f"{quote(user)}@" if user else ""
+    netloc += f"[{host}]" if ":" in host else host
+    netloc += f":{port}" if port else ""
+    query = f"?{urlencode(params)}" if params else ""
+    return f"postgresql://{netloc}/{quote(dbname)}{query}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -77,6 +78,8 @@ def _sources(
     common = {k: opts[k] for k in ("user", "password_env", "password_file", "schema") if opts[k]}
     if "password_env" in common or "password_file" in common:  # one password source, the flag's
         common = {"password_env": None, "password_file": None} | common
+    if not outbox and file.get("outbox") is None:  # the same default as every command's
+        outbox = os.environ.get("OUTBOX_DATABASE_URL") or os.environ.get("DATABASE_URL")
     ob = Source("outbox", outbox, **common) if outbox else file.get("outbox")
     ibs = (
         tuple(Source(f"inbox{i + 1}", u, **common) for i, u in enumerate(inboxes))
@@ -97,7 +100,11 @@ _common = [
         help="TOML job file: [outbox], [[inbox]], [subscriptions], sla, [thresholds].",
     ),
     click.option(
-        "--outbox", "outbox_url", help="Outbox database (jdbc:postgresql://host:5432/db)."
+        "--outbox",
+        "outbox_url",
+        help="Outbox database: postgresql://host:5432/db (also jdbc:postgresql://, "
+        "postgresql+psycopg://, 'host=... dbname=...'; default: $OUTBOX_DATABASE_URL, else "
+        "$DATABASE_URL).",
     ),
     click.option("--inbox", "inbox_urls", multiple=True, help="An inbox database (repeatable)."),
     click.option("--user", help="Database user for the sources given on the command line."),

@@ -196,8 +196,9 @@ def _pending_actions(
     if not live:
         actions.append(
             Action(
-                "no relay has heartbeated in the last minute: start one (see "
-                "docs/how-to/run-the-relay.md), then check",
+                "no relay has heartbeated in the last minute: start one (`outbox relay "
+                "--config relay.toml`; `outbox relay check` tests its settings first), then "
+                "check",
                 _cmd("outbox", "status", *ob),
             )
         )

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from outbox._limits import DEFAULT_MAX_RECEIVE_BYTES
-from outbox.envelope import HEADER_ID, Envelope
+from outbox.envelope import HEADER_ID, HEADER_REPLAY, Envelope
 from outbox.wire import cloudevents as ce
 from outbox.wire._text import total
 
@@ -41,6 +41,9 @@ def encode(envelope: Envelope, cloudevents: ce.CloudEvents | None = None) -> Nat
         return NatsMessage(headers=event, data=envelope.payload)
     headers = envelope.to_headers()
     headers[MSG_ID_HEADER] = headers[HEADER_ID]  # the id's text, made once
+    replay = headers.get(HEADER_REPLAY)
+    if replay:  # outbox replay: not a duplicate of the original within the stream's window
+        headers[MSG_ID_HEADER] += f":{replay}"
     return NatsMessage(headers=headers, data=envelope.payload)
 
 

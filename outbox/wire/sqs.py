@@ -48,6 +48,7 @@ from outbox.envelope import (
     HEADER_CREATED_AT,
     HEADER_ID,
     HEADER_KEY,
+    HEADER_REPLAY,
     HEADER_SEQ,
     HEADER_TOPIC,
     HEADER_TRACEPARENT,
@@ -113,6 +114,7 @@ def encode(envelope: Envelope, cloudevents: ce.CloudEvents | None = None) -> Sqs
     if cloudevents is not None and cloudevents.applies(envelope.topic):
         return _event(envelope, cloudevents)
     headers = envelope.to_headers()
+    replay = headers.pop(HEADER_REPLAY, None)  # outbox replay: its own FIFO dedup id
     attributes: dict[str, dict[str, str]] = {}
     for name in _FIELDS:
         value = headers.pop(name, None)
@@ -138,7 +140,7 @@ def encode(envelope: Envelope, cloudevents: ce.CloudEvents | None = None) -> Sqs
         body=body,
         attributes=attributes,
         group_id=group_id(envelope.key),
-        deduplication_id=str(envelope.id),
+        deduplication_id=f"{envelope.id}:{replay}" if replay else str(envelope.id),
     )
 
 

@@ -137,6 +137,20 @@ class KafkaPublisher:
             ) from exc
         self._producer, self._broken = producer, False
 
+    async def check_destination(self, destination: str) -> str:
+        """Whether topic ``destination`` exists and how many partitions it has (``outbox relay
+        check``; publishes nothing)."""
+        from relay.exceptions import DestinationUnavailableError
+
+        await self.start()
+        # every topic's metadata: asking for one topic by name may auto-create it
+        meta = await asyncio.to_thread(self._producer.list_topics, timeout=self._connect_timeout)
+        found = meta.topics.get(destination)
+        if found is None or found.error is not None:
+            reason = found.error.str() if found is not None and found.error else "not found"
+            raise DestinationUnavailableError(f"Kafka topic {destination!r}: {reason}")
+        return f"topic {destination}, {len(found.partitions)} partition(s)"
+
     async def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is None:

@@ -93,8 +93,8 @@ class NatsPublisher:
         self._connect_options = dict(connect_options or {})
         self._nc: Any = None
         self._last_error: BaseException | None = None
-        #: connection errors since the last connection (only the first is logged)
-        self._errors_said = 0
+        #: rate limit of the connection-error warnings (see :meth:`_on_error`)
+        self._error_spacing, self._next_error_log, self._errors_unlogged = 0.0, 0.0, 0
         self._js: Any = None
         #: the batch path's own PubAck inbox (see :meth:`_publish_frames`): its subject prefix,
         #: and the futures of the publishes not acknowledged yet, by reply token
@@ -125,7 +125,7 @@ class NatsPublisher:
         except Exception as exc:
             raise _unreachable(self._servers, self._last_error or exc) from exc
         self._nc = nc
-        self._errors_said = 0
+        self._error_spacing, self._next_error_log, self._errors_unlogged = 0.0, 0.0, 0
         self._js = nc.jetstream(
             timeout=self._timeout, publish_async_max_pending=self._max_in_flight
         )
@@ -150,7 +150,16 @@ class NatsPublisher:
             "reconnected_cb": self._on_reconnected,
             **self._connect_options,
         }
-        return await self._nats.connect(servers=self._servers, **options)
+        # The first connection fails at once with its reason (nats-py would otherwise retry it
+        # every reconnect_time_wait, forever, logging each attempt); the relay retries start()
+        # with its own backoff. Once connected, nats-py reconnects underneath as configured.
+        await _any_server_answers(self._servers, self._connect_timeout)
+        reconnect = options["allow_reconnect"]
+        nc = await self._nats.connect(
+            servers=self._servers, **{**options, "allow_reconnect": False}
+        )
+        nc.options["allow_reconnect"] = reconnect
+        return nc
 
     async def _ensure_stream(self) -> float:
         """The stream's dedup window; creates the stream first when told to."""
@@ -171,17 +180,43 @@ class NatsPublisher:
             )
         return float(info.config.duplicate_window or DEFAULT_DUPLICATE_WINDOW)
 
+    async def check_destination(self, destination: str) -> str:
+        """Which stream stores ``destination`` (``outbox relay check``; publishes nothing).
+        Raises DestinationUnavailableError when no stream's subjects cover it."""
+        from relay.exceptions import DestinationUnavailableError
+
+        js_errors = require("nats.js.errors", "nats")
+        if self._js is None:
+            await self.start()
+        try:
+            name = await self._js.find_stream_name_by_subject(destination)
+        except js_errors.NotFoundError:
+            raise DestinationUnavailableError(
+                f"no JetStream stream covers subject {destination!r}: create a stream whose "
+                "subjects cover it ([broker] stream, stream_subjects, create_stream = true), "
+                "or map the topic to a covered subject ([broker.destinations])"
+            ) from None
+        return f"stream {name}"
+
     async def _on_error(self, exc: Exception) -> None:
-        """nats-py's error callback: one line per outage, not one per reconnect attempt."""
+        # While nats-py reconnects it reports each failed attempt (two a second): log the
+        # first, then with growing spacing (1, 2, 4 ... 60 s), with how many were not shown.
         self._last_error = exc
-        if self._errors_said or self._nc is None:  # again, or start() raises it as one line
-            log.debug("NATS connection error: %s", exc)
-        else:
-            log.warning("NATS connection error: %s (said once until it connects again)", exc)
-        self._errors_said += 1
+        now = asyncio.get_running_loop().time()
+        self._errors_unlogged += 1
+        if now < self._next_error_log:
+            return
+        more = self._errors_unlogged - 1
+        log.warning("NATS connection error: %s%s", redact(exc),
+                    f" ({more} more since the last report)" if more else "")  # fmt: skip
+        self._errors_unlogged = 0
+        self._error_spacing = min(max(self._error_spacing * 2, 1.0), 60.0)
+        self._next_error_log = now + self._error_spacing
 
     async def _on_reconnected(self) -> None:
-        self._errors_said = 0
+        if self._error_spacing:
+            log.warning("NATS connection re-established")
+        self._error_spacing, self._next_error_log, self._errors_unlogged = 0.0, 0.0, 0
 
     async def close(self) -> None:
         nc, self._nc, self._js = self._nc, None, None
@@ -457,9 +492,31 @@ def _unreachable(servers: Sequence[str], exc: BaseException) -> BaseException:
 
     return BrokerUnreachableError(
         f"cannot connect to NATS at {redact(', '.join(servers))}: {type(exc).__name__}: "
-        f"{redact(exc)} (is the server running and the URL right?)",
+        f"{redact(exc) or 'no answer within connect_timeout'} (is the server running and the "
+        "URL right?)",
         servers=[redact(s) for s in servers],
     )
+
+
+async def _any_server_answers(servers: Sequence[str], within: float) -> None:
+    """Return once one server accepts a TCP connection; raise the last refusal otherwise."""
+    from urllib.parse import urlsplit
+
+    last: BaseException | None = None
+    for server in servers:
+        parts = urlsplit(server if "://" in server else f"nats://{server}")
+        if parts.scheme not in ("nats", "tls"):  # websockets: let nats-py connect
+            return
+        try:
+            async with asyncio.timeout(within):
+                _, writer = await asyncio.open_connection(parts.hostname, parts.port or 4222)
+        except (OSError, TimeoutError) as exc:
+            last = exc if str(exc) else TimeoutError(f"no answer within {within:g}s")
+            continue
+        writer.close()
+        return
+    if last is not None:
+        raise last
 
 
 def _config_error(message: str) -> BaseException:

@@ -177,6 +177,29 @@ class RabbitMQPublisher:
             return permanent("routing key longer than 255 bytes", env, dest)
         return check_size(env, dest, self.features.max_payload_bytes, "RabbitMQ max_message_size")
 
+    async def check_destination(self, destination: str) -> str:
+        """Whether ``destination``'s exchange exists (``outbox relay check``; publishes
+        nothing); the default exchange's routing key must name a queue."""
+        from relay.exceptions import DestinationUnavailableError
+
+        await self.start()
+        exchange, slash, key = destination.partition("/")
+        if not slash:
+            exchange, key = "", destination
+        probe = await self._conn.channel(publisher_confirms=False)
+        try:
+            if exchange:
+                await probe.get_exchange(exchange, ensure=True)
+                return f"exchange {exchange}, routing key {key}"
+            await probe.declare_queue(key, passive=True)
+            return f"queue {key} (default exchange)"
+        except self._aio_pika.exceptions.ChannelNotFoundEntity:
+            what = f"exchange {exchange!r}" if exchange else f"queue {key!r}"
+            raise DestinationUnavailableError(f"{what} does not exist on RabbitMQ") from None
+        finally:
+            if not probe.is_closed:
+                await probe.close()
+
     async def _missing_exchanges(self, names: set[str]) -> set[str]:
         """Look up exchanges not seen yet; a failed passive declare closes only the probe."""
         missing: set[str] = set()

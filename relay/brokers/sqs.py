@@ -217,6 +217,17 @@ class _AwsPublisher:
     async def _resolve(self, dest: str) -> _Target:
         raise NotImplementedError
 
+    async def check_destination(self, destination: str) -> str:
+        """Where ``destination`` resolves (``outbox relay check``; publishes nothing)."""
+        from relay.exceptions import DestinationUnavailableError
+
+        await self.start()
+        try:
+            target = await self._resolve(destination)
+        except Exception as exc:
+            raise DestinationUnavailableError(f"{self.service} {destination!r}: {exc}") from exc
+        return f"{target.address}{' (FIFO)' if target.fifo else ''}"
+
     # ---- publishing -----------------------------------------------------------------------
 
     async def publish_batch(self, envelopes: Sequence[Envelope]) -> list[BaseException | None]:

@@ -24,4 +24,4 @@ def test_migrations_doc_ini_snippet_sets_the_schema(tmp_path: Path) -> None:
     config = Config(str(ini))
     assert configured_schema(config) == "messaging"
     locations = config.get_main_option("version_locations")
-    assert locations == f"{tmp_path}/versions outbox_migrations:versions"
+    assert locations == f"{tmp_path}/alembic/versions outbox_migrations:versions"
