@@ -54,6 +54,11 @@ TLS_FILES = {
 #: what each adapter option means (the settings reference prints these; a test checks that
 #: every option of every adapter has one)
 OPTION_HELP: dict[str, str] = {
+    "allowed_destinations": "patterns of the destinations this relay may publish to (NATS "
+    "subjects, MQTT filters, globs elsewhere); a topic mapped elsewhere pauses (NATS: the "
+    "stream's subjects by default)",
+    "cloudevents": "write CloudEvents (a table: source, types, topics, structured; "
+    "docs/how-to/cloudevents.md)",
     "timeout": "seconds the adapter waits for the broker's acknowledgements of a batch "
     "(default: 80 % of the relay's publish budget; must stay below it)",
     "connect_timeout": "seconds to wait for a connection to the broker",

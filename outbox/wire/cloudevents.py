@@ -63,6 +63,7 @@ from outbox.envelope import (
     HEADER_CREATED_AT,
     HEADER_ID,
     HEADER_KEY,
+    HEADER_ORIGIN,
     HEADER_SEQ,
     HEADER_TOPIC,
     HEADER_TRACEPARENT,
@@ -93,10 +94,13 @@ STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
 FOREIGN_NAMESPACE = uuid.UUID("9b8c0f4e-3f1d-5b7a-9a53-0c1b5d3e7f21")
 #: the extension holding the topic when ``type`` is mapped to another name
 TOPIC_EXTENSION = "outboxtopic"
+#: the extension naming the database the message came from (``Envelope.origin``): an ordered
+#: consumer keeps one position per origin, topic and key
+ORIGIN_EXTENSION = "outboxorigin"
 #: attribute names a CloudEvents decoder takes as attributes where they carry no prefix (MQTT)
 KNOWN_ATTRIBUTES = frozenset({
     "specversion", "id", "source", "type", "subject", "time", "datacontenttype",
-    "dataschema", "sequence", "traceparent", "tracestate", TOPIC_EXTENSION,
+    "dataschema", "sequence", "traceparent", "tracestate", TOPIC_EXTENSION, ORIGIN_EXTENSION,
 })  # fmt: skip
 _SEQ_WIDTH = 19  # digits of the largest seq (2**63 - 1): the sequence extension's order
 # what the HTTP binding leaves as it is: printable ASCII but space, '"' and '%'
@@ -162,6 +166,8 @@ class CloudEvents:
             out["traceparent"] = envelope.traceparent
         if kind != topic:
             out[TOPIC_EXTENSION] = topic
+        if envelope.origin:
+            out[ORIGIN_EXTENSION] = envelope.origin
         return out
 
     def headers(self, envelope: Envelope, binding: Binding) -> dict[str, str]:
@@ -188,6 +194,8 @@ class CloudEvents:
             out[names[7]] = envelope.traceparent
         if topic in self.types:
             out[names[8]] = _quoted(topic, binding.percent_encoded)
+        if envelope.origin:
+            out[names[9]] = _quoted(envelope.origin, binding.percent_encoded)
         out[HEADER_CONTENT_TYPE] = envelope.content_type
         return out
 
@@ -218,7 +226,7 @@ class CloudEvents:
 
 
 _ORDER = ("specversion", "id", "source", "type", "subject", "time", "sequence", "traceparent",
-          TOPIC_EXTENSION)  # fmt: skip
+          TOPIC_EXTENSION, ORIGIN_EXTENSION)  # fmt: skip
 # anything but what the HTTP binding leaves as it is
 _NEEDS_QUOTING = re.compile(r'[^\x21\x23\x24\x26-\x7e]')
 
@@ -341,6 +349,8 @@ def _envelope(
         digits = sequence.lstrip("0") or "0"
         headers.update({HEADER_ID: event_id, HEADER_TOPIC: attributes.get(TOPIC_EXTENSION, kind),
                         HEADER_KEY: subject or "", HEADER_SEQ: digits})  # fmt: skip
+        if attributes.get(ORIGIN_EXTENSION):
+            headers[HEADER_ORIGIN] = attributes[ORIGIN_EXTENSION]
     else:
         # another producer's event: once per (source, id), in no order
         msg_id = str(uuid.uuid5(FOREIGN_NAMESPACE, f"{source}\n{event_id}"))

@@ -6,6 +6,7 @@ The live tests (tests/relay/test_cloudevents_live.py) do the same through the br
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from typing import Any
@@ -68,6 +69,17 @@ def test_a_cloudevent_decodes_back_to_the_envelope(
     env = _envelope(payload, ctype)
     ce = CloudEvents(source=CE.source, structured=structured)
     assert _round_trip(broker, env, ce) == env
+
+
+@pytest.mark.parametrize("structured", [False, True], ids=["binary", "structured"])
+@pytest.mark.parametrize("broker", BROKERS)
+def test_the_origin_travels_as_an_extension(broker: str, structured: bool) -> None:
+    """The database a message came from (``Envelope.origin``) survives the CloudEvents format:
+    an ordered consumer keeps one position per origin, topic and key."""
+    env = dataclasses.replace(_envelope(), origin="tenant-a 7f3c")
+    ce = CloudEvents(source=CE.source, structured=structured)
+    assert _round_trip(broker, env, ce) == env
+    assert ce.attributes(env)["outboxorigin"] == "tenant-a 7f3c"
 
 
 @pytest.mark.parametrize("broker", BROKERS)
