@@ -58,7 +58,8 @@ class PgCluster:
     server recovers from the WAL at the next start, as after a power cut of the process.
     ``logical``: with wal_level = logical, for WAL capture."""
 
-    def __init__(self, *, logical: bool = False) -> None:
+    def __init__(self, *, logical: bool = False, copy_of: PgCluster | None = None,
+                 standby: bool = True) -> None:  # fmt: skip
         self.logical = logical
         if not (PG_BIN / "initdb").exists():
             raise RuntimeError(f"PostgreSQL 15 server binaries not found in {PG_BIN}")
@@ -67,12 +68,34 @@ class PgCluster:
             shutil.chown(self.base, "postgres")
         self.data = self.base / "data"
         self.port = free_port()
-        subprocess.run(
-            _as_postgres([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
-                          "-A", "trust", "--no-sync"]),
-            check=True, capture_output=True,
-        )  # fmt: skip
+        if copy_of is None:
+            subprocess.run(
+                _as_postgres([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
+                              "-A", "trust", "--no-sync"]),
+                check=True, capture_output=True,
+            )  # fmt: skip
+        else:
+            # a base backup of a running cluster (replication slots are not in it): a
+            # streaming standby of it (``standby``), or a restore as of the backup's end
+            done = subprocess.run(
+                _as_postgres([str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1",
+                              "-p", str(copy_of.port), "-U", "postgres", "-D", str(self.data),
+                              "-X", "stream", "-c", "fast", "--no-sync",
+                              *(["-R"] if standby else [])]),
+                capture_output=True,
+            )  # fmt: skip
+            if done.returncode != 0:
+                raise RuntimeError(f"pg_basebackup failed: {done.stderr.decode()[-1000:]}")
         self.start()
+
+    def promote(self) -> None:
+        """A standby becomes a primary (``pg_ctl promote`` waits until it accepts writes)."""
+        self._ctl("promote")
+
+    def halt(self) -> None:
+        """A fast stop that keeps the data directory (a failed-over primary, gone for good)."""
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self._ctl("-m", "fast", "stop")
 
     @property
     def admin_url(self) -> str:

@@ -126,6 +126,11 @@ class World:
         #: and moto has little to spare: see _moto_restore); the others: two
         self.consumer_names = CONSUMERS[:1] if broker == "sqs" else CONSUMERS
         self.pg = PgCluster(logical=capture == "wal")
+        #: clusters the database moved away from (move_database), stopped at close
+        self.retired_pg: list[PgCluster] = []
+        #: the producers' history (run() sets it), and the commits a restore took back
+        self.history: History | None = None
+        self.rewound: set[uuid.UUID] = set()
         self.nats: NatsServer | None = None
         self.moto: MotoServer | None = None
         self.node: Any = None  # amqp1_broker.Node
@@ -303,6 +308,16 @@ class World:
         if self.node is not None:
             self.node.stop()
         self.pg.stop()
+        for old in self.retired_pg:
+            old.stop()
+
+    def move_database(self, to: PgCluster) -> None:
+        """Everything that used the database uses ``to`` from now on (a failover, a restore):
+        the producers' proxy points at it, and relays and consumers restart on it."""
+        self.retired_pg.append(self.pg)
+        self.pg = to
+        self.url = to.url("app")
+        self.pg_proxy.retarget(to.port)
 
 
 # ---- the other brokers' resources -------------------------------------------------------
@@ -656,6 +671,62 @@ def _slot_dropped_while_streaming(world: World, stop: threading.Event) -> str:
     return f"{n} slot drops while a relay streamed it"
 
 
+def _consumers_down(world: World) -> None:
+    for proc in world.consumers:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def _moved(world: World, stop: threading.Event, to: PgCluster, what: str) -> str:
+    """The relays are down; the database moves to ``to`` (its old server halted), and every
+    process comes back on it. The replication slot stays behind: ``to`` has none."""
+    _relays_down(world)
+    stop.wait(2.0)  # the producers commit on; the old slot holds it, the new server will not
+    world.pg.halt()  # a fast stop sends its standbys all the WAL first
+    if what == "failover":
+        to.promote()
+    else:  # a restore takes back what committed after the backup: not expected any more
+        with psycopg.connect(to.url("app")) as conn:
+            kept = {r[0] for r in conn.execute(
+                "SELECT id FROM outbox_messages UNION ALL SELECT id FROM outbox_wal_pending"
+            )}  # fmt: skip
+        history = world.history
+        assert history is not None
+        with history.lock:
+            world.rewound = (history.committed | history.unknown) - kept
+    world.move_database(to)
+    for proc in world.consumers:  # their database is gone: the supervisor restarts them
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+    world.supervise = True
+    stop.wait()
+    return what
+
+
+def _failover(world: World, stop: threading.Event) -> str:
+    stop.wait(5.0)  # the relays stream (a loaded machine starts them slowly)
+    standby = PgCluster(logical=True, copy_of=world.pg)  # pg_basebackup -R, streaming
+    stop.wait(1.0)
+    return _moved(world, stop, standby, "failover") + (
+        ": relays down, a pg_basebackup standby promoted, the relays pointed at it"
+    )
+
+
+def _restore(world: World, stop: threading.Event) -> str:
+    """A restore of a base backup taken while the relays were down: what committed after the
+    backup is taken back with the database (the checks count the restored database's
+    messages); what it holds, the slot it lacks never delivered."""
+    stop.wait(5.0)  # the relays stream (a loaded machine starts them slowly)
+    _relays_down(world)
+    _consumers_down(world)  # a broker does not forget an ack when the inbox is restored
+    stop.wait(2.0)
+    restored = PgCluster(logical=True, copy_of=world.pg, standby=False)
+    return _moved(world, stop, restored, "restore") + (
+        ": relays down, a base backup of the running server started in its place"
+    )
+
+
 def _nothing(world: World, stop: threading.Event) -> str:
     stop.wait()
     return "no fault"
@@ -715,6 +786,10 @@ SCENARIOS = {
                  capture="wal", min_seconds=10),
         Scenario("wal-slot-dropped-while-streaming", _slot_dropped_while_streaming,
                  capture="wal", min_seconds=10),
+        # the producers run on through the move (a base backup takes a while on a busy machine)
+        Scenario("wal-failover-to-standby-without-slot", _failover, capture="wal",
+                 min_seconds=40),
+        Scenario("wal-restore-base-backup", _restore, capture="wal", min_seconds=40),
         Scenario(
             "wal-relay-frozen-90s",
             _streaming_relay_frozen,
@@ -788,6 +863,7 @@ def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0)
     history = History()
     with _world(log_dir, scenario) as world:
         world.crash_probability = scenario.crash_probability
+        world.history = history
         if scenario.crash_probability:
             for i in range(2):
                 proc = world.consumers[i]
@@ -825,7 +901,7 @@ def run(name: str, seconds: float, log_dir: Path, settle_timeout: float = 120.0)
         # the truth about commits of unknown outcome, from the database
         with psycopg.connect(world.url) as conn:
             in_outbox = {r[0] for r in conn.execute("SELECT id FROM outbox_messages")}
-        committed = history.committed | (history.unknown & in_outbox)
+        committed = (history.committed | (history.unknown & in_outbox)) - world.rewound
         expected = committed - history.poison
         recovered = float("nan")
         names = world.consumer_names
