@@ -40,6 +40,7 @@ from outbox._config import (
     file_secret,
     parse_env,
     read_toml,
+    value_error,
 )
 from outbox._connections import AsyncRaw, AsyncTarget, Target, resolve_async, resolve_sync
 from outbox._database import Database, connected, row_by_name, rows_by_name
@@ -72,6 +73,7 @@ from outbox._redact import (
 )
 from outbox._sql import Names, load, qualified, registry, table_name, templates
 from outbox._statements import WAKEUP_CHANNEL, redrive_statements
+from outbox._topic import topic_problem
 from outbox._wakeup import doorbell_for, ring_after_commit
 
 __all__ = [
@@ -131,6 +133,8 @@ __all__ = [
     "secrets_in",
     "table_name",
     "templates",
+    "topic_problem",
     "translate",
     "url_source",
+    "value_error",
 ]

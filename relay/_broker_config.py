@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from outbox._config import check_keys, parse_env, value_error
-from outbox._redact import remember_secrets
 from outbox.exceptions import ConfigurationError
+from outbox.kit import check_keys, parse_env, remember_secrets, value_error
 
 __all__ = [
     "OPTION_HELP",

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
-from outbox._errors import connect_failure, describe_database_error
-from outbox._redact import redact
 from outbox.exceptions import ConfigurationError
+from outbox.kit import connect_failure, describe_database_error, redact
 from relay._config import RelayConfig
 from relay._statements import relay_statements
 from relay.brokers.base import WILDCARD, Destinations, Publisher
@@ -73,8 +73,9 @@ async def _database(config: RelayConfig, report: CheckReport) -> set[str] | None
         report.say(f"{where}: FAILED: {reason}", ok=False)
         return None
     async with conn:
-        tables, leases = await (await conn.execute(stmts.tables_present)).fetchone() or (0, 0)
-        if not (tables and leases):
+        cur = conn.cursor(row_factory=dict_row)
+        present = await (await cur.execute(stmts.tables_present)).fetchone()
+        if not (present and present["tables"] and present["leases"]):
             schema = f" in schema {config.schema}" if config.schema else ""
             report.say(
                 f"{where}: FAILED: the outbox tables{schema} do not exist or are too old: run "
@@ -82,9 +83,9 @@ async def _database(config: RelayConfig, report: CheckReport) -> set[str] | None
                 ok=False,
             )
             return None
-        rows = await (await conn.execute(stmts.status_topics)).fetchall()
+        rows = await (await cur.execute(stmts.status_topics)).fetchall()
     report.say(f"{where}: ok, {len(rows)} topic(s) with unpublished messages")
-    return {row[0] for row in rows}
+    return {row["topic"] for row in rows}
 
 
 async def _broker(

@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from outbox._redact import redact
 from outbox.envelope import Envelope
+from outbox.kit import redact
 from relay._claim import Claim, Outcome, decide, mark_batch
 from relay._config import RelayConfig
 from relay._destinations import PausedDestinations

@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
 
 from outbox.envelope import Envelope
 
@@ -28,7 +29,8 @@ async def read_origin(conn: psycopg.AsyncConnection[Any], statement: bytes) -> s
     none, or its schema predates outbox_0020 (logged: consumers then need distinct keys)."""
     try:
         async with conn.transaction():
-            row = await (await conn.execute(statement)).fetchone()
+            cur = conn.cursor(row_factory=dict_row)
+            row = await (await cur.execute(statement)).fetchone()
     except (pg_errors.UndefinedTable, pg_errors.InsufficientPrivilege) as exc:
         log.warning(
             "relay: the database's origin cannot be read (%s): messages go out without one; "
@@ -37,7 +39,7 @@ async def read_origin(conn: psycopg.AsyncConnection[Any], statement: bytes) -> s
             type(exc).__name__,
         )
         return None
-    return row[0] if row and row[0] else None
+    return row["origin"] if row and row["origin"] else None
 
 
 def stamped(envelopes: Sequence[Envelope], origin: str | None) -> list[Envelope]:

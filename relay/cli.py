@@ -206,24 +206,16 @@ def relay_cmd(
 @_relay_options
 @click.option("--topic", "topics", multiple=True, help="Check this topic too (repeatable).")
 @click.pass_context
-def relay_check_cmd(
-    ctx: click.Context,
-    /,
-    url: str | None,
-    broker: str | None,
-    config_file: str | None,
-    log_format: str,
-    log_level: str,
-    topics: tuple[str, ...],
-    **flags: Any,
-) -> None:
+def relay_check_cmd(ctx: click.Context, /, topics: tuple[str, ...], **flags: Any) -> None:
     """Load the relay's configuration, connect to the database and the broker, and print per
     topic where the relay would publish and whether that destination exists; publishes
     nothing. Exits 0 when everything was found, 1 otherwise."""
     parent = ctx.parent.params if ctx.parent is not None else {}
-    url = url or parent.get("url")
-    broker = broker or parent.get("broker")
-    config_file = config_file or parent.get("config_file")
+    # the options given before `check` (outbox relay --config f check) count too
+    url, broker, config_file = (
+        flags.pop(name) or parent.get(name) for name in ("url", "broker", "config_file")
+    )
+    log_format, log_level = flags.pop("log_format"), flags.pop("log_level")
     for name, value in parent.items():
         if name in flags and flags[name] is None:
             flags[name] = value

@@ -58,11 +58,11 @@
 -- exist" and be retried forever.
 SELECT to_regclass({messages_name}) IS NOT NULL
        AND to_regclass({relays_name}) IS NOT NULL
-       AND to_regclass({audit_name}) IS NOT NULL,
+       AND to_regclass({audit_name}) IS NOT NULL AS tables,
        EXISTS (SELECT 1 FROM pg_attribute
                WHERE attrelid = to_regclass({messages_name}) AND attname = 'lease_token'
                  AND NOT attisdropped)
-       AND to_regclass({counter_name}) IS NOT NULL
+       AND to_regclass({counter_name}) IS NOT NULL AS leases
 
 -- name: origin
 -- outbox_origin: the database's origin (outbox_identity, outbox_0020), read once at start: the

@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from outbox._topic import topic_problem
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
+from outbox.kit import topic_problem
 from relay.exceptions import DestinationRefusedError
 
 __all__ = [
