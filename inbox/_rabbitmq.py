@@ -27,7 +27,7 @@ class RabbitMQConsumer(BrokerConsumer):
     that waited on the workers' bounded buffers let those tasks race (a task woken when the
     buffer had room could be overtaken by a newer one that found room at once), and an
     in-order queue was applied with a quarter of its messages refused as out of order, each
-    redelivered after ``redeliver_delay``. So the callback only appends the delivery to an
+    redelivered after the redeliver delay. So the callback only appends the delivery to an
     inbound list (it never waits); one task hands them on, in delivery-tag order. The list
     holds at most ``prefetch`` messages: the broker sends no more until some are
     acknowledged.

@@ -137,13 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "api")
     args = parser.parse_args(argv)
-    build(args.out)
-    problems = missing_entries(args.out) + broken_links(args.out)
+    out = args.out.resolve()  # the link check compares resolved paths
+    build(out)
+    problems = missing_entries(out) + broken_links(out)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:
         return 1
-    print(f"API reference: {page_of(MODULES[0], args.out).parent / 'index.html'}")
+    print(f"API reference: {page_of(MODULES[0], out).parent / 'index.html'}")
     return 0
 
 
