@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -244,3 +245,18 @@ def test_the_variables_build_the_claim_check_over_the_file(tmp_path: Path) -> No
     assert claim.store.root == tmp_path.resolve()
     with pytest.raises(ConfigurationError, match="OUTBOX_CLAIM_CHECK_TOPICS must be"):
         RelayConfig.load(cfg, env={"OUTBOX_CLAIM_CHECK_TOPICS": "a=lots"})
+
+
+def test_the_how_tos_config_file_builds_the_claim_check(tmp_path: Path) -> None:
+    """The [claim_check] TOML of docs/how-to/claim-check.md is a config the relay accepts."""
+    import_or_missing("boto3", "aws")
+    page = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "claim-check.md"
+    blocks = re.findall(r"^```toml\n(.*?)^```", page.read_text(), flags=re.DOTALL | re.M)
+    shown = next(b for b in blocks if "[claim_check]" in b)
+    config = RelayConfig.load(_toml(tmp_path / "relay.toml", shown), env={})
+    publisher = make_publisher(config)
+    assert isinstance(publisher, ClaimCheckPublisher)
+    store = publisher.claim_check.store
+    assert isinstance(store, S3Store)
+    assert (store.bucket, store.region) == ("acme-outbox-payloads", "eu-west-1")
+    assert dict(publisher.claim_check.topics) == {"invoices.pdf": 0}
