@@ -126,6 +126,7 @@ def settings_page() -> str:
         *_fields_table(TopicPolicy),
         "",
         *_broker_section(),
+        *_claim_check_section(),
     ]
     return "\n".join(out).rstrip() + "\n"
 
@@ -164,6 +165,23 @@ def _broker_section() -> list[str]:
             )
         out.append("")
     return out
+
+
+def _claim_check_section() -> list[str]:
+    from relay._claimcheck_config import CLAIM_CHECK_HELP
+
+    return [
+        "## Claim check (`[claim_check]`)\n",
+        "With this table the relay uploads each payload over its threshold to the store and "
+        "publishes a reference in its place ([the how-to](../how-to/claim-check.md)). Each key "
+        "can also come from `OUTBOX_CLAIM_CHECK_<KEY>` (`OUTBOX_CLAIM_CHECK_TOPICS=a=1024,b=0`), "
+        "which wins over the file. S3 credentials are not settings: they come from AWS's "
+        "default chain (environment, profile, instance role), and a key in the file is refused. "
+        "`outbox relay check` says whether the bucket exists or the directory is writable.\n",
+        "| key | meaning |\n|---|---|",
+        *(f"| `{name}` | {_cell(text)} |" for name, text in CLAIM_CHECK_HELP.items()),
+        "",
+    ]
 
 
 PAGES = {"cli.md": cli_page, "relay-settings.md": settings_page}

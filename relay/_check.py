@@ -54,6 +54,11 @@ async def check_relay(
         return report
     topics |= {t for t in config.topics} | {t for t in config.destinations if t != WILDCARD}
     topics |= set(extra_topics)
+    if config.claim_check is not None:
+        from relay._claimcheck_config import build_claim_check, check_store
+
+        ok, line = await check_store(build_claim_check(config.claim_check), _BOUND)
+        report.say(line, ok=ok)
     await _broker(config, make_publisher, sorted(topics), report)
     return report
 
@@ -102,6 +107,8 @@ async def _broker(
     created: tuple[str, list[str]] | None = None  # a stream the relay would create at start
     if scheme_of(url) == "nats" and options.get("create_stream") and options.get("stream"):
         options["create_stream"] = False  # the check changes nothing on the broker
+    # the broker's own adapter (its check_destination), without the claim check's wrapper
+    config = _replace(config, claim_check=None)
     publisher = make_publisher(_replace(config, broker_options=options))
     try:
         try:

@@ -29,6 +29,7 @@ from outbox.kit import (
 )
 from outbox.schema import check_identifier
 from relay._broker_config import options_for, parse_env_option, scheme_of, validate_options
+from relay._claimcheck_config import claim_check_from_env, validate_claim_check
 
 __all__ = ["RelayConfig", "TopicPolicy"]
 
@@ -110,6 +111,9 @@ class RelayConfig:
     #: topic -> broker destination, "*" a template with {topic} (TOML: [broker.destinations];
     #: OUTBOX_BROKER_DESTINATIONS=topic=dest,...)
     destinations: Mapping[str, str] = field(default_factory=dict)
+    #: the claim check: payloads over a threshold go to object storage, a reference to the
+    #: broker (TOML: the [claim_check] table; OUTBOX_CLAIM_CHECK_<OPTION>; keys listed below)
+    claim_check: Mapping[str, Any] | None = None
     #: schema of the outbox tables (None: the search_path)
     schema: str | None = None
     #: the origin put on every message (which database it came from; consumers keep one
@@ -251,6 +255,8 @@ class RelayConfig:
         )  # fmt: skip
         if self.broker_url is not None and self.broker_options:
             validate_options(self.broker_url, self.broker_options)
+        if self.claim_check is not None:
+            validate_claim_check(self.claim_check)
 
     def policy(self, topic: str) -> TopicPolicy:
         """The policy of ``topic`` (the default one unless configured)."""
@@ -281,6 +287,9 @@ class RelayConfig:
         values.update(_from_env(environ))
         values.update({k: v for k, v in flags.items() if v is not None})
         _broker_from_env(environ, values, origin)
+        claim_check_from_env(environ, values, origin)
+        if values.get("claim_check") is not None:
+            validate_claim_check(values["claim_check"], _claim_check_origin(values, origin))
         if values.get("broker_url") and values.get("broker_options"):
             validate_options(values["broker_url"], values["broker_options"], origin)
         source = "database_url"
@@ -349,16 +358,31 @@ def _check(name: str, value: object, ok: bool, accepts: str) -> None:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RelayConfig)}
-_SCALARS = set(_FIELDS) - {"default_policy", "topics", "broker_options", "destinations"}
+_SCALARS = set(_FIELDS) - {
+    "default_policy", "topics", "broker_options", "destinations", "claim_check"
+}  # fmt: skip
+
+
+def _claim_check_origin(values: Mapping[str, Any], origin: Mapping[str, str]) -> str:
+    """Where the claim check's settings came from: the file's table and/or the variables."""
+    found = sorted({origin[f"claim_check.{k}"] for k in values["claim_check"]
+                    if f"claim_check.{k}" in origin})  # fmt: skip
+    return ", ".join(found) if found else "[claim_check]"
 
 
 def _from_toml(path: Path, origin: dict[str, str]) -> dict[str, Any]:
     data = read_toml(path, kind="config file")
     if "relay" in data:  # [relay] holds the settings; [broker] may sit beside it
-        data = {**data["relay"], **({"broker": data["broker"]} if "broker" in data else {})}
+        data = {**data["relay"], **{k: data[k] for k in ("broker", "claim_check") if k in data}}
     where = f"config file {path}"
     check_keys(data, sorted({*_FIELDS, "default", "broker"}), where, what="setting")
-    out = {k: v for k, v in data.items() if k in _SCALARS}
+    if "claim_check" in data:
+        out_claim = data["claim_check"]
+        if isinstance(out_claim, dict):
+            origin.update({f"claim_check.{k}": f"{where}: [claim_check]" for k in out_claim})
+        else:
+            raise ConfigurationError(f"{where}: claim_check must be a [claim_check] table")
+    out = {k: v for k, v in data.items() if k in _SCALARS or k == "claim_check"}
     broker = data.get("broker")
     if isinstance(broker, str):  # broker = "nats://..." is the URL
         out["broker_url"] = broker

@@ -74,7 +74,8 @@ def database_url(url: str | None) -> str:
 
 
 def make_publisher(config: RelayConfig) -> Publisher:
-    """The broker adapter for ``config.broker_url`` (relay.brokers.publisher_for_url)."""
+    """The broker adapter for ``config.broker_url`` (relay.brokers.publisher_for_url), in a
+    ClaimCheckPublisher when the config has a ``[claim_check]`` table."""
     if not config.broker_url:
         raise ConfigurationError(
             f"no broker: pass --broker nats://host:4222 (or {_SCHEMES_TEXT}), set "
@@ -98,6 +99,11 @@ def make_publisher(config: RelayConfig) -> Publisher:
         ack_timeout=round(budget * 0.8, 3),
         **options,
     )
+    if config.claim_check is not None:  # payloads over the threshold go to the store first
+        from relay._claimcheck import ClaimCheckPublisher
+        from relay._claimcheck_config import build_claim_check
+
+        return ClaimCheckPublisher(publisher, build_claim_check(config.claim_check))
     return publisher
 
 
