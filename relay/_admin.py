@@ -24,24 +24,7 @@ from outbox.schema import OUTBOX_CAPTURE, OUTBOX_WAL_PENDING, check_identifier
 from relay._slot import SlotHealth, default_slot
 from relay._statements import TEMPLATES, RelayStatements, relay_statements
 
-__all__ = [
-    "DeadFilter",
-    "DeadMessage",
-    "RelayStatus",
-    "broker_kind",
-    "dead_drop",
-    "dead_list",
-    "dead_listing",
-    "dead_purge",
-    "dead_requeue",
-    "dead_retry",
-    "default_actor",
-    "delete_published",
-    "disable_capture",
-    "enable_capture",
-    "published_since",
-    "relay_status",
-]
+# The public names are relay.admin's (its __all__); this module holds their code.
 
 
 @dataclass(frozen=True)

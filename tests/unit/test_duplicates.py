@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("outbox", "inbox", "relay", "spark_ingest", "outbox_console")
 RUN = 6
 TOO_COMMON = 8
-MAX_PAIRS = 21
+MAX_PAIRS = 20
 
 _SKIP = re.compile(r"^(#.*|from \S+ import .*|import \S.*|[()\[\]{},:;]*)$")
 
