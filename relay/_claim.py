@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 import orjson
 import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
 from outbox.envelope import Envelope
@@ -176,12 +175,12 @@ async def mark_batch(
         params["delays"] = [o.delay for o in outcomes]
         params["errors"] = [o.error for o in outcomes]
     if not durable:
-        cur = await conn.cursor(row_factory=dict_row).execute(stmt, params)
-        return {r["id"] for r in await cur.fetchall()}
+        cur = await conn.execute(stmt, params)
+        return {r[0] for r in await cur.fetchall()}
     async with conn.transaction():
         await conn.execute(stmts.durable_commit)
-        cur = await conn.cursor(row_factory=dict_row).execute(stmt, params)
-        return {r["id"] for r in await cur.fetchall()}
+        cur = await conn.execute(stmt, params)
+        return {r[0] for r in await cur.fetchall()}
 
 
 async def relay_session(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -17,8 +17,9 @@ PACKAGES = ("outbox", "inbox", "relay", "spark_ingest", "outbox_console")
 #: files left as they are, with why; each entry is a debt, not a rule
 LEFT = {
     # The claim's rows: ten columns per claimed message, unpacked in the loop that builds the
-    # envelopes, once per claimed message.
-    "relay/_claim.py": "the claim's hot loop",
+    # envelopes, once per claimed message; the marks' ids (one column) on the session's own
+    # cursor.
+    "relay/_claim.py": "the claim's hot loop and the marks' ids",
     # The write path's cursors may be asyncpg's (outbox/_asyncpg.py), which give tuples: each
     # read here is of the write path's own one-statement results, per message.
     "outbox/_publish_common.py": "the write path's insert result",
