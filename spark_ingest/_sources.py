@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from outbox.kit import qualified
+from outbox.kit import one_line, qualified
 from outbox.schema import INBOX_MESSAGES, OUTBOX_MESSAGES
 from spark_ingest._config import Source
 from spark_ingest._errors import SourceError
@@ -76,8 +77,28 @@ def _connect(source: Source) -> psycopg.Connection[Any]:
 def read_horizon(source: Source, table: str) -> Horizon:
     """Freeze the horizon of ``source`` and check that ``table`` exists there."""
     name = qualified(source.schema, table).as_string(None)
-    with _connect(source) as conn, conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(spark_statements(source.schema).horizon, {"table": name}).fetchone()
+    try:
+        with _connect(source) as conn, conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(spark_statements(source.schema).horizon, {"table": name}).fetchone()
+    except psycopg.errors.UndefinedFunction as exc:  # outbox_oldest_xact_start(): outbox_0018
+        raise SourceError(
+            f"source {source.name!r}: table {name} does not exist in {source.jdbc_url}, or its "
+            "schema is older than this version (no outbox_oldest_xact_start()): run `outbox "
+            "migrate upgrade` there, or set the right schema",
+            source=source.name,
+            table=name,
+        ) from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        user = source.login or "(default user)"
+        raise SourceError(
+            f"source {source.name!r}: cannot read the horizon in {source.jdbc_url} as {user}: "
+            f"{one_line(str(exc))}; grant that user the reconciliation's rights: `outbox "
+            f"migrate grants --reconcile {shlex.quote(user)} --apply` (EXECUTE on "
+            "outbox_oldest_xact_start() and SELECT on the tables)",
+            source=source.name,
+            table=name,
+            user=source.login,
+        ) from exc
     assert row is not None
     xmin, now, safe_time, has_table = row["xmin"], row["now"], row["safe_time"], row["has_table"]
     if not has_table:

@@ -3,6 +3,7 @@ inbox rows stamped by a clock behind the outbox's."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import uuid
 from collections.abc import Iterator
@@ -34,7 +35,21 @@ def role_without_select(pg_server: PgServer) -> Iterator[str]:
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
-def test_reconcile_inbox_without_select_names_the_server_error_and_the_user(
+@contextlib.contextmanager
+def _horizon_granted(url: str, role: str) -> Iterator[None]:
+    """EXECUTE on the horizon's function (outbox_0018), what `grants --reconcile` gives first;
+    revoked after, so that the role can be dropped."""
+    statement = "{} EXECUTE ON FUNCTION outbox_oldest_xact_start() {} {}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        who = sql.Identifier(role)
+        conn.execute(sql.SQL(statement).format(sql.SQL("GRANT"), sql.SQL("TO"), who))
+        try:
+            yield
+        finally:
+            conn.execute(sql.SQL(statement).format(sql.SQL("REVOKE"), sql.SQL("FROM"), who))
+
+
+def test_reconcile_inbox_without_the_horizon_function_names_it_and_the_grants(
     spark: Any, database_url: str, inbox_urls: tuple[str, str], role_without_select: str
 ) -> None:
     now = dt.datetime.now(dt.UTC)
@@ -45,6 +60,26 @@ def test_reconcile_inbox_without_select_names_the_server_error_and_the_user(
         window=Window(now - 2 * H, now),
     )
     with pytest.raises(SourceError) as err:
+        reconcile(spark, config, record=False)
+    message = str(err.value)
+    assert "permission denied for function outbox_oldest_xact_start" in message
+    assert f"as {role_without_select}" in message
+    assert f"outbox migrate grants --reconcile {role_without_select} --apply" in message
+    assert err.value.source == "billing"
+
+
+def test_reconcile_inbox_without_select_names_the_server_error_and_the_user(
+    spark: Any, database_url: str, inbox_urls: tuple[str, str], role_without_select: str
+) -> None:
+    now = dt.datetime.now(dt.UTC)
+    config = JobConfig(
+        outbox=Source("outbox", database_url),
+        inboxes=(Source("billing", inbox_urls[0], user=role_without_select),),
+        subscriptions={"orders": ("billing",)},
+        window=Window(now - 2 * H, now),
+    )
+    # SELECT is all it lacks
+    with _horizon_granted(inbox_urls[0], role_without_select), pytest.raises(SourceError) as err:
         reconcile(spark, config, record=False)
     message = str(err.value)
     assert "permission denied for table inbox_messages" in message
