@@ -27,230 +27,15 @@ from __future__ import annotations
 from alembic import op
 
 from outbox._migrate import configured_schema
+from outbox_migrations import function_sql, schema_names
 
 revision = "outbox_0009"
 down_revision = "outbox_0008"
 branch_labels = None
 depends_on = None
 
-_SHA1 = r"""
-CREATE FUNCTION {fn}outbox_sha1(data bytea) RETURNS bytea
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $body$
--- SHA-1 (FIPS 180-4) on 32-bit words kept in bigints. Only for UUIDv5 ids, never for security.
-DECLARE
-    h bigint[] := ARRAY[x'67452301'::bigint, x'EFCDAB89'::bigint, x'98BADCFE'::bigint,
-                        x'10325476'::bigint, x'C3D2E1F0'::bigint];
-    m bytea := data || '\x80'::bytea;
-    w bigint[];
-    a bigint; b bigint; c bigint; d bigint; e bigint; f bigint; k bigint; t bigint;
-    mask CONSTANT bigint := 4294967295;
-    base int;
-BEGIN
-    WHILE octet_length(m) % 64 <> 56 LOOP
-        m := m || '\x00'::bytea;
-    END LOOP;
-    m := m || int8send(octet_length(data)::bigint * 8);
-    FOR blk IN 0 .. octet_length(m) / 64 - 1 LOOP
-        base := blk * 64;
-        w := array_fill(0::bigint, ARRAY[80]);
-        FOR i IN 0 .. 15 LOOP
-            w[i + 1] := (get_byte(m, base + i * 4)::bigint << 24)
-                      | (get_byte(m, base + i * 4 + 1)::bigint << 16)
-                      | (get_byte(m, base + i * 4 + 2)::bigint << 8)
-                      | get_byte(m, base + i * 4 + 3)::bigint;
-        END LOOP;
-        FOR i IN 16 .. 79 LOOP
-            t := w[i - 2] # w[i - 7] # w[i - 13] # w[i - 15];
-            w[i + 1] := ((t << 1) | (t >> 31)) & mask;
-        END LOOP;
-        a := h[1]; b := h[2]; c := h[3]; d := h[4]; e := h[5];
-        FOR i IN 0 .. 79 LOOP
-            IF i < 20 THEN
-                f := (b & c) | ((b # mask) & d); k := x'5A827999'::bigint;
-            ELSIF i < 40 THEN
-                f := b # c # d; k := x'6ED9EBA1'::bigint;
-            ELSIF i < 60 THEN
-                f := (b & c) | (b & d) | (c & d); k := x'8F1BBCDC'::bigint;
-            ELSE
-                f := b # c # d; k := x'CA62C1D6'::bigint;
-            END IF;
-            t := ((((a << 5) | (a >> 27)) & mask) + f + e + k + w[i + 1]) & mask;
-            e := d; d := c; c := ((b << 30) | (b >> 2)) & mask; b := a; a := t;
-        END LOOP;
-        h[1] := (h[1] + a) & mask; h[2] := (h[2] + b) & mask; h[3] := (h[3] + c) & mask;
-        h[4] := (h[4] + d) & mask; h[5] := (h[5] + e) & mask;
-    END LOOP;
-    RETURN substring(int8send(h[1]) FROM 5) || substring(int8send(h[2]) FROM 5)
-        || substring(int8send(h[3]) FROM 5) || substring(int8send(h[4]) FROM 5)
-        || substring(int8send(h[5]) FROM 5);
-END
-$body$
-"""
-
-_IDEMPOTENCY_ID = r"""
-CREATE FUNCTION {fn}outbox_idempotency_id(topic text, idempotency_key text) RETURNS uuid
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $body$
-    -- UUIDv5 in the namespace publish() uses (outbox._ids.IDEMPOTENCY_NAMESPACE), of
-    -- topic, NUL, key in UTF-8: the id publish(..., idempotency_key=...) derives.
-    SELECT encode(
-        set_byte(set_byte(digest, 6, (get_byte(digest, 6) & 15) | 80),
-                 8, (get_byte(digest, 8) & 63) | 128),
-        'hex')::uuid
-    FROM (
-        SELECT substring({fn}outbox_sha1(
-            '\x5b1f6d0e8f6b4c8e9a570b0c5e11e7a1'::bytea || convert_to(topic, 'UTF8')
-            || '\x00'::bytea || convert_to(idempotency_key, 'UTF8')) FROM 1 FOR 16) AS digest
-    ) AS s
-$body$
-"""
-
-_UUID_V7 = r"""
-CREATE FUNCTION {fn}outbox_uuid_v7() RETURNS uuid
-LANGUAGE sql VOLATILE PARALLEL SAFE AS $body$
-    -- 48 bits of Unix milliseconds, version 7, the variant bits, 74 random bits (RFC 9562).
-    SELECT encode(
-        set_byte(set_byte(
-            overlay(uuid_send(gen_random_uuid())
-                    PLACING substring(int8send(floor(
-                        extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
-                    FROM 1 FOR 6),
-            6, (get_byte(uuid_send(gen_random_uuid()), 6) & 15) | 112),
-            8, (get_byte(uuid_send(gen_random_uuid()), 8) & 63) | 128),
-        'hex')::uuid
-$body$
-"""
-
-_PUBLISH = r"""
-CREATE FUNCTION {fn}outbox_publish(
-    topic text,
-    key text,
-    payload jsonb,
-    headers jsonb DEFAULT '{{}}',
-    idempotency_key text DEFAULT NULL,
-    deliver_after interval DEFAULT NULL,
-    traceparent text DEFAULT NULL,
-    max_payload_bytes integer DEFAULT 1048576,
-    wakeup boolean DEFAULT true
-) RETURNS uuid
-LANGUAGE plpgsql VOLATILE AS $body$
-#variable_conflict use_column
-DECLARE
-    v_headers jsonb := coalesce(headers, '{{}}'::jsonb);
-    v_payload bytea;
-    v_size bigint;
-    v_id uuid;
-    v_seq bigint;
-    h_name text;
-    h_value jsonb;
-BEGIN
-    -- Validation first, with the words publish() uses: nothing is written on bad input.
-    IF topic IS NULL OR btrim(topic) = '' THEN
-        RAISE EXCEPTION 'outbox_publish: topic must not be empty or blank'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF octet_length(topic) > 255 THEN
-        RAISE EXCEPTION 'outbox_publish: topic is % bytes in UTF-8, above the maximum of 255',
-            octet_length(topic) USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'use a shorter identifier (for example a hash of the long one)';
-    END IF;
-    IF key IS NULL OR btrim(key) = '' THEN
-        RAISE EXCEPTION 'outbox_publish: key must not be empty or blank'
-            USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'the key is the ordering key, for example the aggregate id';
-    END IF;
-    IF octet_length(key) > 1024 THEN
-        RAISE EXCEPTION 'outbox_publish: key is % bytes in UTF-8, above the maximum of 1024',
-            octet_length(key) USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'use a shorter identifier (for example a hash of the long one)';
-    END IF;
-    IF payload IS NULL THEN
-        RAISE EXCEPTION 'outbox_publish: payload must not be NULL'
-            USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'pass ''null''::jsonb for a JSON null';
-    END IF;
-    IF jsonb_typeof(v_headers) <> 'object' THEN
-        RAISE EXCEPTION 'outbox_publish: headers must be a JSON object of text values, not %',
-            jsonb_typeof(v_headers) USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    FOR h_name, h_value IN SELECT j.key, j.value FROM jsonb_each(v_headers) AS j LOOP
-        IF jsonb_typeof(h_value) <> 'string' THEN
-            RAISE EXCEPTION 'outbox_publish: headers[%] must be text, not %', h_name,
-                jsonb_typeof(h_value) USING ERRCODE = 'invalid_parameter_value',
-                HINT = 'brokers carry headers as text: convert the value to a JSON string';
-        END IF;
-        IF lower(h_name) LIKE 'outbox-%'
-           OR lower(h_name) IN ('content-type', 'traceparent', 'payload', 'nats-msg-id') THEN
-            RAISE EXCEPTION 'outbox_publish: headers[%] uses a name reserved for the envelope',
-                h_name USING ERRCODE = 'invalid_parameter_value',
-                HINT = 'reserved: outbox-*, content-type, traceparent, payload, nats-msg-id';
-        END IF;
-        IF h_name = '' OR h_name ~ '[\x01-\x20:\x7f]' THEN
-            RAISE EXCEPTION 'outbox_publish: header name % must be non-empty, without '
-                'whitespace, '':'' or control characters', quote_literal(h_name)
-                USING ERRCODE = 'invalid_parameter_value', HINT = 'for example x-tenant-id';
-        END IF;
-        IF (h_value #>> '{{}}') ~ '[\r\n]' THEN
-            RAISE EXCEPTION 'outbox_publish: headers[%] must not contain CR or LF', h_name
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-    END LOOP;
-    IF deliver_after IS NOT NULL AND deliver_after < interval '0' THEN
-        RAISE EXCEPTION 'outbox_publish: deliver_after must not be negative, not %',
-            deliver_after USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    v_payload := convert_to(payload::text, 'UTF8');
-    -- Brokers count headers against their limit too, as publish() does.
-    v_size := octet_length(v_payload)
-        + CASE WHEN v_headers = '{{}}'::jsonb THEN 0
-               ELSE octet_length(convert_to(v_headers::text, 'UTF8')) END;
-    IF v_size > max_payload_bytes THEN
-        RAISE EXCEPTION 'outbox_publish: payload of topic % is % bytes serialized (with its '
-            'headers), above the maximum of %', quote_literal(topic), v_size, max_payload_bytes
-            USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'store large data elsewhere and publish a reference to it';
-    END IF;
-
-    IF idempotency_key IS NOT NULL THEN
-        IF btrim(idempotency_key) = '' THEN
-            RAISE EXCEPTION 'outbox_publish: idempotency_key must not be empty or blank'
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        v_id := {fn}outbox_idempotency_id(topic, idempotency_key);
-        -- The lock order of publish() (outbox_idempotency_lock): the key's counter row
-        -- first, then the advisory lock of the derived id (class 3084 = 0x0C0C, the first
-        -- four bytes of the id as a signed int4), so SQL and Python writers cannot deadlock.
-        INSERT INTO {messages_seq} AS s (topic, key, last_seq)
-        VALUES (outbox_publish.topic, outbox_publish.key, 0)
-        ON CONFLICT (topic, key) DO UPDATE SET last_seq = s.last_seq;
-        PERFORM pg_advisory_xact_lock(
-            3084, ('x' || left(replace(v_id::text, '-', ''), 8))::bit(32)::int4);
-        IF EXISTS (SELECT 1 FROM {messages} AS e WHERE e.id = v_id) THEN
-            RETURN v_id;  -- published already: a no-op, the same id
-        END IF;
-    ELSE
-        v_id := {fn}outbox_uuid_v7();
-    END IF;
-
-    -- outbox_messages_insert_one: the counter row's lock orders same-key writers until
-    -- commit, so seqs are gapless and in commit order (see outbox/_statements.py).
-    INSERT INTO {messages_seq} AS s (topic, key, last_seq)
-    VALUES (outbox_publish.topic, outbox_publish.key, 1)
-    ON CONFLICT (topic, key) DO UPDATE SET last_seq = s.last_seq + 1
-    RETURNING s.last_seq INTO v_seq;
-    INSERT INTO {messages}
-        (id, topic, key, seq, headers, payload, content_type, traceparent, available_at)
-    VALUES (v_id, outbox_publish.topic, outbox_publish.key, v_seq, v_headers, v_payload,
-            'application/json', outbox_publish.traceparent,
-            clock_timestamp() + coalesce(deliver_after, interval '0'));
-    IF wakeup THEN
-        -- A NOTIFY in the transaction wakes listening relays at commit. It costs a
-        -- cluster-wide lock at commit; pass wakeup => false for bulk loads (the relays poll).
-        PERFORM pg_notify('outbox_wakeup_v1', '');
-    END IF;
-    RETURN v_id;
-END
-$body$
-"""
+#: created in this order (each calls only the ones before it); their text: migrations/functions
+_FUNCTIONS = ("outbox_sha1", "outbox_idempotency_id", "outbox_uuid_v7", "outbox_publish")
 
 _SIGNATURES = [
     "outbox_publish(text, text, jsonb, jsonb, text, interval, text, integer, boolean)",
@@ -260,22 +45,13 @@ _SIGNATURES = [
 ]
 
 
-def _names(schema: str | None) -> dict[str, str]:
-    prefix = f'"{schema}".' if schema else ""
-    return {
-        "fn": prefix,
-        "messages": f"{prefix}outbox_messages",
-        "messages_seq": f"{prefix}outbox_key_sequences",
-    }
-
-
 def upgrade() -> None:
-    names = _names(configured_schema(op.get_context().config))
-    for ddl in (_SHA1, _IDEMPOTENCY_ID, _UUID_V7, _PUBLISH):
-        op.execute(ddl.format(**names))
+    names = schema_names(configured_schema(op.get_context().config))
+    for name in _FUNCTIONS:
+        op.execute(function_sql(name, revision, **names))
 
 
 def downgrade() -> None:
-    names = _names(configured_schema(op.get_context().config))
+    names = schema_names(configured_schema(op.get_context().config))
     for signature in _SIGNATURES:
         op.execute(f"DROP FUNCTION IF EXISTS {names['fn']}{signature}")
