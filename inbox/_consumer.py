@@ -18,6 +18,7 @@ connection (the broker's own settle call fails), and a ``BaseException`` such as
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import functools
@@ -160,9 +161,12 @@ class ConsumerOptions(TypedDict, total=False):
     claim_check: ClaimCheckResolver | None
 
 
-class BrokerConsumer:
+class BrokerConsumer(abc.ABC):
     """Base of the broker runners: ``await run()`` until ``stop()``; then it shuts down cleanly,
-    finishing the message in hand (commit, then ack) and closing its broker connection."""
+    finishing the message in hand (commit, then ack) and closing its broker connection.
+
+    The one consumer interface: every broker's consumer (a plug-in's too, see
+    :mod:`outbox.brokers`) subclasses it and implements :meth:`_consume`."""
 
     #: True: a message not applied is dealt with by a task of its own (:meth:`_defer`: applied
     #: again, set aside, or released later), and ``Delivery.settle`` settles it at once;
@@ -525,8 +529,11 @@ class BrokerConsumer:
                     queue.get_nowait()
             await asyncio.sleep(0)
 
-    async def _consume(self) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def _consume(self) -> None:
+        """Receive until :attr:`stopping`: connect, subscribe, set :attr:`ready`, and hand each
+        message to the workers (``_dispatch``/``_submit`` with a :class:`Delivery`); close the
+        connection before returning."""
 
     async def _upkeep(self) -> None:
         next_gauges = 0.0

@@ -15,7 +15,6 @@ form (:func:`publisher_kwargs`).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import json
 import re
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from outbox.brokers import plugin_for_scheme
 from outbox.exceptions import ConfigurationError
 from outbox.kit import check_keys, parse_env, remember_secrets, value_error
 
@@ -180,13 +180,10 @@ def scheme_of(url: str) -> str:
 
 
 def _adapter(scheme: str) -> Callable[..., Any] | None:
-    from relay.brokers import _BUILDERS
-
-    builder = _BUILDERS.get(scheme)
-    if builder is None:
+    plugin = plugin_for_scheme(scheme)
+    if plugin is None:
         return None
-    module, cls_name, _ = builder
-    cls: Callable[..., Any] = getattr(importlib.import_module(f"relay.brokers.{module}"), cls_name)
+    cls: Callable[..., Any] = plugin.load("publisher")
     return cls
 
 

@@ -57,10 +57,11 @@ _schema = click.option(
 
 
 def _schemes_text() -> str:
-    from relay.brokers import SCHEMES
+    from outbox.brokers import plugins
+    from relay.brokers import SCHEMES, scheme_text
 
-    shown = [s for s in SCHEMES if s != "memory"]
-    return ", ".join(f"{s}:" if s in ("stdout", "file") else f"{s}://" for s in shown)
+    hidden = {s for p in plugins().values() if not p.listed for s in p.schemes}
+    return ", ".join(scheme_text(s) for s in SCHEMES if s not in hidden)
 
 
 _SCHEMES_TEXT = _schemes_text()

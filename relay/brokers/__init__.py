@@ -1,16 +1,22 @@
 """Broker adapters: one module per broker, SDKs imported lazily; the URL chooses the adapter.
 
 >>> pub = publisher_for_url("nats://127.0.0.1:4222", destinations={"*": "events.{topic}"})
+
+The URL's scheme chooses the broker among the registered ones (:mod:`outbox.brokers`: the
+built-in brokers of relay/brokers/plugins.py and any installed plug-in), so :data:`SCHEMES` is
+what is installed, not a list kept here.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote
 
+from outbox.brokers import plugin_for_scheme
+from outbox.brokers import problems as broker_problems
+from outbox.brokers import schemes as broker_schemes
 from outbox.exceptions import ConfigurationError, MissingDependencyError
 from outbox.kit import redact, remember_secrets
 from relay.brokers.base import BrokerFeatures, Destinations, Publisher
@@ -21,13 +27,17 @@ __all__ = [
     "MissingDependencyError",
     "Publisher",
     "publisher_for_url",
+    "scheme_text",
 ]
 
-SCHEMES: tuple[str, ...]
-SCHEMES = ("nats", "amqp", "amqps", "kafka", "kafkas", "redis", "rediss", "mqtt", "mqtts", "stdout",
-           "file", "memory")  # fmt: skip
-SCHEMES += ("amqp1", "amqp1s")  # AMQP 1.0 (amqp:// is RabbitMQ's 0-9-1)
-SCHEMES += ("sqs", "sns")  # Amazon SQS and SNS: relay/brokers/sqs.py
+#: every URL scheme an installed broker serves (the built-in ones first)
+SCHEMES: tuple[str, ...] = broker_schemes()
+
+
+def scheme_text(scheme: str) -> str:
+    """``scheme://`` or, for a broker whose URL is a path or nothing, ``scheme:``."""
+    plugin = plugin_for_scheme(scheme)
+    return f"{scheme}:" if plugin is not None and plugin.opaque else f"{scheme}://"
 
 
 def publisher_for_url(
@@ -51,17 +61,16 @@ def publisher_for_url(
     MissingDependencyError (a ConfigurationError) naming the pip extra when the SDK is missing.
     """
     scheme = url.partition(":")[0].lower()
-    builder = _BUILDERS.get(scheme)
-    if builder is None or ":" not in url:
+    plugin = plugin_for_scheme(scheme) if ":" in url else None
+    if plugin is None:
+        left_out = "".join(f"; {p}" for p in broker_problems())
         raise ConfigurationError(
             f"unknown broker URL {redact(url)!r}: use one of "
-            + ", ".join(
-                f"{s}:" if s in ("stdout", "file", "memory") else f"{s}://" for s in SCHEMES
-            ),
+            + ", ".join(scheme_text(s) for s in broker_schemes())
+            + left_out,
             url=redact(url),
         )
-    module, cls_name, make_args = builder
-    cls = getattr(importlib.import_module(f"relay.brokers.{module}"), cls_name)
+    cls = plugin.load("publisher")
     remember_secrets(url, options.get("config"))  # masked wherever a client's error quotes them
     url, allow = _allow_of(url)
     if allow is not None:
@@ -70,7 +79,7 @@ def publisher_for_url(
                 f"{scheme}: URLs take no allow= (this adapter sends to one place)", url=redact(url)
             )
         options = {"allowed_destinations": allow, **options}
-    args, implied = make_args(url)
+    args, implied = plugin.parse_url(url)
     if "config" in implied and options.get("config") is not None:  # the caller's settings win
         options = {**options, "config": {**implied["config"], **options["config"]}}
     kwargs = {**implied, **options, "destinations": destinations}
@@ -119,142 +128,3 @@ def _check_options(cls: Callable[..., Any], kwargs: Mapping[str, Any], url: str)
             f"{getattr(cls, '__name__', cls)}; valid: {', '.join(sorted(allowed))}",
             options=unknown,
         )
-
-
-def _whole(url: str) -> tuple[list[Any], dict[str, Any]]:
-    return [url], {}
-
-
-def _nats(url: str) -> tuple[list[Any], dict[str, Any]]:
-    return [[u.strip() for u in url.split(",") if u.strip()]], {}
-
-
-#: SASL mechanisms librdkafka accepts with a user name and a password
-KAFKA_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-
-
-def _kafka(url: str) -> tuple[list[Any], dict[str, Any]]:
-    """``kafka[s]://[user:password@]host:port[,host:port][?mechanism=SCRAM-SHA-512]``.
-
-    The user-info becomes librdkafka's SASL settings (never part of a server name, which
-    librdkafka logs): ``sasl.username``, ``sasl.password``, ``sasl.mechanism`` (``mechanism``,
-    default PLAIN) and ``security.protocol`` SASL_PLAINTEXT, or SASL_SSL for ``kafkas://``
-    (plain ``kafkas://`` without user-info is SSL).
-    """
-    expected = "kafka[s]://[user:password@]host:port[,host:port][?mechanism=PLAIN]"
-    scheme, _, rest = url.partition("://")
-    tls = scheme.lower() == "kafkas"
-    rest, _, query = rest.partition("?")
-    userinfo, at, servers = rest.rpartition("@")
-    hosts = [
-        h.strip().removeprefix("kafkas://").removeprefix("kafka://").rstrip("/")
-        for h in servers.split(",")
-    ]
-    if not all(hosts) or any("@" in h or "/" in h for h in hosts):
-        raise ConfigurationError(f"Kafka URL {redact(url)!r} needs {expected}", url=redact(url))
-    params = dict(parse_qsl(query, keep_blank_values=True))
-    mechanism = params.pop("mechanism", None) or params.pop("sasl_mechanism", None) or "PLAIN"
-    if params:
-        raise ConfigurationError(
-            f"Kafka URL {redact(url)!r}: unknown parameter(s) {', '.join(sorted(params))}; "
-            "the only one is mechanism (pass other librdkafka settings as config={...})",
-            url=redact(url),
-        )
-    config: dict[str, Any] = {}
-    if at:
-        user, colon, password = userinfo.partition(":")
-        if not user or not colon:
-            shown = redact(url, secrets=(userinfo,))  # a lone user-info may be a password
-            raise ConfigurationError(
-                f"Kafka URL {shown!r}: the user-info must be user:password (SASL); "
-                f"expected {expected}",
-                url=shown,
-            )
-        if mechanism.upper() not in KAFKA_MECHANISMS:
-            raise ConfigurationError(
-                f"Kafka URL {redact(url)!r}: mechanism must be one of "
-                f"{', '.join(KAFKA_MECHANISMS)}, got {mechanism!r}",
-                url=redact(url),
-            )
-        config = {
-            "security.protocol": "SASL_SSL" if tls else "SASL_PLAINTEXT",
-            "sasl.mechanism": mechanism.upper(),
-            "sasl.username": unquote(user),
-            "sasl.password": unquote(password),
-        }
-        remember_secrets(config)
-    elif tls:
-        config = {"security.protocol": "SSL"}
-    return [",".join(hosts)], {"config": config} if config else {}
-
-
-def _mqtt(url: str) -> tuple[list[Any], dict[str, Any]]:
-    parts = urlsplit(url)
-    tls = parts.scheme.lower() == "mqtts"
-    implied: dict[str, Any] = {"tls": tls} if tls else {}
-    if parts.username:
-        implied["username"] = unquote(parts.username)
-        implied["password"] = unquote(parts.password) if parts.password else None
-    return [parts.hostname or "127.0.0.1", parts.port or (8883 if tls else 1883)], implied
-
-
-def _file(url: str) -> tuple[list[Any], dict[str, Any]]:
-    path = url.partition(":")[2]
-    if path.startswith("//"):
-        path = urlsplit(url).path
-    if not path:
-        raise ConfigurationError(
-            f"file URL {redact(url)!r} needs a path: file:/var/log/outbox.jsonl"
-        )
-    return [unquote(path)], {}
-
-
-def _aws(url: str) -> tuple[list[Any], dict[str, Any]]:
-    """``sqs://[REGION][?endpoint=URL][&destination=TEMPLATE]`` (and ``sns://``): the region,
-    else AWS's default (``AWS_DEFAULT_REGION``, the profile); ``endpoint`` for a local or
-    private endpoint; ``destination`` for the topics ``destinations`` does not map
-    (``{topic}.fifo``)."""
-    parts = urlsplit(url)
-    if parts.username or parts.password or parts.path.strip("/"):
-        raise ConfigurationError(
-            f"{parts.scheme} URL needs the form {parts.scheme}://[REGION][?endpoint=URL]: "
-            "credentials come from AWS's default chain, queues and topics from destinations",
-            scheme=parts.scheme,
-        )
-    implied: dict[str, Any] = {}
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        option = {"endpoint": "endpoint_url", "region": "region",
-                  "destination": "default_destination"}.get(name)  # fmt: skip
-        if option is None or not value:
-            raise ConfigurationError(
-                f"{parts.scheme} URL option {name!r} is not known or empty (endpoint=URL, "
-                "region=NAME, destination=TEMPLATE)",
-                option=name,
-            )
-        implied[option] = value
-    region = parts.hostname or implied.pop("region", None)
-    return [region], implied
-
-
-def _none(_url: str) -> tuple[list[Any], dict[str, Any]]:
-    return [], {}
-
-
-_BUILDERS: dict[str, tuple[str, str, Callable[[str], tuple[list[Any], dict[str, Any]]]]] = {
-    "nats": ("nats", "NatsPublisher", _nats),
-    "amqp": ("rabbitmq", "RabbitMQPublisher", _whole),
-    "amqps": ("rabbitmq", "RabbitMQPublisher", _whole),
-    "kafka": ("kafka", "KafkaPublisher", _kafka),
-    "kafkas": ("kafka", "KafkaPublisher", _kafka),
-    "redis": ("redis", "RedisPublisher", _whole),
-    "rediss": ("redis", "RedisPublisher", _whole),
-    "mqtt": ("mqtt", "MqttPublisher", _mqtt),
-    "mqtts": ("mqtt", "MqttPublisher", _mqtt),
-    "stdout": ("stdout", "StdoutPublisher", _none),
-    "file": ("file", "FilePublisher", _file),
-    "memory": ("memory", "MemoryPublisher", _none),
-    "amqp1": ("amqp1", "Amqp1Publisher", _whole),
-    "amqp1s": ("amqp1", "Amqp1Publisher", _whole),
-}
-_BUILDERS["sqs"] = ("sqs", "SqsPublisher", _aws)
-_BUILDERS["sns"] = ("sqs", "SnsPublisher", _aws)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import fnmatch
 import string
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from outbox.brokers import BrokerFeatures
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
 from outbox.kit import topic_problem
@@ -187,27 +187,6 @@ class Destinations:
     def __repr__(self) -> str:
         extra = {WILDCARD: self._default} if self._default is not None else {}
         return f"Destinations({ {**self._exact, **extra}!r})"
-
-
-@dataclass(frozen=True)
-class BrokerFeatures:
-    """What differs between brokers, so the relay and the docs need not guess."""
-
-    name: str
-    #: the broker drops a re-sent message with the same id within a window (seconds), or 0
-    dedup_window_seconds: float
-    #: the broker keeps the order of messages of one key as published
-    keeps_key_order: bool
-    #: user headers travel with the message
-    headers: bool
-    #: largest body the broker accepts by default, in bytes (0: unknown)
-    max_payload_bytes: int
-    #: the adapter's ``timeout``: how long it (and its client) may keep a message it was given
-    #: before reporting it failed, in seconds; None when it keeps nothing (memory, stdout, file).
-    #: The relay refuses to start unless this is shorter than its publish budget: a message the
-    #: client still holds after the relay gave up on it could reach the broker after the key's
-    #: later rows, published meanwhile by another relay.
-    ack_timeout_seconds: float | None = None
 
 
 @runtime_checkable

@@ -1,8 +1,8 @@
-"""One harness per adapter: a unique namespace on the live broker, and a reader that fetches
-what was published with the broker's own client. ``fetch`` returns each message as the client
-hands it to a consumer, in the shape of the broker's ``outbox.wire`` module (so it can be
-compared with what ``encode`` produced), and ``read`` decodes it with that module's ``decode``,
-the function the inbox's consumers use.
+"""One harness per built-in broker (relay.contract.Harness): a unique namespace on the live
+broker, and a reader that fetches what was published with the broker's own client. ``fetch``
+returns each message as the client hands it to a consumer, in the shape of the broker's
+``outbox.wire`` module (so it can be compared with what ``encode`` produced), and ``read``
+decodes it with that module's ``decode``, the function the inbox's consumers use.
 
 Every harness maps topic ``t`` to its unique destination and topic ``bad`` to a destination the
 broker refuses for good (where the refusal is a destination property); ``bad_payload`` is the
@@ -15,94 +15,21 @@ import asyncio
 import contextlib
 import dataclasses
 import io
-import socket
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from outbox.envelope import Envelope
 from outbox.wire import amqp1, jsonl, kafka, mqtt, nats, rabbitmq, redis, sqs
 from relay.brokers import Publisher
+from relay.contract import DEADLINE, Harness
 from tests.support.poll import await_for
-
-DEADLINE = 15.0
-
-
-def reachable(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(1)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-class Harness:
-    name = "?"
-    port: int | None = None
-    bad_payload: int | None = None  # refused body size, when refusal is by size
-    batch_size = 2000  # for the order test
-    dedup = False
-
-    def __init__(self) -> None:
-        self.ns = f"ct{uuid.uuid4().hex[:10]}"
-        self.last: Any = None
-
-    @property
-    def dest(self) -> str:
-        return self.ns
-
-    def bad_destination(self) -> str | None:
-        """A destination the broker refuses for good (the message is dead-lettered)."""
-        return None
-
-    def unavailable_destination(self) -> str | None:
-        """A destination that does not exist (yet): a configuration to fix, the topic waits."""
-        return None
-
-    def destinations(self) -> dict[str, str]:
-        out = {"t": self.dest}
-        bad = self.bad_destination()
-        if bad is not None:
-            out["bad"] = bad
-        gone = self.unavailable_destination()
-        if gone is not None:
-            out["gone"] = gone
-        return out
-
-    async def open(self) -> None:
-        """Create the namespace."""
-
-    async def cleanup(self) -> None:
-        """Delete what open() and the publishes created."""
-
-    def publisher(self, **options: Any) -> Publisher:
-        raise NotImplementedError
-
-    def unreachable(self) -> Publisher | None:
-        return None
-
-    async def read(self, n: int) -> list[Envelope]:
-        """At least ``n`` envelopes from the destination, in broker order."""
-        return [self.decode(raw) for raw in await self.fetch(n)]
-
-    async def fetch(self, n: int) -> list[Any]:
-        """At least ``n`` messages as received, in the shape ``encode`` returns."""
-        raise NotImplementedError
-
-    def encode(self, env: Envelope) -> Any:
-        """What the broker's ``outbox.wire`` module says the relay sends for ``env``."""
-        raise NotImplementedError
-
-    def decode(self, raw: Any) -> Envelope:
-        raise NotImplementedError
-
-    async def stored(self) -> int:
-        """How many messages the destination holds (for the dedup check)."""
-        raise NotImplementedError
 
 
 class MemoryHarness(Harness):
     name = "memory"
+    wire = False
     bad_payload = 1001  # limit configured below: 1000
 
     def publisher(self, **options: Any) -> Publisher:
@@ -177,7 +104,6 @@ class NatsHarness(Harness):
     name = "nats"
     port = 4222
     bad_payload = 2 * 1024 * 1024  # > the server's 1 MiB max_payload
-    dedup = True
 
     @property
     def dest(self) -> str:
@@ -514,7 +440,6 @@ class SqsHarness(Harness):
 
     def __init__(self) -> None:
         super().__init__()
-        self.dedup = self.fifo
         self.suffix = ".fifo" if self.fifo else ""
 
     @property

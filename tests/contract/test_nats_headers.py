@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from relay.contract import make_envelope, publish_once, run_harness
 from relay.exceptions import PermanentPublishError
 from tests.contract.contract_harness import NatsHarness
-from tests.contract.test_contract import make_envelope, publish, run
 from tests.support.services import require_port
 
 
@@ -34,14 +34,14 @@ def test_nats_refuses_a_header_it_cannot_carry(
     good = make_envelope(key="good", headers={"tenant": "acme"})
 
     async def body() -> None:
-        results = await publish(harness.publisher(), [bad, good])
+        results = await publish_once(harness.publisher(), [bad, good])
         assert isinstance(results[0], PermanentPublishError), results[0]
         assert repr(culprit) in str(results[0])
         assert str(bad.id) in str(results[0])
         assert results[1] is None
         assert await harness.read(1) == [good]
 
-    run(harness, body)
+    run_harness(harness, body)
 
 
 def test_nats_payload_limit_counts_the_headers() -> None:
@@ -55,13 +55,13 @@ def test_nats_payload_limit_counts_the_headers() -> None:
         await pub.close()
         fits = make_envelope(key="fits", payload=b"x" * (limit - 4096))
         over = make_envelope(key="over", payload=b"x" * (limit - 100), headers={"pad": "y" * 200})
-        results = await publish(harness.publisher(), [over, fits])
+        results = await publish_once(harness.publisher(), [over, fits])
         assert isinstance(results[0], PermanentPublishError), results[0]
         assert "max_payload minus headers" in str(results[0])
         assert results[1] is None
         assert await harness.read(1) == [fits]
 
-    run(harness, body)
+    run_harness(harness, body)
 
 
 def test_nats_refuses_a_header_name_the_client_would_refuse() -> None:
@@ -72,7 +72,7 @@ def test_nats_refuses_a_header_name_the_client_would_refuse() -> None:
     good = make_envelope(key="good", headers={"tenant": "acme", "x-trace": " padded "})
 
     async def body() -> None:
-        results = await publish(harness.publisher(), [bad, good])
+        results = await publish_once(harness.publisher(), [bad, good])
         assert isinstance(results[0], PermanentPublishError), results[0]
         assert "'a/b'" in str(results[0])
         assert results[1] is None
@@ -80,7 +80,7 @@ def test_nats_refuses_a_header_name_the_client_would_refuse() -> None:
         assert received.id == good.id
         assert received.headers == {"tenant": "acme", "x-trace": "padded"}  # as nats-py strips
 
-    run(harness, body)
+    run_harness(harness, body)
 
 
 def test_nats_without_the_frame_path_publishes_through_the_client(
@@ -94,8 +94,8 @@ def test_nats_without_the_frame_path_publishes_through_the_client(
     envelopes = [make_envelope(key=f"k{i % 3}", seq=i // 3 + 1) for i in range(9)]
 
     async def body() -> None:
-        results = await publish(harness.publisher(), envelopes)
+        results = await publish_once(harness.publisher(), envelopes)
         assert results == [None] * 9
         assert await harness.read(9) == envelopes
 
-    run(harness, body)
+    run_harness(harness, body)
