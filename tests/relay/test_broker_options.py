@@ -9,8 +9,9 @@ from collections.abc import Mapping
 
 import pytest
 
+from outbox import brokers as outbox_brokers
+from outbox.brokers import BrokerPlugin
 from outbox.exceptions import ConfigurationError
-from relay import brokers
 from relay._broker_config import object_options, options_for, validate_options
 
 
@@ -37,12 +38,12 @@ class FakePublisher:
 
 @pytest.fixture
 def fake_scheme(monkeypatch: pytest.MonkeyPatch) -> str:
-    import sys
-
-    monkeypatch.setitem(sys.modules, "relay.brokers.fake_i39", sys.modules[__name__])
-    monkeypatch.setitem(
-        brokers._BUILDERS, "fake", ("fake_i39", "FakePublisher", lambda url: ([], {}))
-    )
+    """A broker registered for the test (outbox.brokers), its publisher this module's."""
+    plugin = BrokerPlugin(
+        name="fake", schemes=("fake",), publisher=f"{__name__}:FakePublisher",
+        url_parser="relay.brokers.urls:no_arguments",
+    )  # fmt: skip
+    monkeypatch.setitem(outbox_brokers._registry().by_scheme, "fake", plugin)
     return "fake:"
 
 
