@@ -47,6 +47,7 @@ __all__ = [
     "DEADLINE",
     "WIRE_FEATURES",
     "Harness",
+    "await_condition",
     "harness_fixture",
     "make_envelope",
     "publish_once",
@@ -161,6 +162,18 @@ def harness_fixture(*names: str) -> Any:
         return harness
 
     return adapter
+
+
+async def await_condition(
+    condition: Callable[[], Awaitable[bool]], what: str, within: float = DEADLINE
+) -> None:
+    """Ask ``condition()`` until it is true (for a harness's ``fetch``: a broker's count, which
+    nothing signals), every 20 ms; fail naming ``what`` after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within} s waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 def make_envelope(**overrides: Any) -> Envelope:
