@@ -214,6 +214,8 @@ async def publish_once(pub: Publisher, envelopes: list[Envelope]) -> list[BaseEx
 
 
 def _features(adapter: Harness) -> BrokerFeatures:
+    """What the harness's publisher declares (asked once the harness is open: a publisher may
+    need what ``open`` made)."""
     features = adapter.publisher().features
     assert isinstance(features, BrokerFeatures), "publisher.features must be a BrokerFeatures"
     return features
@@ -221,16 +223,16 @@ def _features(adapter: Harness) -> BrokerFeatures:
 
 def test_contract_every_field_arrives_intact(adapter: Harness) -> None:
     created = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
-    headers = {"tenant": "acme", "X-Trace": "ü"} if _features(adapter).headers else {}
-    sent = [
-        make_envelope(key="order-1", seq=7, headers=headers, traceparent=TRACEPARENT,
-                      created_at=created),
-        make_envelope(key="order 2/é", seq=1, payload=bytes(range(256)),
-                      content_type="application/octet-stream"),
-        make_envelope(key="k3", seq=3, payload=b"", content_type="text/plain; charset=utf-8"),
-    ]  # fmt: skip
 
     async def body() -> None:
+        headers = {"tenant": "acme", "X-Trace": "ü"} if _features(adapter).headers else {}
+        sent = [
+            make_envelope(key="order-1", seq=7, headers=headers, traceparent=TRACEPARENT,
+                          created_at=created),
+            make_envelope(key="order 2/é", seq=1, payload=bytes(range(256)),
+                          content_type="application/octet-stream"),
+            make_envelope(key="k3", seq=3, payload=b"", content_type="text/plain; charset=utf-8"),
+        ]  # fmt: skip
         pub = adapter.publisher()
         assert isinstance(pub, Publisher)
         assert pub.features.name == adapter.name
@@ -241,13 +243,13 @@ def test_contract_every_field_arrives_intact(adapter: Harness) -> None:
 
 
 def test_contract_keeps_key_order_in_a_large_batch(adapter: Harness) -> None:
-    if not _features(adapter).keeps_key_order:
-        pytest.skip(f"{adapter.name} declares that it does not keep a key's order")
     n, keys = adapter.batch_size, 17
     sent = [make_envelope(key=f"key-{i % keys}", seq=i // keys + 1, payload=b"x" * 64)
             for i in range(n)]  # fmt: skip
 
     async def body() -> None:
+        if not _features(adapter).keeps_key_order:
+            pytest.skip(f"{adapter.name} declares that it does not keep a key's order")
         results = await publish_once(adapter.publisher(), sent)
         assert results == [None] * n
         got = await adapter.read(n)
@@ -357,11 +359,11 @@ def test_contract_close_is_idempotent_and_start_works_again(adapter: Harness) ->
 
 
 def test_contract_broker_dedup_drops_a_resent_id(adapter: Harness) -> None:
-    if not _features(adapter).dedup_window_seconds:
-        pytest.skip(f"{adapter.name} has no broker-side dedup: the consumer's inbox dedups")
     env = make_envelope()
 
     async def body() -> None:
+        if not _features(adapter).dedup_window_seconds:
+            pytest.skip(f"{adapter.name} has no broker-side dedup: the consumer's inbox dedups")
         pub = adapter.publisher()
         await pub.start()
         try:
@@ -399,11 +401,11 @@ def test_wire_round_trip(adapter: Harness, feature: str) -> None:
     ``decode`` (the consumer's) returns the very envelope published."""
     if not adapter.wire:
         pytest.skip(f"{adapter.name} puts nothing on a wire")
-    if feature == "user-headers" and not _features(adapter).headers:
-        pytest.skip(f"{adapter.name} declares that user headers do not travel")
     sent = WIRE_FEATURES[feature]()
 
     async def body() -> None:
+        if feature == "user-headers" and not _features(adapter).headers:
+            pytest.skip(f"{adapter.name} declares that user headers do not travel")
         pub = adapter.publisher()
         await pub.start()
         try:
