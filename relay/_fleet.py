@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from outbox.envelope import Envelope
 from outbox.exceptions import OutboxError
@@ -43,6 +44,8 @@ __all__ = ["Fleet", "FleetMetrics", "SharedPublisher"]
 
 log = logging.getLogger("relay")
 
+#: the pooled connections a database in 'wal' mode needs at least
+_WAL_POOL = 3
 #: a database that ran this long before it failed starts its backoff over
 _HEALTHY_RUN = 60.0
 
@@ -267,7 +270,7 @@ class Fleet:
             "relay %s serving %d database(s): %s; at most %d at work at once",
             self.config.base.relay_id,
             len(self.config.databases),
-            ", ".join(e.name for e in self.config.databases) or "none yet",
+            _names([e.name for e in self.config.databases]),
             self.settings.max_concurrent,
         )
         for entry in self.config.databases:
@@ -323,24 +326,24 @@ class Fleet:
             )
             return
         old = self.config
-        gone = [m for n, m in self.members.items() if n not in new.configs]
-        changed = [
-            m for n, m in self.members.items() if n in new.configs and new.configs[n] != m.config
-        ]
+        # the relay id stays this process's (a default one is drawn at each load)
+        configs = {n: replace(c, relay_id=old.base.relay_id) for n, c in new.configs.items()}
+        gone = [m for n, m in self.members.items() if n not in configs]
+        changed = [m for n, m in self.members.items() if n in configs and configs[n] != m.config]
         added = [e.name for e in new.databases if e.name not in self.members]
         remember_secrets(*(e.url for e in new.databases))
         await asyncio.gather(*(self._stop_member(m) for m in [*gone, *changed]))
-        self.config = replace(new, settings=old.settings, base=old.base)
+        self.config = replace(new, settings=old.settings, base=old.base, configs=configs)
         for name in [*added, *(m.name for m in changed)]:
-            self._start(name, new.configs[name])
+            self._start(name, configs[name])
         if new.settings != old.settings or _broker_of(new.base) != _broker_of(old.base):
             log.warning("relay: reload: [fleet] and broker settings change at a restart only")
         log.info(
             "relay: reloaded: %d database(s); added %s; removed %s; restarted %s",
             len(self.members),
-            ", ".join(added) or "none",
-            ", ".join(m.name for m in gone) or "none",
-            ", ".join(m.name for m in changed) or "none",
+            _names(added),
+            _names([m.name for m in gone]),
+            _names([m.name for m in changed]),
         )
 
     # -- one database ------------------------------------------------------------------------
@@ -380,7 +383,8 @@ class Fleet:
         config = await self._identify(member)
         if member.stopping:
             return
-        relay = Relay(config, self.publisher, metrics=member.metrics, gate=self.gate)
+        relay = Relay(config, self.publisher, metrics=member.metrics, gate=self.gate,
+                      pool_size=self.settings.database_connections)  # fmt: skip
         member.relay = relay
         watch = asyncio.create_task(self._when_ready(member, relay))
         try:
@@ -408,7 +412,8 @@ class Fleet:
         except TimeoutError:
             raise _Paused(f"no answer within {bound:g}s") from None
         except psycopg.Error as exc:
-            raise _Paused(f"cannot connect: {describe_database_error(exc)}") from None
+            said = describe_database_error(exc).replace("in --url", "in its [[databases]] url")
+            raise _Paused(f"cannot connect: {said}") from None
         try:
             async with conn.cursor() as cur:
                 row = await (await cur.execute(stmts.tables_present)).fetchone()
@@ -418,6 +423,7 @@ class Fleet:
                     f"{config.schema or 'of the search_path'}: run `outbox migrate` on it"
                 )
             origin = config.origin or await read_origin(conn, stmts.origin)
+            await self._check_pool(conn, stmts.capture_mode)
         finally:
             await conn.close()
         key = origin or ""
@@ -434,6 +440,20 @@ class Fleet:
         member.origin = key
         return config if origin is None else replace(config, origin=origin)
 
+    async def _check_pool(self, conn: psycopg.AsyncConnection[Any], statement: bytes) -> None:
+        """'wal' mode needs three pooled connections (the capture lease, the stream's work,
+        the marks); fewer would stall its capture."""
+        pool = self.settings.database_connections
+        if pool is None or pool >= _WAL_POOL:
+            return
+        async with conn.cursor(row_factory=dict_row) as cur:
+            row = await (await cur.execute(statement)).fetchone()
+        if row is not None and row["mode"] == "wal":
+            raise _Paused(
+                f"it captures in 'wal' mode, which needs [fleet] database_connections >= "
+                f"{_WAL_POOL} (it is {pool}): raise it, or `outbox capture disable` on it"
+            )
+
     def _release_origin(self, member: _Member) -> None:
         if member.origin is not None and self.origins.get(member.origin) == member.name:
             del self.origins[member.origin]
@@ -449,6 +469,14 @@ def _reason(exc: BaseException) -> str:
     else:
         text = f"{type(exc).__name__}: {exc}"
     return " ".join(redact(text).split()) or type(exc).__name__
+
+
+def _names(names: list[str], shown: int = 10) -> str:
+    """The first ``shown`` names, and how many more."""
+    if not names:
+        return "none"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _broker_of(config: RelayConfig) -> tuple[Any, ...]:

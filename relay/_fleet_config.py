@@ -62,6 +62,10 @@ class FleetSettings:
     retry_max: float = 60.0
     #: seconds a database's connection attempt may take before it counts as unreachable
     connect_timeout: float = 10.0
+    #: most pooled connections per database (none: max_in_flight + 3, as a relay of its own);
+    #: 1 serves a database in 'polling' mode on one connection (its claims, marks and
+    #: heartbeats take turns); 'wal' mode needs 3. LISTEN and the commit watch add one each
+    database_connections: int | None = None
 
     def __post_init__(self) -> None:
         check_value(
@@ -70,6 +74,13 @@ class FleetSettings:
             isinstance(self.max_concurrent, int)
             and not isinstance(self.max_concurrent, bool)
             and self.max_concurrent >= 1,
+            "an integer >= 1",
+        )
+        pool = self.database_connections
+        check_value(
+            "database_connections",
+            pool,
+            pool is None or (isinstance(pool, int) and not isinstance(pool, bool) and pool >= 1),
             "an integer >= 1",
         )
         for name in ("retry_max", "connect_timeout"):

@@ -68,6 +68,7 @@ class Relay:
         *,
         metrics: RelayMetrics | None = None,
         gate: asyncio.Semaphore | None = None,
+        pool_size: int | None = None,
     ) -> None:
         _check_ack_timeout(config, publisher)
         remember_secrets(config.database_url, config.broker_url)  # masked in every output
@@ -101,6 +102,9 @@ class Relay:
         #: shared by the relays of one process serving many databases (relay/_fleet.py): held
         #: from a claim to its batch's marks, so that at most its size of them work at once
         self.gate = gate
+        #: most connections of its pool (None: max_in_flight + 3); a relay serving many
+        #: databases keeps each one's small
+        self.pool_size = pool_size
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -146,7 +150,7 @@ class Relay:
         pool = AsyncConnectionPool(
             self.config.database_url,
             min_size=1,
-            max_size=self.config.max_in_flight + 3,
+            max_size=self.pool_size or self.config.max_in_flight + 3,
             kwargs={"autocommit": True},
             configure=relay_session,
             open=False,
