@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import signal
+import subprocess
+import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +30,15 @@ from relay._fleet_config import FleetConfig, load_fleet
 from relay.brokers.memory import MemoryPublisher
 from relay.cli import make_publisher
 from tests.relay.broker_helpers import need, nats_stream
-from tests.relay.relay_helpers import await_for, write
+from tests.relay.relay_helpers import await_for, wait_for, write
 from tests.support.harness import PgServer
+from tests.support.server_process import free_port
 
 #: per database: keys x messages per key
 KEYS, PER_KEY = 3, 4
 SECRET = "s3cret-fleet-pw"
+#: databases created or dropped at once
+_AT_ONCE = 4
 
 
 @pytest.fixture
@@ -52,14 +61,18 @@ class TenantFactory:
 
     def create(self, n: int) -> list[str]:
         names = [f"{self.prefix}{len(self.names) + i:02d}" for i in range(n)]
-        with psycopg.connect(self.server.admin_url, autocommit=True) as conn:
-            for name in names:
+        self.names += names
+
+        def clone(name: str) -> None:
+            with psycopg.connect(self.server.admin_url, autocommit=True) as conn:
                 conn.execute(
                     sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
                         sql.Identifier(name), sql.Identifier(self.template)
                     )
                 )
-                self.names.append(name)
+
+        with ThreadPoolExecutor(_AT_ONCE) as pool:
+            list(pool.map(clone, names))
         return names
 
     def url(self, name: str) -> str:
@@ -82,8 +95,8 @@ class TenantFactory:
         return {name: n for name, n in rows}
 
     def drop_all(self) -> None:
-        for name in self.names:
-            self.server.drop_database(name)
+        with ThreadPoolExecutor(_AT_ONCE) as pool:
+            list(pool.map(self.server.drop_database, self.names))
 
 
 def fleet_file(
@@ -152,6 +165,7 @@ async def _fifty(tenants: TenantFactory, tmp_path: Path, caplog: pytest.LogCaptu
     for name in names[:49]:
         tenants.identify(name)
         tenants.fill(name)
+    created = time.monotonic() - started
     down = make_url(tenants.url(names[49])).set(
         database=f"{tenants.prefix}missing", password=SECRET
     )
@@ -166,7 +180,7 @@ async def _fifty(tenants: TenantFactory, tmp_path: Path, caplog: pytest.LogCaptu
             expected = 49 * KEYS * PER_KEY
             await await_for(lambda: _stored(js, stream, expected), within=40,
                             what=f"{expected} messages in the stream")  # fmt: skip
-            delivered = time.monotonic() - started
+            delivered = time.monotonic() - started - created
             states = fleet.states()
             assert states["tenant-down"]["state"] == "paused"
             assert "does not exist" in states["tenant-down"]["reason"]
@@ -201,7 +215,8 @@ async def _fifty(tenants: TenantFactory, tmp_path: Path, caplog: pytest.LogCaptu
     assert any(getattr(r, "database", None) == names[3] for r in caplog.records)
     assert any("added tenant-added; removed none; restarted none" in line for line in lines)
     assert sum("database tenant-down paused" in line for line in lines) == 1  # once per reason
-    print(f"\n50 databases: delivered {delivered:.1f}s after the start, connections {used}")
+    print(f"\n50 databases: created and filled in {created:.1f}s, delivered {delivered:.1f}s after "
+          f"the relay started; connections per database {set(used.values())}")  # fmt: skip
 
 
 async def _stored(js: Any, stream: str, n: int) -> bool:
@@ -304,3 +319,68 @@ def test_a_fleet_file_is_checked_whole() -> None:
         f.write('broker = "memory:"\ndatabases = []\n')
     config = load_fleet(f.name)
     assert config is not None and config.databases == ()
+
+
+def _lines(path: Path) -> list[tuple[str, str, int]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        headers = json.loads(line)["headers"]
+        out.append((headers[HEADER_ORIGIN], headers[HEADER_KEY], int(headers[HEADER_SEQ])))
+    return out
+
+
+def test_the_command_reloads_on_sighup_names_each_database_and_status_lists_them(
+    tenants: TenantFactory, tmp_path: Path
+) -> None:
+    """`outbox relay --config` with [[databases]]: lines name the database, metrics carry the
+    label, SIGHUP adds one, `outbox status --config` shows each, SIGTERM stops them all."""
+    a, b, c = tenants.create(3)
+    for name in (a, b, c):
+        tenants.identify(name)
+        tenants.fill(name)
+    out = tmp_path / "out.jsonl"
+    listed = [("a", tenants.url(a)), ("b", tenants.url(b))]
+    path = fleet_file(tmp_path / "fleet.toml", f"file:{out}", listed)
+    port = free_port()
+    stderr = tmp_path / "stderr"
+    with stderr.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "relay", "--config", str(path), "--metrics-port", str(port)],
+            stderr=err,
+        )
+    try:
+        wait_for(lambda: len(_lines(out)) == 2 * KEYS * PER_KEY, what="a's and b's messages")
+        fleet_file(path, f"file:{out}", [*listed, ("c", tenants.url(c)), ("gone", _gone(tenants))])
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: len(_lines(out)) == 3 * KEYS * PER_KEY, what="c's messages")
+        wait_for(lambda: "database gone paused" in stderr.read_text(), what="gone paused")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+            text = page.read().decode()
+        assert 'outbox_relay_database_up{database="gone"} 0.0' in text
+        assert 'outbox_relay_published_total{database="c",topic="orders"} 12.0' in text
+        status = subprocess.run(
+            [sys.executable, "-m", "relay", "status", "--config", str(path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert status.returncode == 1, status  # one database does not answer
+        rows = {line.split()[0]: line for line in status.stdout.splitlines()[1:]}
+        assert set(rows) == {"a", "b", "c", "gone"}
+        assert rows["a"].split()[1:5] == ["0", "0", "0", "-"] and rows["a"].split()[5] == "1"
+        assert "DOES NOT ANSWER" in rows["gone"] and "does not exist" in rows["gone"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    in_key_order_once(_lines(out))
+    log = stderr.read_text()
+    assert "relay[a]:" in log and "relay[c]:" in log, log[-2000:]
+    assert "added c, gone; removed none; restarted none" in log
+    assert "stopped (every database)" in log
+    assert SECRET not in log
+
+
+def _gone(tenants: TenantFactory) -> str:
+    url = make_url(tenants.url(tenants.names[0])).set(database=f"{tenants.prefix}gone",
+                                                       password=SECRET)  # fmt: skip
+    return url.render_as_string(hide_password=False)
