@@ -22,7 +22,9 @@ from outbox.exceptions import ConfigurationError
 from outbox.kit import check_keys, check_value, read_toml
 from relay._config import RelayConfig
 
-__all__ = ["OVERRIDABLE", "DatabaseEntry", "FleetConfig", "FleetSettings", "load_fleet"]
+__all__ = [
+    "OVERRIDABLE", "DatabaseEntry", "FleetConfig", "FleetSettings", "database_config", "load_fleet",
+]  # fmt: skip
 
 #: the settings a ``[[databases]]`` table may give for its database alone
 OVERRIDABLE = (

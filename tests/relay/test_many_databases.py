@@ -25,11 +25,10 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from outbox.envelope import HEADER_KEY, HEADER_ORIGIN, HEADER_SEQ
-from relay._fleet import Fleet, FleetMetrics
-from relay._fleet_config import FleetConfig, load_fleet
 from relay.brokers.memory import MemoryPublisher
 from relay.cli import make_publisher
-from tests.relay.broker_helpers import need, nats_stream
+from relay.fleet import Fleet, FleetConfig, FleetMetrics, load_fleet
+from tests.relay.broker_helpers import nats_stream, need
 from tests.relay.relay_helpers import await_for, wait_for, write
 from tests.support.harness import PgServer
 from tests.support.server_process import free_port
@@ -187,7 +186,8 @@ async def _fifty(tenants: TenantFactory, tmp_path: Path, caplog: pytest.LogCaptu
             assert {s["state"] for n, s in states.items() if n != "tenant-down"} == {"running"}
             used = tenants.connections()
             # database_connections = 1: one connection per database, the down one none
-            assert set(used.values()) == {1} and len(used) == 49, used
+            assert set(used.values()) == {1}, used
+            assert len(used) == 49, used
             # a database added by a reload is served
             added = tenants.create(1)[0]
             tenants.identify(added)
@@ -206,11 +206,12 @@ async def _fifty(tenants: TenantFactory, tmp_path: Path, caplog: pytest.LogCaptu
     assert {o for o, _, _ in messages} == {*names[:49], added}
     assert 'outbox_relay_database_up{database="tenant-down"} 0.0' in text
     assert f'outbox_relay_database_up{{database="{names[0]}"}} 1.0' in text
-    assert f'outbox_relay_published_total{{database="tenant-added",topic="orders"}} 12.0' in text
+    assert 'outbox_relay_published_total{database="tenant-added",topic="orders"} 12.0' in text
     assert "postgresql://" not in text
     lines = [r.getMessage() for r in caplog.records]
     paused = [line for line in lines if "database tenant-down paused" in line]
-    assert paused and "does not exist" in paused[0], lines[-20:]
+    assert paused, lines[-20:]
+    assert "does not exist" in paused[0]
     assert not any(SECRET in line for line in lines)
     assert any(getattr(r, "database", None) == names[3] for r in caplog.records)
     assert any("added tenant-added; removed none; restarted none" in line for line in lines)
@@ -257,8 +258,8 @@ async def _copied(
               ("bare", bare_url)]  # fmt: skip
     path = fleet_file(tmp_path / "fleet.toml", "memory:", listed)
     # c's own origin comes from its table
-    path.write_text(path.read_text().replace(f'url = "{tenants.url(c)}"',
-                                             f'url = "{tenants.url(c)}"\norigin = "tenant-c"'))  # fmt: skip
+    own = f'url = "{tenants.url(c)}"'
+    path.write_text(path.read_text().replace(own, f'{own}\norigin = "tenant-c"'))
     config = load_fleet(path)
     assert config is not None
     async with serving(config, path) as fleet:
@@ -318,7 +319,8 @@ def test_a_fleet_file_is_checked_whole() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write('broker = "memory:"\ndatabases = []\n')
     config = load_fleet(f.name)
-    assert config is not None and config.databases == ()
+    assert config is not None
+    assert config.databases == ()
 
 
 def _lines(path: Path) -> list[tuple[str, str, int]]:
@@ -367,14 +369,16 @@ def test_the_command_reloads_on_sighup_names_each_database_and_status_lists_them
         assert status.returncode == 1, status  # one database does not answer
         rows = {line.split()[0]: line for line in status.stdout.splitlines()[1:]}
         assert set(rows) == {"a", "b", "c", "gone"}
-        assert rows["a"].split()[1:5] == ["0", "0", "0", "-"] and rows["a"].split()[5] == "1"
-        assert "DOES NOT ANSWER" in rows["gone"] and "does not exist" in rows["gone"]
+        assert rows["a"].split()[1:6] == ["0", "0", "0", "-", "1"]  # one live relay
+        assert "DOES NOT ANSWER" in rows["gone"]
+        assert "does not exist" in rows["gone"]
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     in_key_order_once(_lines(out))
     log = stderr.read_text()
-    assert "relay[a]:" in log and "relay[c]:" in log, log[-2000:]
+    assert "relay[a]:" in log, log[-2000:]
+    assert "relay[c]:" in log
     assert "added c, gone; removed none; restarted none" in log
     assert "stopped (every database)" in log
     assert SECRET not in log
