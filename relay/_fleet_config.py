@@ -43,8 +43,8 @@ _NO_URL = "postgresql:///outbox-fleet-defaults"
 class DatabaseEntry:
     """One ``[[databases]]`` table."""
 
-    #: the database's name in log lines, the ``database`` label of every metric and `outbox
-    #: status`: letters, digits, ``_``, ``.``, ``-``, at most 63 (never its URL)
+    #: the database's name in log lines, the `database` label of every metric and `outbox
+    #: status`: letters, digits, `_`, `.`, `-`, at most 63 (never its URL)
     name: str
     #: its PostgreSQL URL (masked in every output)
     url: str
@@ -56,8 +56,8 @@ class DatabaseEntry:
 class FleetSettings:
     """The ``[fleet]`` table: what one relay process serving many databases shares."""
 
-    #: most databases claiming or publishing at once in this process, over all its databases
-    #: (each database's own max_in_flight applies within it)
+    #: most claims and batches in flight at once in this process, over all its databases
+    #: (each database's own max_in_flight applies within it): the cap on database work
     max_concurrent: int = 8
     #: longest wait before a paused database (unreachable, login refused, not migrated, an
     #: origin another database has) is tried again: 1 s, doubling up to this

@@ -199,6 +199,7 @@ async def _fifty(tenants: TenantFactory, tmp_path: Path, caplog: pytest.LogCaptu
                             what="the added database's messages")  # fmt: skip
             from prometheus_client import generate_latest
 
+            assert metrics.registry is not None
             text = generate_latest(metrics.registry).decode()
         messages = await _read(js, stream)
     assert len(messages) == 50 * KEYS * PER_KEY
