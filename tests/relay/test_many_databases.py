@@ -389,3 +389,18 @@ def _gone(tenants: TenantFactory) -> str:
     url = make_url(tenants.url(tenants.names[0])).set(database=f"{tenants.prefix}gone",
                                                        password=SECRET)  # fmt: skip
     return url.render_as_string(hide_password=False)
+
+
+def test_the_how_to_file_loads(tmp_path: Path) -> None:
+    """docs/how-to/tenants.md's relay.toml is a valid list of two databases."""
+    page = (Path(__file__).parents[2] / "docs" / "how-to" / "tenants.md").read_text()
+    block = page.split("# relay.toml  (outbox relay --config relay.toml)\n", 1)[1]
+    path = tmp_path / "relay.toml"
+    path.write_text(block.split("```", 1)[0])
+    config = load_fleet(path)
+    assert config is not None
+    assert [e.name for e in config.databases] == ["tenant-a", "tenant-b"]
+    assert config.configs["tenant-b"].schema == "outbox"
+    assert config.configs["tenant-b"].max_in_flight == 4
+    assert config.configs["tenant-a"].max_in_flight == 1
+    assert config.settings.database_connections == 1
