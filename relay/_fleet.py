@@ -20,7 +20,7 @@ import contextvars
 import logging
 import signal
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -226,6 +226,8 @@ class Fleet:
         self.metrics = metrics or FleetMetrics(None)
         self.load = load
         self.gate = asyncio.Semaphore(config.settings.max_concurrent)
+        #: databases starting at once (connecting, checking, registering)
+        self.starting = asyncio.Semaphore(config.settings.max_concurrent)
         self.members: dict[str, _Member] = {}
         #: origin ("" for a database without one) -> the database holding it
         self.origins: dict[str, str] = {}
@@ -379,21 +381,30 @@ class Fleet:
                 await asyncio.wait_for(member.wake.wait(), delay)
 
     async def _serve(self, member: _Member) -> None:
-        """Check the database, then run its relay until it stops or fails."""
-        config = await self._identify(member)
-        if member.stopping:
-            return
-        relay = Relay(config, self.publisher, metrics=member.metrics, gate=self.gate,
-                      pool_size=self.settings.database_connections)  # fmt: skip
-        member.relay = relay
-        watch = asyncio.create_task(self._when_ready(member, relay))
-        try:
-            await relay.run()
-        finally:
-            watch.cancel()
+        """Check the database, then run its relay until it stops or fails.
 
-    async def _when_ready(self, member: _Member, relay: Relay) -> None:
-        await relay.ready.wait()
+        The start-ups take turns (``max_concurrent`` at once, until each relay is ready): a
+        thousand databases connecting at the same instant would time each other out."""
+        run: asyncio.Task[None] | None = None
+        try:
+            async with self.starting:
+                config = await self._identify(member)
+                if member.stopping:
+                    return
+                relay = Relay(config, self.publisher, metrics=member.metrics, gate=self.gate,
+                              pool_size=self.settings.database_connections)  # fmt: skip
+                member.relay = relay
+                run = asyncio.create_task(relay.run())
+                await _first(relay.ready.wait(), asyncio.shield(run))
+            if relay.ready.is_set():
+                self._ready(member)
+            await run
+        finally:
+            if run is not None and not run.done():  # cancelled: a stop past its bound
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+
+    def _ready(self, member: _Member) -> None:
         if member.reason is not None:
             log.info("relay: database %s resumed", member.name)
         member.reason = None
@@ -483,7 +494,7 @@ def _broker_of(config: RelayConfig) -> tuple[Any, ...]:
     return (config.broker_url, dict(config.broker_options), dict(config.destinations))
 
 
-async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
+async def _first(*waits: Awaitable[Any]) -> None:
     """Until the first of ``waits`` is done (the others cancelled)."""
     tasks = [asyncio.ensure_future(w) for w in waits]
     try:
