@@ -34,7 +34,8 @@ def fleet_status(fleet: FleetConfig, *, connect_timeout: float = 10.0) -> list[d
         try:
             status = relay_status(url, schema=config.schema)
         except psycopg.Error as exc:
-            return {"name": name, "error": describe_database_error(exc)}
+            said = describe_database_error(exc).replace("in --url", "in its [[databases]] url")
+            return {"name": name, "error": said}
         except Exception as exc:  # the library's errors (tables missing, ...): one line
             return {"name": name, "error": " ".join(redact(str(exc)).split())}
         topics = status.topics

@@ -199,15 +199,19 @@ async def _fifty(tenants: TenantFactory, tmp_path: Path, caplog: pytest.LogCaptu
                             what="the added database's messages")  # fmt: skip
             from prometheus_client import generate_latest
 
-            assert metrics.registry is not None
-            text = generate_latest(metrics.registry).decode()
+            registry = metrics.registry
+            assert registry is not None
+            counted = 'outbox_relay_published_total{database="tenant-added",topic="orders"} 12.0'
+            # counted once marked, a moment after the broker has them
+            await await_for(lambda: counted in generate_latest(registry).decode(),
+                            what="the added database's messages counted")  # fmt: skip
+            text = generate_latest(registry).decode()
         messages = await _read(js, stream)
     assert len(messages) == 50 * KEYS * PER_KEY
     in_key_order_once(messages)
     assert {o for o, _, _ in messages} == {*names[:49], added}
     assert 'outbox_relay_database_up{database="tenant-down"} 0.0' in text
     assert f'outbox_relay_database_up{{database="{names[0]}"}} 1.0' in text
-    assert 'outbox_relay_published_total{database="tenant-added",topic="orders"} 12.0' in text
     assert "postgresql://" not in text
     lines = [r.getMessage() for r in caplog.records]
     paused = [line for line in lines if "database tenant-down paused" in line]
@@ -359,10 +363,9 @@ def test_the_command_reloads_on_sighup_names_each_database_and_status_lists_them
         proc.send_signal(signal.SIGHUP)
         wait_for(lambda: len(_lines(out)) == 3 * KEYS * PER_KEY, what="c's messages")
         wait_for(lambda: "database gone paused" in stderr.read_text(), what="gone paused")
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
-            text = page.read().decode()
-        assert 'outbox_relay_database_up{database="gone"} 0.0' in text
-        assert 'outbox_relay_published_total{database="c",topic="orders"} 12.0' in text
+        counted = 'outbox_relay_published_total{database="c",topic="orders"} 12.0'
+        wait_for(lambda: counted in _page(port), what="c's messages counted once marked")
+        assert 'outbox_relay_database_up{database="gone"} 0.0' in _page(port)
         status = subprocess.run(
             [sys.executable, "-m", "relay", "status", "--config", str(path)],
             capture_output=True, text=True, timeout=60,
@@ -383,6 +386,11 @@ def test_the_command_reloads_on_sighup_names_each_database_and_status_lists_them
     assert "added c, gone; removed none; restarted none" in log
     assert "stopped (every database)" in log
     assert SECRET not in log
+
+
+def _page(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+        return str(page.read().decode())
 
 
 def _gone(tenants: TenantFactory) -> str:
