@@ -412,3 +412,31 @@ def test_the_how_to_file_loads(tmp_path: Path) -> None:
     assert config.configs["tenant-b"].max_in_flight == 4
     assert config.configs["tenant-a"].max_in_flight == 1
     assert config.settings.database_connections == 1
+
+
+def test_two_processes_with_one_list_share_each_database(
+    tenants: TenantFactory, tmp_path: Path
+) -> None:
+    """Two relay fleets with the same list: each database's leases split its work, every
+    message is published once (by one of them)."""
+    names = tenants.create(3)
+    for name in names:
+        tenants.identify(name)
+        for _ in range(5):
+            tenants.fill(name)
+    path = fleet_file(tmp_path / "fleet.toml", "memory:", [(n, tenants.url(n)) for n in names])
+
+    async def both() -> list[tuple[str, str, int]]:
+        one, two = load_fleet(path), load_fleet(path)
+        assert one is not None
+        assert two is not None
+        assert one.base.relay_id != two.base.relay_id
+        async with serving(one, path) as first, serving(two, path) as second:
+            total = 3 * 5 * KEYS * PER_KEY
+            await await_for(lambda: len(_published(first)) + len(_published(second)) >= total,
+                            what="every message")  # fmt: skip
+            return _published(first) + _published(second)
+
+    published = asyncio.run(both())
+    assert len(published) == 3 * 5 * KEYS * PER_KEY
+    assert len(set(published)) == len(published)  # (origin, key, seq): each once
