@@ -195,6 +195,11 @@ async def run_fleet(path: Path, admin: str, total: int, idle: float) -> dict[str
     }
 
 
+def _count(states: dict[str, dict[str, Any]]) -> dict[str, int]:
+    kinds = ("running", "waiting", "starting", "paused")
+    return {k: sum(1 for v in states.values() if v["state"] == k) for k in kinds}
+
+
 def one_relay_rss(url: str, idle: float) -> float:
     """The naive layout's cost per database: one `python -m relay` for one database."""
     proc = subprocess.Popen(
