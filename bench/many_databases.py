@@ -187,10 +187,7 @@ async def run_fleet(path: Path, admin: str, total: int, idle: float) -> dict[str
         "server_connections_idle": idle_conns,
         "connections_per_database_idle": round(idle_conns["total"] / n, 3),
         "relay_cpu_share_idle": round(cpu_idle / idle, 3),
-        "states": {
-            s: sum(1 for v in states.values() if v["state"] == s)
-            for s in ("running", "waiting", "starting", "paused")
-        },  # fmt: skip
+        "states": _count(states),
         "missing_database": states["missing"],
     }
 
