@@ -440,3 +440,28 @@ def test_two_processes_with_one_list_share_each_database(
     published = asyncio.run(both())
     assert len(published) == 3 * 5 * KEYS * PER_KEY
     assert len(set(published)) == len(published)  # (origin, key, seq): each once
+
+
+def test_a_reload_that_does_not_load_keeps_the_list(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file broken between two reloads is refused in one line; the running list stays."""
+    caplog.set_level(logging.INFO, logger="relay")
+    path = tmp_path / "fleet.toml"
+    path.write_text('broker = "memory:"\ndatabases = []\n')
+    config = load_fleet(path)
+    assert config is not None
+
+    async def go() -> None:
+        async with serving(config, path) as fleet:
+            path.write_text('broker = "memory:"\n[[databases]]\nname = "x y"\nurl = "u"\n')
+            fleet.request_reload()
+            await await_for(lambda: any("reload refused" in r.getMessage()
+                                        for r in caplog.records), what="the refusal")  # fmt: skip
+            assert fleet.states() == {}
+            assert not fleet.stopping
+
+    asyncio.run(go())
+    refused = next(r.getMessage() for r in caplog.records if "reload refused" in r.getMessage())
+    assert "name must be letters" in refused
+    assert "the 0 database(s) go on unchanged" in refused
