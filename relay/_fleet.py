@@ -383,8 +383,9 @@ class Fleet:
     async def _serve(self, member: _Member) -> None:
         """Check the database, then run its relay until it stops or fails.
 
-        The start-ups take turns (``max_concurrent`` at once, until each relay is ready): a
-        thousand databases connecting at the same instant would time each other out."""
+        The start-ups take turns (``max_concurrent`` at once, until each relay is ready or
+        three connect timeouts have passed): a thousand databases connecting at the same
+        instant would time each other out."""
         run: asyncio.Task[None] | None = None
         try:
             async with self.starting:
@@ -395,14 +396,24 @@ class Fleet:
                               pool_size=self.settings.database_connections)  # fmt: skip
                 member.relay = relay
                 run = asyncio.create_task(relay.run())
-                await _first(relay.ready.wait(), asyncio.shield(run))
-            if relay.ready.is_set():
-                self._ready(member)
-            await run
+                # a turn lasts until the relay is ready, at most a few connection attempts: one
+                # whose pool cannot connect keeps trying on its own, and must not hold the
+                # others' turns
+                turn = asyncio.sleep(self.settings.connect_timeout * 3)
+                await _first(relay.ready.wait(), asyncio.shield(run), turn)
+            watch = asyncio.create_task(self._when_ready(member, relay))
+            try:
+                await run
+            finally:
+                watch.cancel()
         finally:
             if run is not None and not run.done():  # cancelled: a stop past its bound
                 run.cancel()
                 await asyncio.gather(run, return_exceptions=True)
+
+    async def _when_ready(self, member: _Member, relay: Relay) -> None:
+        await relay.ready.wait()
+        self._ready(member)
 
     def _ready(self, member: _Member) -> None:
         if member.reason is not None:
