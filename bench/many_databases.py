@@ -217,6 +217,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=10)
     parser.add_argument("--max-concurrent", type=int, default=16)
     parser.add_argument("--idle", type=float, default=15.0)
+    parser.add_argument("--result", default="many_databases", help="bench/results/NAME.json")
     # every idle database is claimed once per poll_interval (no LISTEN): 1,000 databases at 1 s
     # is 1,000 claims a second, more than this 2-core machine's server serves beside the rest
     parser.add_argument("--poll-interval", type=float, default=5.0)
@@ -251,7 +252,7 @@ def main() -> None:
         },
         "fleet_memory_vs_naive": round(fleet["rss_mb_idle"] / (single * args.databases), 4),
     }
-    print(write_result("many_databases", result).read_text())
+    print(write_result(args.result, result).read_text())
 
 
 if __name__ == "__main__":
