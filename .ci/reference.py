@@ -127,8 +127,33 @@ def settings_page() -> str:
         "",
         *_broker_section(),
         *_claim_check_section(),
+        *_databases_section(),
     ]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _databases_section() -> list[str]:
+    from relay.fleet import OVERRIDABLE, DatabaseEntry, FleetSettings
+
+    notes = _comments(DatabaseEntry)
+    return [
+        "## Many databases (`[[databases]]`, `[fleet]`)\n",
+        "A file with `[[databases]]` tables runs one relay process for all of them ([one "
+        "relay for many databases](../how-to/tenants.md#4-one-relay-for-many-databases)): "
+        "the file's settings above are every database's defaults, each table names one "
+        "database and may override some of them for it; `database_url` and `--url` are not "
+        "used then. SIGHUP re-reads the list: a database added starts, one removed stops, "
+        "one whose table changed restarts; `[fleet]` and the broker change at a restart.\n",
+        "| key | meaning |\n|---|---|",
+        f"| `name` | {_cell(notes['name'])} |",
+        f"| `url` | {_cell(notes['url'])} |",
+        f"| any of {', '.join(f'`{k}`' for k in OVERRIDABLE)} | that setting for this "
+        "database alone |",
+        "",
+        "### `[fleet]`\n",
+        *_fields_table(FleetSettings),
+        "",
+    ]
 
 
 def _broker_section() -> list[str]:

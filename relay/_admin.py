@@ -222,8 +222,8 @@ def _ensure_publication(
     """The publication of the pending table's inserts: created, or (made by an older version,
     empty) given the table."""
     name = sql.Identifier(publication)
-    pending = sql.Identifier(schema, OUTBOX_WAL_PENDING) if schema else sql.Identifier(
-        OUTBOX_WAL_PENDING
+    pending = (
+        sql.Identifier(schema, OUTBOX_WAL_PENDING) if schema else sql.Identifier(OUTBOX_WAL_PENDING)
     )
     exists = conn.execute(stmts.publication_exists, {"publication": publication}).fetchone()
     if exists is None:
@@ -232,9 +232,7 @@ def _ensure_publication(
         conn.execute(TEMPLATES.publication_add.format(publication=name, pending=pending))
 
 
-def _refuse_second_schema(
-    conn: psycopg.Connection[dict[str, Any]], stmts: RelayStatements
-) -> None:
+def _refuse_second_schema(conn: psycopg.Connection[dict[str, Any]], stmts: RelayStatements) -> None:
     """Refuse 'wal' mode while another schema of this database is in it, or still has a slot
     here: a slot decodes every logical message of its database, so that schema's relays
     would record this schema's messages as their own."""
@@ -347,7 +345,11 @@ def dead_list(
 
 
 def dead_listing(
-    url: Database, where: DeadFilter, *, error: str = "", limit: int = 100,
+    url: Database,
+    where: DeadFilter,
+    *,
+    error: str = "",
+    limit: int = 100,
     schema: str | None = None,
 ) -> list[dict[str, Any]]:
     """The dead letters ``where`` selects whose error contains ``error`` (case-folded), in key
@@ -492,9 +494,7 @@ def dead_drop(
     )
 
 
-def audit_log(
-    url: Database, *, limit: int = 50, schema: str | None = None
-) -> list[dict[str, Any]]:
+def audit_log(url: Database, *, limit: int = 50, schema: str | None = None) -> list[dict[str, Any]]:
     """The newest audit rows first (retries, purges, re-drives): at, actor, action,
     message_id, topic, key, seq, reason; as :func:`inbox.admin.dead_audit` gives the inbox's."""
     with connected(url) as conn, conn.cursor(row_factory=dict_row) as cur:

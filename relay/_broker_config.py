@@ -281,9 +281,7 @@ def object_options(
 def parse_env_option(var: str, raw: str, option: Option) -> Any:
     """The text of ``var`` as ``option``'s kind: a list is comma-separated (or a JSON array),
     a table is ``k=v,k=v`` (or a JSON object)."""
-    if "list" in option.kinds or any(
-        k == "table" or k.startswith("object:") for k in option.kinds
-    ):
+    if "list" in option.kinds or any(k == "table" or k.startswith("object:") for k in option.kinds):
         text = raw.strip()
         if text.startswith(("{", "[")):
             try:

@@ -248,7 +248,9 @@ class WalCapture:
                 log.warning(
                     "relay %s: published %d message(s) from the outbox_wal_pending table that "
                     "the slot had not delivered; streaming the fresh slot %s from here on",
-                    config.relay_id, swept, slot,
+                    config.relay_id,
+                    swept,
+                    slot,
                 )
         if state != "ok":
             # not a slot we can stream (another database's, another plugin, not creatable):
@@ -269,16 +271,23 @@ class WalCapture:
             await stream.start()
         except RelayError as exc:
             # e.g. the publication is gone (a restore without it): the table is the path
-            log.error("relay %s: %s; publishing from the outbox_wal_pending table meanwhile",
-                      config.relay_id, exc)
+            log.error(
+                "relay %s: %s; publishing from the outbox_wal_pending table meanwhile",
+                config.relay_id,
+                exc,
+            )
             await self._sweep(lock, lease, 0.0)
             raise
         try:
             await lease.streaming(lock, stream.backend_pid)
             self.capturing = True
             if not draining:
-                log.info("relay %s: capturing from replication slot %s (lease epoch %d)",
-                         config.relay_id, slot, lease.epoch)
+                log.info(
+                    "relay %s: capturing from replication slot %s (lease epoch %d)",
+                    config.relay_id,
+                    slot,
+                    lease.epoch,
+                )
             await self._stream(lock, stream, lease, draining)
         except RelayError:
             # the stream failed (its publication is gone, a walsender error): what waited in
@@ -306,7 +315,10 @@ class WalCapture:
                 "relay %s: replication slot %s is %s and this relay could not make a fresh one "
                 "(%s): publishing from the outbox_wal_pending table meanwhile (nothing is "
                 "lost; latency grows to about a second)",
-                self._config.relay_id, slot, state, str(exc).strip().splitlines()[0],
+                self._config.relay_id,
+                slot,
+                state,
+                str(exc).strip().splitlines()[0],
             )
             return False
         async with lock.cursor(row_factory=class_row(SlotHealth)) as cur:
@@ -317,7 +329,9 @@ class WalCapture:
         log.warning(
             "relay %s: replication slot %s was %s: created a fresh slot; publishing what the "
             "outbox_wal_pending table holds before streaming it (no message is lost)",
-            self._config.relay_id, slot, state,
+            self._config.relay_id,
+            slot,
+            state,
         )
         self._reported = None
         return True
@@ -555,9 +569,7 @@ class WalCapture:
             next_seq[key] += 1
         return waiting_keys
 
-    def _hold_back(
-        self, batch: list[_Decoded], waiting: set[tuple[str, str]]
-    ) -> list[_Decoded]:
+    def _hold_back(self, batch: list[_Decoded], waiting: set[tuple[str, str]]) -> list[_Decoded]:
         """The messages to send now; the others become pending, and so do their keys' later
         messages (a key's order holds)."""
         now = dt.datetime.now(dt.UTC)
@@ -567,12 +579,7 @@ class WalCapture:
         for d in batch:
             key = (d.record.topic, d.record.key)
             due = d.record.available_at is None or d.record.available_at <= now
-            if (
-                key in waiting
-                or not due
-                or paused
-                or self._dispatcher.at_most_once(d.record.topic)
-            ):
+            if key in waiting or not due or paused or self._dispatcher.at_most_once(d.record.topic):
                 d.status = "pending"
                 waiting.add(key)
             else:
@@ -591,8 +598,9 @@ def _decode(transactions: list[CommittedTransaction]) -> list[_Decoded]:
             except RecordError as exc:
                 # Not written by outbox-inbox (ours are checked before they are emitted): it
                 # cannot be published, and stopping here would stop every message behind it.
-                log.error("relay: skipped a malformed WAL record of transaction %s: %s",
-                          tx.xid, exc)
+                log.error(
+                    "relay: skipped a malformed WAL record of transaction %s: %s", tx.xid, exc
+                )
                 continue
             if record.id in seen:
                 continue

@@ -187,15 +187,20 @@ class CaptureLease:
                 async with pool.connection(timeout=within) as conn:
                     await conn.execute(self._stmts.capture_lease_resign, params)
         except Exception as exc:
-            log.warning("relay: could not end the stuck capture lease's sessions (%s); it "
-                        "lapses in %gs", exc, self.lease_seconds)
+            log.warning(
+                "relay: could not end the stuck capture lease's sessions (%s); it lapses in %gs",
+                exc,
+                self.lease_seconds,
+            )
 
     def _lose(self, reason: str) -> None:
         if self.lost is None:
             self.lost = reason
             log.warning(
                 "relay %s: lost the capture lease on slot %s (%s); standing by",
-                self.holder, self.slot, reason,
+                self.holder,
+                self.slot,
+                reason,
             )
 
 
@@ -214,7 +219,8 @@ async def fence_lapsed_holder(
             "relay: the capture holder's lease on slot %s lapsed, but this relay may not end "
             "its sessions (%s): run every relay of a database as the same role (or grant this "
             "role membership in the holder's role)",
-            slot, str(exc).strip(),
+            slot,
+            str(exc).strip(),
         )
         return False
     ended = [int(row["pid"]) for row in rows if row["terminated"]]
@@ -223,6 +229,8 @@ async def fence_lapsed_holder(
         log.warning(
             "relay: the capture lease of relay %s on slot %s lapsed: terminated its sessions "
             "(pids %s) to take the slot over",
-            holder, slot, ", ".join(map(str, ended)),
+            holder,
+            slot,
+            ", ".join(map(str, ended)),
         )
     return bool(ended)

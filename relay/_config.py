@@ -375,7 +375,11 @@ def _from_toml(path: Path, origin: dict[str, str]) -> dict[str, Any]:
     if "relay" in data:  # [relay] holds the settings; [broker] may sit beside it
         data = {**data["relay"], **{k: data[k] for k in ("broker", "claim_check") if k in data}}
     where = f"config file {path}"
-    check_keys(data, sorted({*_FIELDS, "default", "broker"}), where, what="setting")
+    # [[databases]] and [fleet]: a relay serving many databases (relay/_fleet_config.py)
+    check_keys(
+        data, sorted({*_FIELDS, "default", "broker", "databases", "fleet"}), where,
+        what="setting",
+    )  # fmt: skip
     if "claim_check" in data:
         out_claim = data["claim_check"]
         if isinstance(out_claim, dict):

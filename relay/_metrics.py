@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg.rows import class_row, dict_row
@@ -283,11 +283,17 @@ class RelayMetrics:
         self.slot_retained.labels(slot_name).set(slot.retained_bytes or 0)
 
 
+class _Registered(Protocol):
+    """What the server reads: RelayMetrics, or a fleet's metrics (relay/_fleet.py)."""
+
+    registry: Any
+
+
 class MetricsServer:
     """``/metrics`` (Prometheus text) and ``/healthz`` (200 while healthy, else 503)."""
 
     def __init__(
-        self, metrics: RelayMetrics, healthy: Callable[[], bool], host: str, port: int
+        self, metrics: _Registered, healthy: Callable[[], bool], host: str, port: int
     ) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 

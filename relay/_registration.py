@@ -155,4 +155,3 @@ class Registration:
                 break
         if total:
             log.info("relay: retention deleted %d published rows", total)
-

@@ -62,7 +62,13 @@ class Relay:
     """
 
     def __init__(
-        self, config: RelayConfig, publisher: Publisher, *, metrics: RelayMetrics | None = None
+        self,
+        config: RelayConfig,
+        publisher: Publisher,
+        *,
+        metrics: RelayMetrics | None = None,
+        gate: asyncio.Semaphore | None = None,
+        pool_size: int | None = None,
     ) -> None:
         _check_ack_timeout(config, publisher)
         remember_secrets(config.database_url, config.broker_url)  # masked in every output
@@ -93,6 +99,12 @@ class Relay:
         self.ready = asyncio.Event()
         #: registered under its relay id: it started, so it says when it stops
         self._registered = False
+        #: shared by the relays of one process serving many databases (relay/_fleet.py): held
+        #: from a claim to its batch's marks, so that at most its size of them work at once
+        self.gate = gate
+        #: most connections of its pool (None: max_in_flight + 3); a relay serving many
+        #: databases keeps each one's small
+        self.pool_size = pool_size
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -138,7 +150,7 @@ class Relay:
         pool = AsyncConnectionPool(
             self.config.database_url,
             min_size=1,
-            max_size=self.config.max_in_flight + 3,
+            max_size=self.pool_size or self.config.max_in_flight + 3,
             kwargs={"autocommit": True},
             configure=relay_session,
             open=False,
@@ -202,8 +214,7 @@ class Relay:
                 delay = self.db_backoff.failed()
                 if reason != last:
                     log.warning(
-                        "relay: database unreachable (%s); retrying with backoff until it "
-                        "answers",
+                        "relay: database unreachable (%s); retrying with backoff until it answers",
                         reason,
                     )
                 last = reason
@@ -361,8 +372,15 @@ class Relay:
                 await state.sleep(pause)
                 continue
             state.wake.clear()  # a wake-up during the claim below keeps it set
+            if self.gate is not None:
+                await self.gate.acquire()
+                if state.stopping:
+                    self._open_gate()
+                    slots.release()
+                    break
             claim = await self.claim(pool)
             if claim is None:
+                self._open_gate()
                 slots.release()
                 await state.wait_for_work(self.config.poll_interval)
                 continue
@@ -371,8 +389,13 @@ class Relay:
             self._inflight.add(task)
             task.add_done_callback(lambda t: self._done(t, slots))
 
+    def _open_gate(self) -> None:
+        if self.gate is not None:
+            self.gate.release()
+
     def _done(self, task: asyncio.Task[None], slots: asyncio.Semaphore) -> None:
         self._inflight.discard(task)
+        self._open_gate()
         slots.release()
         self.state.wake.set()  # the batch's keys may have new heads now
         if not task.cancelled() and task.exception() is not None:

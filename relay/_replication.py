@@ -157,9 +157,7 @@ class ReplicationStream:
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
             reason = _text(pg.get_error_message() if result is None else result.error_message)
             self.close()
-            raise RelayError(
-                f"could not stream from replication slot {self._slot!r}: {reason}"
-            )
+            raise RelayError(f"could not stream from replication slot {self._slot!r}: {reason}")
         self._reader = asyncio.create_task(self._read(), name=f"replication:{self._slot}")
 
     @property
@@ -292,9 +290,7 @@ class ReplicationStream:
                 message = _text(
                     result.error_message if result is not None else pg.get_error_message()
                 )
-                raise RelayError(
-                    f"the replication stream ended: {message or 'connection closed'}"
-                )
+                raise RelayError(f"the replication stream ended: {message or 'connection closed'}")
             self._frame(bytes(data))
 
     def _frame(self, frame: bytes) -> None:

@@ -69,11 +69,10 @@ class SlotHealth:
         publishes them from the table: latency, never a loss); in 'polling' mode an
         invalidated slot (drop it). In 'polling' mode a slot that is gone or another
         database's is normal: nothing to drain."""
-        fix = "see docs/how-to/wal-capture.md, \"A slot that is missing, foreign or invalidated\""
+        fix = 'see docs/how-to/wal-capture.md, "A slot that is missing, foreign or invalidated"'
         slot = self.slot
         table = (
-            "no message is lost: every one waits in outbox_wal_pending until the relay "
-            "records it"
+            "no message is lost: every one waits in outbox_wal_pending until the relay records it"
         )
         if self.state == "invalidated":
             if mode != "wal":

@@ -14,6 +14,7 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -33,6 +34,7 @@ from relay._admin import (
 )
 from relay._broker_config import publisher_kwargs
 from relay._config import RelayConfig
+from relay._fleet_config import FleetConfig, load_fleet
 from relay._logs import configure_logging
 from relay._metrics import MetricsServer, RelayMetrics
 from relay._relay import Relay
@@ -190,6 +192,12 @@ def relay_cmd(
     if ctx.invoked_subcommand is not None:
         return
     configure_logging(log_level, log_format)
+    fleet = _load_fleet(url, broker, config_file, flags)
+    if fleet is not None:  # [[databases]]: one relay for many databases
+        if check_only:
+            _run_fleet_check(fleet, ())
+        _run_fleet(fleet, lambda: _reload_fleet(url, broker, config_file, flags))
+        return
     config = _load(url, broker, config_file, flags)
     if check_only:
         _run_check(config, ())
@@ -227,7 +235,69 @@ def relay_check_cmd(ctx: click.Context, /, topics: tuple[str, ...], **flags: Any
         if name in flags and flags[name] is None:
             flags[name] = value
     configure_logging("warning" if log_level == "info" else log_level, log_format)
+    fleet = _load_fleet(url, broker, config_file, flags)
+    if fleet is not None:
+        _run_fleet_check(fleet, topics)
     _run_check(_load(url, broker, config_file, flags), topics)
+
+
+def _load_fleet(
+    url: str | None, broker: str | None, config_file: str | None, flags: dict[str, Any]
+) -> FleetConfig | None:
+    extra = {**flags, "database_url": url} if url else flags
+    return load_fleet(config_file, broker_url=broker, **extra)
+
+
+def _reload_fleet(
+    url: str | None, broker: str | None, config_file: str | None, flags: dict[str, Any]
+) -> FleetConfig:
+    fleet = _load_fleet(url, broker, config_file, flags)
+    if fleet is None:
+        raise ConfigurationError(
+            f"config file {config_file} no longer lists [[databases]]: a relay started for "
+            "many databases keeps serving a list (an empty one: databases = [])"
+        )
+    return fleet
+
+
+def _run_fleet(config: FleetConfig, load: Callable[[], FleetConfig]) -> None:
+    """Serve every database of the list until SIGTERM/SIGINT; SIGHUP reloads it."""
+    from relay._fleet import Fleet, FleetMetrics
+
+    base = config.base
+    metrics = FleetMetrics.prometheus() if base.metrics_port is not None else None
+
+    async def serve() -> None:
+        fleet = Fleet(config, make_publisher(base), metrics=metrics, load=load)
+        fleet.install_signal_handlers()
+        server = None
+        if metrics is not None and base.metrics_port is not None:
+            server = MetricsServer(metrics, lambda: not fleet.stopping, base.metrics_host,
+                                   base.metrics_port)  # fmt: skip
+            server.start()
+        try:
+            await fleet.run()
+        finally:
+            if server is not None:
+                server.close()
+
+    asyncio.run(serve())
+
+
+def _run_fleet_check(config: FleetConfig, topics: tuple[str, ...]) -> None:
+    """`outbox relay check` on each database of the list, one after the other."""
+    from relay._check import check_relay
+
+    ok = True
+    for entry in config.databases:
+        click.echo(f"database {entry.name}:")
+        report = asyncio.run(
+            check_relay(config.configs[entry.name], make_publisher, extra_topics=topics)
+        )
+        for line in report.lines:
+            click.echo(f"  {line}")
+        ok = ok and report.ok
+    sys.exit(0 if ok else 1)
 
 
 def _run_check(config: RelayConfig, topics: tuple[str, ...]) -> None:
@@ -252,8 +322,23 @@ def _healthy(relay: Relay) -> bool:
 @_url
 @_schema
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
+@click.option(
+    "--config",
+    "config_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="A relay's TOML file listing [[databases]]: one line per database (its backlog, dead "
+    "messages, live relays), or the reason it did not answer.",
+)
+def status_cmd(url: str | None, schema: str | None, as_json: bool, config_file: str | None) -> None:
     """Backlog per topic, oldest pending age, dead count, live relays and what they hold."""
+    fleet = load_fleet(config_file) if config_file else None
+    if fleet is not None:
+        _fleet_status(fleet, as_json)
+        return
+    if config_file and not url:
+        loaded = RelayConfig.load(config_file)
+        url, schema = loaded.database_url, schema or loaded.schema
     status = relay_status(database_url(url), schema=schema)
     if as_json:
         document = {
@@ -295,6 +380,33 @@ def status_cmd(url: str | None, schema: str | None, as_json: bool) -> None:
                 f"{one_line(p['topic'])}{where}{kind} since {p['since']} ({p['refusals']} "
                 f"refusals, relay {one_line(p['relay_id'])}): {one_line(redact(p['reason']))}"
             )
+
+
+def _fleet_status(fleet: FleetConfig, as_json: bool) -> None:
+    """One line per database of a relay's list; exit 1 when one did not answer."""
+    from relay._fleet_status import fleet_status
+
+    rows = fleet_status(fleet)
+    if as_json:
+        click.echo(redact(json.dumps({"databases": rows}, default=str)))
+    else:
+        click.echo(
+            f"{'database':<24} {'pending':>8} {'leased':>7} {'dead':>6} {'oldest pending':>15} "
+            f"{'relays':>6}  capture"
+        )
+        for row in rows:
+            name = row["name"]
+            if row["error"] is not None:
+                click.echo(f"{name:<24} DOES NOT ANSWER: {one_line(redact(row['error']))}")
+                continue
+            age = row["oldest_pending_s"]
+            oldest = f"{age:.1f}s" if age is not None else "-"
+            click.echo(
+                f"{name:<24} {row['pending']:>8} {row['leased']:>7} {row['dead']:>6} "
+                f"{oldest:>15} {row['relays']:>6}  {row['capture']}"
+            )
+    if any(row["error"] is not None for row in rows):
+        sys.exit(1)
 
 
 def _reachability(relay: dict[str, Any]) -> str:

@@ -46,6 +46,7 @@ MODULES = (
     "inbox.testing",
     "relay",
     "relay.admin",
+    "relay.fleet",
     "relay.exceptions",
     "relay.brokers",
     "relay.brokers.base",

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from inbox import InboxMetrics
 from relay import RelayMetrics
+from relay.fleet import FleetMetrics
 from tests.support.services import missing
 
 HERE = Path(__file__).parent
@@ -53,7 +54,10 @@ def _dashboard_exprs() -> list[str]:
 def exported() -> dict[str, set[str]]:
     """Each metric family the relay and the inbox export, with the names of its samples
     (prometheus_client's: a counter's ``_total``, a histogram's ``_bucket``, ...)."""
-    registries = [RelayMetrics.prometheus().registry]
+    registries: list[Any] = [RelayMetrics.prometheus().registry]
+    fleet = FleetMetrics.prometheus()  # a relay serving many databases: its own families
+    fleet.member("one")
+    registries.append(fleet.registry)
     inbox_registry = CollectorRegistry()
     InboxMetrics.prometheus(inbox_registry)
     registries.append(inbox_registry)
@@ -107,7 +111,10 @@ def test_dashboard_has_a_row_per_area_and_well_formed_panels() -> None:
     dashboard = _dashboard()
     panels = dashboard["panels"]
     rows = [p["title"] for p in panels if p["type"] == "row"]
-    assert rows == ["Relay", "WAL capture", "Consumers (inbox)", "Reconciliation"]
+    assert rows == [
+        "Relay", "WAL capture", "Consumers (inbox)", "Reconciliation",
+        "Databases (one relay for many)",
+    ]  # fmt: skip
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids))
     variables = {v["name"] for v in dashboard["templating"]["list"]}

@@ -280,8 +280,9 @@ def test_broker_down_and_backlog_alerts_fire_then_resolve(
         nats.stop()
         _write(database_url, subject, ["a", "b", "c", "d", "e"])
         _wait(
-            lambda: {"OutboxBrokerUnreachable", "OutboxOldestPendingTooOld"}
-            <= set(prometheus.firing()),
+            lambda: (
+                {"OutboxBrokerUnreachable", "OutboxOldestPendingTooOld"} <= set(prometheus.firing())
+            ),
             "the broker-down and backlog alerts to fire",
         )
         firing = prometheus.firing()
@@ -298,8 +299,10 @@ def test_broker_down_and_backlog_alerts_fire_then_resolve(
         nats.start()
         _wait(lambda: _pending(database_url) == 0, "the backlog to drain")
         _wait(
-            lambda: not {"OutboxBrokerUnreachable", "OutboxOldestPendingTooOld"}
-            & set(prometheus.firing()),
+            lambda: (
+                not {"OutboxBrokerUnreachable", "OutboxOldestPendingTooOld"}
+                & set(prometheus.firing())
+            ),
             "the alerts to resolve",
         )
         _wait(lambda: prometheus.value(processed) == 8, "the consumer's 8 deliveries scraped")
