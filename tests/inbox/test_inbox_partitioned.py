@@ -403,12 +403,12 @@ def test_a_process_joining_and_one_leaving_rebalance_and_lose_nothing(
         await place.setup()
         workers: list[Worker] = []
         try:
-            workers = [await _start(applied_url, place, f"w{i}", delay=0.002) for i in range(2)]
+            workers = [await _start(applied_url, place, f"w{i}", delay=0.03) for i in range(2)]
             await _until(lambda: _balanced(workers), 40, "a balanced assignment", workers)
-            backlog = _backlog(keys=40, per_key=40)
+            backlog = _backlog(keys=60, per_key=50)
             await _publish(place, backlog)
             await _until(lambda: _count(applied_url) >= 200, 60, "a first part", workers)
-            workers.append(await _start(applied_url, place, "w2", delay=0.002))
+            workers.append(await _start(applied_url, place, "w2", delay=0.03))
             await _until(
                 lambda: _balanced(workers) and all(len(w.owned) == 2 for w in workers),
                 40, "the joiner's share", workers,
