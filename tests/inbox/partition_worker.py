@@ -70,7 +70,10 @@ async def main(args: dict[str, Any]) -> None:
     options["batching"] = Batching(**args.get("batching", {"size": 20, "workers": 2}))
     factory = per_partition(getattr(inbox, settings["class"]), **options)
     member = args["member"]
-    async with AsyncConnectionPool(args["url"], min_size=1, max_size=6, open=False) as pool:
+    async with (
+        AsyncConnectionPool(args["url"], min_size=1, max_size=6, open=False) as pool,
+        AsyncConnectionPool(args["url"], min_size=1, max_size=1, open=False) as leases,
+    ):
         handler = handler_for(member, args.get("delay", 0.0))
         runner = AsyncHandlerRunner(pool, handler, consumer=args["consumer"], ordered=True)
         consumer = PartitionedConsumer(
@@ -79,6 +82,7 @@ async def main(args: dict[str, Any]) -> None:
             factory=factory,
             lease=Lease(**args.get("lease", {})),
             member=member,
+            leases=leases,
         )
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, consumer.stop)
         watcher = asyncio.create_task(watch(consumer))

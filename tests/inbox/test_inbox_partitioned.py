@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import signal
 import sys
@@ -134,7 +135,7 @@ class NatsPlace(Place):
 
     async def setup(self) -> None:
         import nats
-        from nats.js.api import ConsumerConfig, StreamConfig
+        from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
         stream, prefix = self.names()
         nc = await nats.connect("nats://127.0.0.1:4222")
@@ -144,7 +145,7 @@ class NatsPlace(Place):
             for p in range(PARTITIONS):  # a short ack_wait: a rebalance's leftovers come back
                 await js.add_consumer(stream, ConsumerConfig(
                     durable_name=f"svc-p{p}", filter_subject=f"{prefix}.orders.p{p}",
-                    ack_wait=2.0, ack_policy="explicit", max_ack_pending=1000,
+                    ack_wait=2.0, ack_policy=AckPolicy.EXPLICIT, max_ack_pending=1000,
                 ))  # fmt: skip
         finally:
             await nc.close()
@@ -158,8 +159,8 @@ class NatsPlace(Place):
         await nc.close()
 
     def relay(self) -> tuple[str, dict[str, str]]:
-        stream, prefix = self.names()
-        return f"nats://127.0.0.1:4222", {"*": prefix + ".{topic}.p{partition}"}
+        prefix = self.names()[1]
+        return "nats://127.0.0.1:4222", {"*": prefix + ".{topic}.p{partition}"}
 
     def settings(self) -> dict[str, Any]:
         stream, prefix = self.names()
@@ -275,9 +276,11 @@ async def _start(url: str, place: Place, member: str, delay: float = 0.0) -> Wor
     return Worker(proc, member)
 
 
-async def _until(check: Callable[[], bool], timeout: float, what: str, workers: list[Worker]) -> None:
+async def _until(
+    check: Callable[[], bool], within: float, what: str, workers: list[Worker]
+) -> None:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + within
     while not check():
         if loop.time() > deadline:
             tail = b"".join(ln for w in workers for ln in w.lines[-15:]).decode(errors="replace")
@@ -329,14 +332,15 @@ def _check_applied(url: str, envelopes: list[Envelope]) -> dict[str, set[str]]:
     rows = _applied(url)
     expected = {(e.key, e.seq) for e in envelopes}
     got = [(r["key"], r["seq"]) for r in rows]
-    assert len(got) == len(set(got)) == len(expected) and set(got) == expected
+    assert len(got) == len(set(got)) == len(expected)
+    assert set(got) == expected
     by_key: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_key.setdefault(row["key"], []).append(row)
     members: dict[str, set[str]] = {}
     for key, applied in by_key.items():  # ordered by start time
         assert [r["seq"] for r in applied] == sorted(r["seq"] for r in applied), key
-        for before, after in zip(applied, applied[1:], strict=False):
+        for before, after in itertools.pairwise(applied):
             assert before["ended"] <= after["started"], (key, before, after)
         members[key] = {r["member"] for r in applied}
     return members
@@ -434,3 +438,41 @@ async def _kill(workers: list[Worker]) -> None:
         if worker.proc.returncode is None:
             worker.proc.kill()
             await worker.proc.wait()
+
+
+def test_a_process_frozen_past_its_lease_applies_nothing_when_it_resumes(applied_url: str) -> None:
+    """SIGSTOP one of two processes mid-backlog: the other takes its partitions once the lease
+    lapsed (within lease + heartbeat + 1 s); resumed, the frozen one finds its leases gone in
+    the transactions it had open (the fence), applies nothing of them, and rejoins."""
+    place = _place("nats")
+
+    async def scenario() -> float:
+        await place.setup()
+        workers: list[Worker] = []
+        try:
+            workers = [await _start(applied_url, place, f"w{i}", delay=0.03) for i in range(2)]
+            await _until(lambda: _balanced(workers), 40, "a balanced assignment", workers)
+            backlog = _backlog(keys=60, per_key=50)
+            await _publish(place, backlog)
+            await _until(lambda: _count(applied_url) >= 300, 60, "a first part", workers)
+            frozen, other = workers
+            frozen.proc.send_signal(signal.SIGSTOP)
+            stopped = asyncio.get_running_loop().time()
+            try:
+                await _until(lambda: len(other.owned) == PARTITIONS, 30, "the takeover", workers)
+                took = asyncio.get_running_loop().time() - stopped
+                assert _count(applied_url) < len(backlog), "the backlog was drained meanwhile"
+            finally:
+                frozen.proc.send_signal(signal.SIGCONT)
+            await _until(lambda: _balanced(workers), 40, "the rejoin", workers)
+            await _until(lambda: _count(applied_url) >= len(backlog), 120, "the backlog", workers)
+            for worker in workers:
+                await worker.stop()
+            _check_applied(applied_url, backlog)
+            return took
+        finally:
+            await _kill(workers)
+            await place.teardown()
+
+    took = asyncio.run(scenario())
+    assert took <= LEASE["duration"] + LEASE["heartbeat"] + 1.0, took
