@@ -24,9 +24,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
 from inbox import Lease, NatsConsumer, PartitionedConsumer, per_partition
 from inbox._partitioned import balanced_share
+from inbox.cli import commands
 from outbox import partition_for
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
@@ -346,6 +348,18 @@ def _check_applied(url: str, envelopes: list[Envelope]) -> dict[str, set[str]]:
     return members
 
 
+def _check_cli(url: str, workers: list[Worker]) -> None:
+    """``outbox inbox partitions`` shows who holds each partition; exit 0: all held."""
+    cli = CliRunner()
+    shown = cli.invoke(commands[0], ["partitions", "--url", url, "--consumer", "svc", "--json"])
+    assert shown.exit_code == 0, shown.output
+    owners = {row["partition"]: row["owner"] for row in json.loads(shown.stdout)}
+    assert owners == {p: w.member for w in workers for p in w.owned}
+    text = cli.invoke(commands[0], ["partitions", "--url", url])
+    assert text.exit_code == 0, text.output
+    assert len(text.stdout.splitlines()) == PARTITIONS
+
+
 def _place(name: str) -> Place:
     place = PLACES[name]()
     if not reachable(place.port):
@@ -380,6 +394,7 @@ def test_two_processes_share_the_partitions_without_out_of_order_refusals(
             backlog = _backlog(keys=60, per_key=20)
             await _publish(place, backlog)
             await _until(lambda: _count(applied_url) >= len(backlog), 90, "the backlog", workers)
+            _check_cli(applied_url, workers)
             reports = [await w.stop() for w in workers]
             return reports, _check_applied(applied_url, backlog)
         finally:
