@@ -234,8 +234,58 @@ class RedisPlace(Place):
         }}  # fmt: skip
 
 
+class MqttPlace(Place):
+    """A topic per partition, read in the persistent session of the partition (one client id
+    per partition: whoever holds the partition resumes its session, and the broker takes the
+    session away from a frozen holder when the new one connects)."""
+
+    port, name = 1883, "mqtt"
+
+    def client_id(self, partition: int) -> str:
+        return f"ptest-{self.tag}-p{partition}"
+
+    async def setup(self) -> None:  # the sessions must exist before the messages are sent
+        await asyncio.to_thread(self._sessions, clean=False)
+
+    async def teardown(self) -> None:
+        await asyncio.to_thread(self._sessions, clean=True)
+
+    def _sessions(self, clean: bool) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        for p in range(PARTITIONS):
+            client = mqtt.Client(
+                CallbackAPIVersion.VERSION2, client_id=self.client_id(p), protocol=mqtt.MQTTv5
+            )
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.SessionExpiryInterval = 0 if clean else 3600
+            client.connect("127.0.0.1", 1883, clean_start=clean, properties=props)
+            client.loop_start()
+            try:
+                if not clean:
+                    topic = f"ptest/{self.tag}/orders/p{p}"
+                    client.subscribe(topic, qos=1)[1]
+                    info = client.publish(f"ptest/{self.tag}/probe", b"", qos=1)
+                    info.wait_for_publish(5)  # after the SUBACK: one connection, in order
+            finally:
+                client.disconnect()
+                client.loop_stop()
+
+    def relay(self) -> tuple[str, dict[str, str]]:
+        return "mqtt://127.0.0.1:1883", {"*": f"ptest/{self.tag}/" + "{topic}/p{partition}"}
+
+    def settings(self) -> dict[str, Any]:
+        return {"class": "MqttConsumer", "options": {
+            "topic": f"ptest/{self.tag}/orders/p" + "{partition}",
+            "client_id": f"ptest-{self.tag}-p" + "{partition}", "redeliver_delay": 0.2,
+        }}  # fmt: skip
+
+
 PLACES: dict[str, Callable[[], Place]] = {
-    "nats": NatsPlace, "rabbitmq": RabbitPlace, "redis": RedisPlace
+    "nats": NatsPlace, "rabbitmq": RabbitPlace, "redis": RedisPlace, "mqtt": MqttPlace,
 }  # fmt: skip
 
 
