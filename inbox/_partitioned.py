@@ -22,11 +22,12 @@ The lease, per partition:
   partition's broker consumer, which settles what it has in hand.
 * **Fence.** Every transaction a partition's broker consumer opens ends with a check, in that
   transaction, that this member still holds the partition's lease with the epoch it acquired
-  (``SELECT ... FOR SHARE`` of the lease row, last statement before the commit). When it does
-  not (taken over, or lapsed while the process was frozen), the transaction is rolled back:
-  nothing is applied, the message is left to the broker (:class:`PartitionLostError`), and the
-  partition's consumer stops. The row lock makes a takeover wait for a commit in progress, so
-  no two members ever commit messages of one partition at overlapping times.
+  (``SELECT ... FOR KEY SHARE`` of the lease row, the last statement before the commit). When
+  it does not (taken over, or lapsed while the process was frozen), the transaction is rolled
+  back: nothing is applied, the message is left to the broker (:class:`PartitionLostError`),
+  and the partition's consumer stops. A takeover locks the row ``FOR UPDATE`` (skipping it
+  while a commit is in progress), so no two members ever commit messages of one partition at
+  overlapping times; the owner's renewals do not conflict with its own fences.
 * **Leaving.** :meth:`PartitionedConsumer.stop` stops every broker consumer, releases the
   leases and deletes the member's row: the others take the partitions at their next heartbeat.
 """
