@@ -563,3 +563,38 @@ def test_a_process_frozen_past_its_lease_applies_nothing_when_it_resumes(applied
 
     took = asyncio.run(scenario())
     assert took <= LEASE["duration"] + LEASE["heartbeat"] + 1.0, took
+
+
+@pytest.mark.parametrize("name", ["nats", "rabbitmq"])
+def test_a_process_killed_mid_stream_is_taken_over_within_its_lease(
+    applied_url: str, name: str
+) -> None:
+    """kill -9 one of two processes mid-backlog: the other takes its partitions within lease +
+    heartbeat + 1 s, and every message is applied once, in key order, one process at a time."""
+    place = _place(name)
+
+    async def scenario() -> float:
+        await place.setup()
+        workers: list[Worker] = []
+        try:
+            workers = [await _start(applied_url, place, f"w{i}", delay=0.03) for i in range(2)]
+            await _until(lambda: _balanced(workers), 40, "a balanced assignment", workers)
+            backlog = _backlog(keys=60, per_key=50)
+            await _publish(place, backlog)
+            await _until(lambda: _count(applied_url) >= 300, 60, "a first part", workers)
+            killed, other = workers
+            killed.proc.kill()
+            gone = asyncio.get_running_loop().time()
+            await killed.proc.wait()
+            await _until(lambda: len(other.owned) == PARTITIONS, 30, "the takeover", workers)
+            took = asyncio.get_running_loop().time() - gone
+            await _until(lambda: _count(applied_url) >= len(backlog), 120, "the backlog", workers)
+            await other.stop()
+            _check_applied(applied_url, backlog)
+            return took
+        finally:
+            await _kill(workers)
+            await place.teardown()
+
+    took = asyncio.run(scenario())
+    assert took <= LEASE["duration"] + LEASE["heartbeat"] + 1.0, took
