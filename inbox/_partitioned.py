@@ -220,7 +220,10 @@ class PartitionedConsumer:
         default = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.member = member or default
         #: the transactions of the lease bookkeeping (heartbeat, renewal, rebalance)
-        self._leases = self.runner.transactions if leases is None else async_transactions(leases)
+        self._leases = self._guarded(
+            self.runner.transactions if leases is None else async_transactions(leases),
+            self.lease.stop_timeout,
+        )
         self._held: dict[int, _Held] = {}
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -391,9 +394,26 @@ class PartitionedConsumer:
         held.consumer = consumer
         held.task = asyncio.create_task(consumer.run(), name=f"partition-{held.partition}")
 
+    def _guarded(
+        self, transactions: Callable[[], contextlib.AbstractAsyncContextManager[Any]], idle: float
+    ) -> Callable[[], contextlib.AbstractAsyncContextManager[Any]]:
+        """``transactions`` whose transactions the server ends when idle ``idle`` seconds (a
+        frozen process's locks never hold a takeover up for longer)."""
+        guard, params = self._stmts.partition_guard, {"idle_ms": str(int(idle * 1000))}
+
+        @contextlib.asynccontextmanager
+        async def guarded() -> AsyncIterator[Any]:
+            async with transactions() as target:
+                raw = await resolve_async(target)
+                await raw.execute(guard, params)
+                yield target
+
+        return guarded
+
     def _fenced(self, held: _Held) -> Callable[[], contextlib.AbstractAsyncContextManager[Any]]:
-        """The runner's transactions, each ending with the partition's fence."""
-        transactions = self.runner.transactions
+        """The runner's transactions, each ending with the partition's fence (and ended by the
+        server when idle half a lease: a frozen process's locks never hold a key up longer)."""
+        transactions = self._guarded(self.runner.transactions, self.lease.duration / 2)
         fence = self._stmts.partition_fence
         params = self._params(partition=held.partition, epoch=held.epoch)
 

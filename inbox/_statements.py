@@ -74,6 +74,7 @@ class InboxStatements:
     partition_leave: bytes
     partition_fence: bytes
     partition_status: bytes
+    partition_guard: bytes
     #: the schema the statements were rendered for (None: the search_path)
     schema: str | None
 

@@ -523,3 +523,11 @@ SELECT l.consumer, l.partition, l.owner, l.epoch,
 FROM {partition_leases} AS l
 WHERE %(consumer)s::text IS NULL OR l.consumer = %(consumer)s
 ORDER BY l.consumer, l.partition
+
+-- name: partition_guard
+-- inbox_partition_guard: the first statement of a partitioned consumer's transactions (its
+-- lease bookkeeping, and each transaction applying messages): a process frozen (SIGSTOP, a
+-- long pause) in the middle of one would keep its row locks, and a takeover would wait for it
+-- however long it stays frozen; the server ends such a transaction (rolled back: nothing of it
+-- applied) once it has been idle %(idle_ms)s milliseconds.
+SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true) AS guard
