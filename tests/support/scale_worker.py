@@ -1,0 +1,112 @@
+"""One ordered consumer process of several sharing one consumer name (scale-out tests, the
+fault suite's consumer-group scenarios, bench/scale_out.py).
+
+    python -m tests.support.scale_worker URL BROKER BROKER_URL SOURCE CONSUMER
+        [--delay-ms MS] [--session-ms MS]
+
+``BROKER``: ``kafka`` (BROKER_URL: bootstrap servers; SOURCE: the topic; the group is
+CONSUMER), ``sqs`` (BROKER_URL: the endpoint; SOURCE: a FIFO queue), ``nats`` (today's
+non-partitioned NatsConsumer: SOURCE is the stream, CONSUMER the durable).
+
+The handler is I/O-bound on purpose: it notes its start, awaits ``--delay-ms`` (a stand-in
+for a call to another service), and writes one ``applies`` row in the inbox's transaction
+(``scale_out.SCHEMA``): the message, its key and seq, this process's pid and the handler's
+start and end (wall clock, seconds). Only committed applies leave a row. Every second it also
+writes its count of out-of-order refusals to ``scale_procs``. Exits on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from inbox import AsyncHandlerRunner, BrokerConsumer, Outcome, Result
+from outbox.envelope import Envelope
+
+
+def _consumer(runner: AsyncHandlerRunner, args: argparse.Namespace, on_result: Any) -> BrokerConsumer:
+    if args.broker == "kafka":
+        from inbox import KafkaConsumer
+
+        config = {
+            "bootstrap.servers": args.broker_url, "group.id": args.consumer,
+            "session.timeout.ms": args.session_ms,
+            "heartbeat.interval.ms": max(100, args.session_ms // 6),
+        }  # fmt: skip
+        return KafkaConsumer(
+            runner, config=config, topics=[args.source], poll_timeout=0.2, redeliver_delay=0.2,
+            on_result=on_result,
+        )  # fmt: skip
+    if args.broker == "sqs":
+        from inbox import SqsConsumer
+
+        return SqsConsumer(
+            runner, queue=args.source, endpoint_url=args.broker_url, wait_seconds=1,
+            visibility_timeout=10, redeliver_delay=0.2, on_result=on_result,
+        )  # fmt: skip
+    if args.broker == "nats":
+        from inbox import NatsConsumer
+
+        return NatsConsumer(
+            runner, stream=args.source, durable=args.consumer, servers=args.broker_url,
+            batch=20, fetch_timeout=0.5, redeliver_delay=0.2, on_result=on_result,
+        )  # fmt: skip
+    raise SystemExit(f"unknown broker {args.broker!r}")
+
+
+async def main(args: argparse.Namespace) -> None:
+    pid, delay = os.getpid(), args.delay_ms / 1000.0
+    refused = 0
+
+    async def handler(conn: Any, env: Envelope) -> None:
+        started = time.time()
+        if delay:
+            await asyncio.sleep(delay)  # the remote call
+        await conn.execute(
+            "INSERT INTO applies (consumer, message_id, key, seq, pid, started, ended) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (args.consumer, env.id, env.key, env.seq, pid, started, time.time()),
+        )
+
+    def on_result(_env: Envelope, result: Result) -> None:
+        nonlocal refused
+        refused += result.outcome is Outcome.OUT_OF_ORDER
+
+    async def report(pool: AsyncConnectionPool[Any]) -> None:
+        while True:
+            async with pool.connection() as conn:
+                await conn.execute(
+                    "INSERT INTO scale_procs (pid, consumer, refused) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (pid) DO UPDATE SET refused = excluded.refused",
+                    (pid, args.consumer, refused),
+                )
+            await asyncio.sleep(1.0)
+
+    async with AsyncConnectionPool(args.url, min_size=1, max_size=3, open=False) as pool:
+        runner = AsyncHandlerRunner(pool, handler, consumer=args.consumer, ordered=True)
+        consumer = _consumer(runner, args, on_result)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, consumer.stop)
+        reporter = asyncio.create_task(report(pool))
+        try:
+            await consumer.run()
+        finally:
+            reporter.cancel()
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name in ("url", "broker", "broker_url", "source", "consumer"):
+        parser.add_argument(name)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--session-ms", type=int, default=6000)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))
