@@ -18,7 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.faults.suite import SCENARIOS, SHORT, as_json, run, table
+from tests.faults import groups
+from tests.faults.suite import SCENARIOS, SHORT, Result, as_json, run, table
 
 MARK = "<!-- fault table -->"
 
@@ -30,19 +31,21 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="markdown file to update")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
+    every = [*SCENARIOS, *groups.SCENARIOS]
     if args.scenarios == "all":
-        names = list(SCENARIOS)
+        names = every
     elif args.scenarios == "short":
-        names = list(SHORT)
+        names = [*SHORT, *groups.SHORT]
     else:
         names = [n.strip() for n in args.scenarios.split(",")]
-        unknown = [n for n in names if n not in SCENARIOS]
+        unknown = [n for n in names if n not in every]
         if unknown:
-            parser.error(f"unknown scenario(s) {unknown}: one of {', '.join(SCENARIOS)}")
+            parser.error(f"unknown scenario(s) {unknown}: one of {', '.join(every)}")
     logs = Path(tempfile.mkdtemp(prefix="outbox-faults-logs-"))
-    results = []
+    results: list[Result] = []
     for name in names:
-        result = run(name, args.seconds, logs / name)
+        scenario = groups.run if name in groups.SCENARIOS else run
+        result = scenario(name, args.seconds, logs / name)
         print(f"{name}: {result}", flush=True)
         results.append(result)
     text = table(results)

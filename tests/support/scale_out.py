@@ -114,10 +114,10 @@ def check(rows: Sequence[Applied], expected: Iterable[uuid.UUID]) -> Check:
     )  # fmt: skip
 
 
-def takeover(rows: Sequence[Applied], pid: int, at: float) -> float:
-    """Seconds from ``at`` (a process ``pid`` killed or frozen) until every key that process
-    was applying last has been applied again by another process: the longest such wait. NaN if
-    the process had no key, or no key of it was applied by another since."""
+def takeover(rows: Sequence[Applied], pid: int, at: float) -> tuple[float, float]:
+    """Seconds from ``at`` (process ``pid`` killed or frozen) until another process applied
+    one of the keys ``pid`` was applying last (its partitions or groups were handed over), and
+    until it had applied every one of them that came again. NaN if none did yet."""
     owner: dict[str, int] = {}
     for r in rows:
         if r.started < at:
@@ -127,4 +127,6 @@ def takeover(rows: Sequence[Applied], pid: int, at: float) -> float:
     for r in rows:
         if r.key in keys and r.pid != pid and r.started >= at and r.key not in first:
             first[r.key] = r.started
-    return max(first.values()) - at if first else float("nan")
+    if not first:
+        return float("nan"), float("nan")
+    return min(first.values()) - at, max(first.values()) - at

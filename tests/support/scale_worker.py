@@ -37,7 +37,7 @@ def _consumer(runner: AsyncHandlerRunner, args: argparse.Namespace, on_result: A
         config = {
             "bootstrap.servers": args.broker_url, "group.id": args.consumer,
             "session.timeout.ms": args.session_ms,
-            "heartbeat.interval.ms": max(100, args.session_ms // 6),
+            "heartbeat.interval.ms": max(100, args.session_ms // 10),
         }  # fmt: skip
         return KafkaConsumer(
             runner, config=config, topics=[args.source], poll_timeout=0.2, redeliver_delay=0.2,

@@ -1,0 +1,230 @@
+"""The fault suite's scale-out scenarios: N ordered consumer processes share one consumer name
+(tests/support/scale_worker.py), fed by a relay process from producers that commit all along,
+and one process is killed (``kill -9``), added, or frozen (SIGSTOP) past the time the broker
+or the lease gives it, then thawed (SIGCONT).
+
+On Kafka (a private tansu broker; a consumer group over a topic of 6 partitions) the bound is
+the group's session timeout: a member that stops heartbeating is dropped after it, and the
+group hands its partitions to the others. The check (tests/support/scale_out.py): every
+committed message applied once, each key in order, no key's handler running in two processes
+at overlapping times; and the **takeover**: from the fault until every key the faulty process
+was applying had been applied again by another one (for an added process: until it applied
+its first message), asserted within the bound + 1 s.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from outbox import publish
+from outbox._migrate import upgrade
+from tests.faults.infra import PgCluster, free_port
+from tests.faults.suite import Result
+from tests.support.scale_out import SCHEMA, applied, check, refusals, spawn, takeover
+
+CONSUMER, KEYS, PARTITIONS = "svc", 60, 6
+#: the Kafka group's session timeout: a silent member is dropped after it
+SESSION = 6.0
+
+
+class KafkaWorld:
+    """A private PostgreSQL cluster and tansu broker, a relay, and the consumer processes."""
+
+    #: the longest a partition may go without an owner: the session timeout, then the join
+    #: phase, which tansu holds open for half the session timeout (bench/kafka_join.py)
+    bound = SESSION * 1.5
+
+    def __init__(self, log_dir: Path) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        from tests.support.kafka_broker import launch
+
+        self.log_dir = log_dir
+        self.pg = PgCluster()
+        port = free_port()
+        self.kafka = launch(port)
+        self.server = f"127.0.0.1:{port}"
+        self.topic = f"orders-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": self.server})
+        admin.create_topics([NewTopic(self.topic, PARTITIONS, 1)])[self.topic].result(20)
+        with psycopg.connect(self.pg.admin_url, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE app")
+        self.url = self.pg.url("app")
+        upgrade(self.url)
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(SCHEMA)
+        with open(log_dir / "relay.log", "ab") as out:
+            self.relay = subprocess.Popen(
+                [sys.executable, "-m", "outbox.cli", "relay", "--url", self.url, "--broker",
+                 f"kafka://{self.server}", "--poll-interval", "0.1", "--batch-size", "100"],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        self.workers: list[subprocess.Popen[bytes]] = []
+
+    def add_worker(self) -> subprocess.Popen[bytes]:
+        log = self.log_dir / f"worker{len(self.workers)}.log"
+        proc = spawn(self.url, "kafka", self.server, self.topic, CONSUMER, log, delay_ms=2,
+                     session_ms=int(SESSION * 1000))  # fmt: skip
+        self.workers.append(proc)
+        return proc
+
+    def close(self) -> None:
+        from tests.support.kafka_broker import stop
+
+        for proc in [self.relay, *self.workers]:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait(10)
+        stop(self.kafka)
+        self.pg.stop()
+
+
+def _produce(url: str, topic: str, stop: threading.Event, committed: list[uuid.UUID]) -> None:
+    """One message per commit, keys in turn, about 100 a second."""
+    with psycopg.connect(url) as conn:
+        n = 0
+        while not stop.is_set():
+            committed.append(publish(conn, topic=topic, key=f"k{n % KEYS}", payload={"n": n}))
+            conn.commit()
+            n += 1
+            time.sleep(0.01)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What a nemesis did: to which process, when (wall clock), and how it went."""
+
+    pid: int
+    at: float
+    note: str
+    added: bool = False
+
+
+def _kill(world: KafkaWorld, victim: subprocess.Popen[bytes]) -> Fault:
+    at = time.time()
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    return Fault(victim.pid, at, "kill -9 of one of 3 processes")
+
+
+def _add(world: KafkaWorld, _victim: subprocess.Popen[bytes]) -> Fault:
+    at = time.time()
+    proc = world.add_worker()
+    return Fault(proc.pid, at, "a third process added to 2", added=True)
+
+
+def _pause(world: KafkaWorld, victim: subprocess.Popen[bytes]) -> Fault:
+    at = time.time()
+    frozen = world.bound + 3.0
+    victim.send_signal(signal.SIGSTOP)
+    time.sleep(frozen)  # past the session timeout: the group drops it
+    victim.send_signal(signal.SIGCONT)  # it wakes up holding partitions it no longer owns
+    return Fault(victim.pid, at, f"SIGSTOP of one of 3 processes for {frozen:g}s, then SIGCONT")
+
+
+@dataclass(frozen=True)
+class GroupScenario:
+    name: str
+    nemesis: Callable[[KafkaWorld, subprocess.Popen[bytes]], Fault]
+    processes: int = 3
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        GroupScenario("kafka-group-consumer-kill-9", _kill),
+        GroupScenario("kafka-group-consumer-added", _add, processes=2),
+        GroupScenario("kafka-group-consumer-paused-past-session", _pause),
+    )
+}
+#: in CI's short set (tests/faults/test_faults_short.py)
+SHORT = ("kafka-group-consumer-kill-9",)
+
+
+def _all_working(world: KafkaWorld, since: float) -> bool:
+    pids = {w.pid for w in world.workers if w.poll() is None}
+    return pids <= {r.pid for r in applied(world.url, CONSUMER) if r.started >= since}
+
+
+def _settle(world: KafkaWorld, committed: list[uuid.UUID], timeout: float) -> float:
+    start = time.monotonic()
+    want = set(committed)
+    while time.monotonic() - start < timeout:
+        if want <= {r.message_id for r in applied(world.url, CONSUMER)}:
+            return time.monotonic() - start
+        time.sleep(0.5)
+    return float("nan")
+
+
+def _takeover(world: KafkaWorld, fault: Fault, timeout: float) -> tuple[float, float]:
+    """Wait (while the producers run) until the takeover can be measured, and measure it:
+    until another process applied one of the faulty one's keys, and all of them (an added
+    process: until it applied its first message)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = applied(world.url, CONSUMER)
+        if fault.added:
+            mine = [r.started for r in rows if r.pid == fault.pid]
+            if mine:
+                return min(mine) - fault.at, min(mine) - fault.at
+        else:
+            first, last = takeover(rows, fault.pid, fault.at)
+            if first == first and time.time() - fault.at > world.bound + 2.0:
+                return first, last
+        time.sleep(0.5)
+    return float("nan"), float("nan")
+
+
+def run(name: str, seconds: float, log_dir: Path) -> Result:
+    """One scenario on fresh infrastructure: start the processes, let them all work, inject
+    the fault, run on for ``seconds`` more, stop the producers, settle, check."""
+    scenario = SCENARIOS[name]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    world = KafkaWorld(log_dir)
+    committed: list[uuid.UUID] = []
+    stop = threading.Event()
+    producer = threading.Thread(target=_produce, args=(world.url, world.topic, stop, committed))
+    try:
+        for _ in range(scenario.processes):
+            world.add_worker()
+        began = time.time()
+        producer.start()
+        deadline = time.monotonic() + 90
+        while not _all_working(world, began) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(2.0)  # a steady state
+        victim = world.workers[0]
+        fault = scenario.nemesis(world, victim)
+        took, every_key = _takeover(world, fault, timeout=60)
+        time.sleep(max(0.0, seconds - (time.time() - fault.at)))
+        stop.set()
+        producer.join(30)
+        recovered = _settle(world, committed, timeout=120)
+        rows = applied(world.url, CONSUMER)
+        refused = refusals(world.url, CONSUMER)
+    finally:
+        stop.set()
+        world.close()
+    result = check(rows, committed)
+    per = ", ".join(str(n) for n in result.per_process.values())
+    return Result(
+        scenario=name, committed=len(committed), unknown_outcome=0, lost=result.lost,
+        duplicates=result.duplicates, order_violations=result.order_violations, phantoms=0,
+        dead_expected=0, dead_unexpected=0, recovery_seconds=round(recovered, 1),
+        overlaps=result.overlaps, takeover_seconds=round(took, 2),
+        notes=(f"{fault.note}; takeover {took:.1f}s, every key {every_key:.1f}s (bound "
+               f"{world.bound:g}s: session timeout {SESSION:g}s and the join wait); "
+               f"applies per process {per}; {result.overlaps} overlapping applies of a key; "
+               f"{refused} out-of-order refusals"),
+    )  # fmt: skip
