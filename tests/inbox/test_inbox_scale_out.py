@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -45,8 +45,11 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait(10)
 
 
-def _share(url: str, topic: str, relay_broker: str, start_worker: Callable[[int], subprocess.Popen[bytes]],
-           log_dir: Path, rate: float) -> tuple[list[uuid.UUID], set[int]]:  # fmt: skip
+Worker = Callable[[int], "subprocess.Popen[bytes]"]
+
+
+def _share(url: str, topic: str, relay_broker: str, start_worker: Worker, log_dir: Path,
+           rate: float) -> tuple[list[uuid.UUID], set[int]]:  # fmt: skip
     """Start the workers and a relay; write a wave (one message per key) every ``rate``
     seconds until every worker has applied some, then wait for all of them to be applied."""
     workers = [start_worker(i) for i in range(PROCESSES)]
@@ -89,11 +92,13 @@ def _assert_shared(url: str, ids: list[uuid.UUID], pids: set[int]) -> None:
 
 
 @pytest.fixture
-def log_dir(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
+def log_dir(tmp_path: Path) -> Path:
+    return tmp_path
 
 
-def test_kafka_group_members_share_the_topic_one_process_per_key(scale_url: str, log_dir: Path) -> None:
+def test_kafka_group_members_share_the_topic_one_process_per_key(
+    scale_url: str, log_dir: Path
+) -> None:
     import_or_missing("confluent_kafka", "kafka")
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -113,7 +118,9 @@ def test_kafka_group_members_share_the_topic_one_process_per_key(scale_url: str,
     _assert_shared(scale_url, ids, pids)
 
 
-def test_sqs_fifo_receivers_share_the_queue_one_process_per_group(scale_url: str, log_dir: Path) -> None:
+def test_sqs_fifo_receivers_share_the_queue_one_process_per_group(
+    scale_url: str, log_dir: Path
+) -> None:
     import tests.support.aws_server as aws_server
 
     sqs = aws_server.client("sqs")

@@ -30,7 +30,9 @@ from inbox import AsyncHandlerRunner, BrokerConsumer, Outcome, Result
 from outbox.envelope import Envelope
 
 
-def _consumer(runner: AsyncHandlerRunner, args: argparse.Namespace, on_result: Any) -> BrokerConsumer:
+def _consumer(
+    runner: AsyncHandlerRunner, args: argparse.Namespace, on_result: Any
+) -> BrokerConsumer:
     if args.broker == "kafka":
         from inbox import KafkaConsumer
 
