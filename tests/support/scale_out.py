@@ -20,7 +20,8 @@ from pathlib import Path
 
 import psycopg
 
-__all__ = ["SCHEMA", "Applied", "Check", "applied", "check", "refusals", "spawn", "takeover"]
+__all__ = ["SCHEMA", "Applied", "Check", "applied", "check", "ready", "refusals", "spawn",
+           "takeover"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS applies (
@@ -29,7 +30,8 @@ CREATE TABLE IF NOT EXISTS applies (
     started double precision NOT NULL, ended double precision NOT NULL
 );
 CREATE TABLE IF NOT EXISTS scale_procs (
-    pid int PRIMARY KEY, consumer text NOT NULL, refused bigint NOT NULL DEFAULT 0
+    pid int PRIMARY KEY, consumer text NOT NULL, refused bigint NOT NULL DEFAULT 0,
+    ready boolean NOT NULL DEFAULT false
 );
 """
 
@@ -60,10 +62,13 @@ class Check:
 
 
 def spawn(url: str, broker: str, broker_url: str, source: str, consumer: str, log: Path,
-          delay_ms: float = 0.0, session_ms: int = 6000) -> subprocess.Popen[bytes]:  # fmt: skip
-    """A worker process (it inherits PYTHONPATH); its output goes to ``log``."""
+          delay_ms: float = 0.0, session_ms: int = 6000, *extra: str,
+          ) -> subprocess.Popen[bytes]:  # fmt: skip
+    """A worker process (it inherits PYTHONPATH); its output goes to ``log``. ``extra``:
+    more of its options (``--partitions``, ``--subject``, ``--lease``)."""
     args = [sys.executable, "-m", "tests.support.scale_worker", url, broker, broker_url, source,
-            consumer, "--delay-ms", str(delay_ms), "--session-ms", str(session_ms)]  # fmt: skip
+            consumer, "--delay-ms", str(delay_ms), "--session-ms", str(session_ms),
+            *extra]  # fmt: skip
     with open(log, "ab") as out:  # the child keeps its own copy
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
 
@@ -88,6 +93,15 @@ def refusals(url: str, consumer: str) -> int:
             (consumer,),
         ).fetchone()
     return int(row[0]) if row else 0
+
+
+def ready(url: str, consumer: str) -> set[int]:
+    """The pids of the processes that reported themselves ready (joined, first assignment)."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM scale_procs WHERE consumer = %s AND ready", (consumer,)
+        ).fetchall()
+    return {int(r[0]) for r in rows}
 
 
 def check(rows: Sequence[Applied], expected: Iterable[uuid.UUID]) -> Check:

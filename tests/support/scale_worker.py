@@ -2,17 +2,20 @@
 fault suite's consumer-group scenarios, bench/scale_out.py).
 
     python -m tests.support.scale_worker URL BROKER BROKER_URL SOURCE CONSUMER
-        [--delay-ms MS] [--session-ms MS]
+        [--delay-ms MS] [--session-ms MS] [--partitions P --subject SUBJECT --lease S]
 
 ``BROKER``: ``kafka`` (BROKER_URL: bootstrap servers; SOURCE: the topic; the group is
 CONSUMER), ``sqs`` (BROKER_URL: the endpoint; SOURCE: a FIFO queue), ``nats`` (today's
-non-partitioned NatsConsumer: SOURCE is the stream, CONSUMER the durable).
+non-partitioned NatsConsumer: SOURCE is the stream, CONSUMER the durable), ``nats-partitioned``
+(an inbox.PartitionedConsumer of ``--partitions`` NatsConsumers on the stream SOURCE, one per
+partition, on ``--subject`` with ``{partition}`` in it; leases of ``--lease`` seconds).
 
 The handler is I/O-bound on purpose: it notes its start, awaits ``--delay-ms`` (a stand-in
 for a call to another service), and writes one ``applies`` row in the inbox's transaction
 (``scale_out.SCHEMA``): the message, its key and seq, this process's pid and the handler's
 start and end (wall clock, seconds). Only committed applies leave a row. Every second it also
-writes its count of out-of-order refusals to ``scale_procs``. Exits on SIGTERM.
+writes to ``scale_procs`` its count of out-of-order refusals and whether it is ready (joined:
+the broker's or the lease's first assignment done). Exits on SIGTERM.
 """
 
 from __future__ import annotations
@@ -26,13 +29,23 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from inbox import AsyncHandlerRunner, BrokerConsumer, Outcome, Result
+from inbox import AsyncHandlerRunner, Outcome, Result
 from outbox.envelope import Envelope
 
 
-def _consumer(
-    runner: AsyncHandlerRunner, args: argparse.Namespace, on_result: Any
-) -> BrokerConsumer:
+def _consumer(runner: AsyncHandlerRunner, args: argparse.Namespace, on_result: Any) -> Any:
+    if args.broker == "nats-partitioned":
+        from inbox import Lease, NatsConsumer, PartitionedConsumer, per_partition
+
+        factory = per_partition(
+            NatsConsumer, stream=args.source, subject=args.subject, servers=args.broker_url,
+            durable=f"{args.consumer}-p{{partition}}", batch=20, fetch_timeout=0.5,
+            redeliver_delay=0.2, on_result=on_result,
+        )  # fmt: skip
+        lease = Lease(duration=args.lease, heartbeat=args.lease / 5, stop_timeout=args.lease / 4,
+                      stall=args.lease / 2)  # fmt: skip
+        return PartitionedConsumer(runner, partitions=args.partitions, factory=factory,
+                                   lease=lease)  # fmt: skip
     if args.broker == "kafka":
         from inbox import KafkaConsumer
 
@@ -80,13 +93,14 @@ async def main(args: argparse.Namespace) -> None:
         nonlocal refused
         refused += result.outcome is Outcome.OUT_OF_ORDER
 
-    async def report(pool: AsyncConnectionPool[Any]) -> None:
+    async def report(pool: AsyncConnectionPool[Any], consumer: Any) -> None:
         while True:
             async with pool.connection() as conn:
                 await conn.execute(
-                    "INSERT INTO scale_procs (pid, consumer, refused) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (pid) DO UPDATE SET refused = excluded.refused",
-                    (pid, args.consumer, refused),
+                    "INSERT INTO scale_procs (pid, consumer, refused, ready) "
+                    "VALUES (%s, %s, %s, %s) ON CONFLICT (pid) DO UPDATE "
+                    "SET refused = excluded.refused, ready = excluded.ready",
+                    (pid, args.consumer, refused, consumer.ready.is_set()),
                 )
             await asyncio.sleep(1.0)
 
@@ -94,7 +108,7 @@ async def main(args: argparse.Namespace) -> None:
         runner = AsyncHandlerRunner(pool, handler, consumer=args.consumer, ordered=True)
         consumer = _consumer(runner, args, on_result)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, consumer.stop)
-        reporter = asyncio.create_task(report(pool))
+        reporter = asyncio.create_task(report(pool, consumer))
         try:
             await consumer.run()
         finally:
@@ -107,6 +121,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         parser.add_argument(name)
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--session-ms", type=int, default=6000)
+    parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--subject", default=None)
+    parser.add_argument("--lease", type=float, default=5.0)
     return parser.parse_args(argv)
 
 
