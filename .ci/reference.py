@@ -148,6 +148,13 @@ def _broker_section() -> list[str]:
         "RabbitMQ's exchange is part of the destination (`exchange/routing_key`). The options "
         "are read from the adapters' signatures: an adapter's new option is listed here, "
         "with its line from `OPTION_HELP` (relay/_broker_config.py).\n",
+        "`[broker.partitions]` (topic = count; `\"*\"` for every other topic; "
+        "`OUTBOX_BROKER_PARTITIONS=orders=8`) splits a topic over that many destinations: its "
+        "destination holds `{partition}`, which the relay fills with `outbox.partition_for(key, "
+        "count)` (the CRC-32 of the key's UTF-8 bytes modulo the count), for NATS, RabbitMQ, "
+        "Redis, MQTT and AMQP 1.0. Consumers read them with `inbox.PartitionedConsumer` "
+        "(docs/how-to/scale-out.md). A `{partition}` destination without a count, or a count "
+        "without a `{partition}` destination, is an error at start.\n",
     ]
     by_adapter: dict[str, list[str]] = {}
     for scheme in SCHEMES:

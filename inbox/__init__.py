@@ -27,13 +27,19 @@ from inbox._kafka import KafkaConsumer
 from inbox._metrics import InboxMetrics
 from inbox._mqtt import MqttConsumer
 from inbox._nats import NatsConsumer
+from inbox._partitioned import Lease, PartitionedConsumer, PartitionFactory, per_partition
 from inbox._rabbitmq import RabbitMQConsumer
 from inbox._receive import Verdict, receive, receive_async, record, record_async
 from inbox._redis import RedisStreamConsumer
 from inbox._runner import AsyncHandlerRunner, HandlerRunner, Outcome, Result
 from inbox._sqs import SqsConsumer
 from inbox._transactions import AsyncTransactionSource, TransactionSource
-from inbox.exceptions import ConcurrentDeliveryError, InboxError, OutOfOrderError
+from inbox.exceptions import (
+    ConcurrentDeliveryError,
+    InboxError,
+    OutOfOrderError,
+    PartitionLostError,
+)
 
 __all__ = [
     "Amqp1Consumer",
@@ -51,16 +57,21 @@ __all__ = [
     "InboxError",
     "InboxMetrics",
     "KafkaConsumer",
+    "Lease",
     "MqttConsumer",
     "NatsConsumer",
     "OutOfOrderError",
     "Outcome",
+    "PartitionFactory",
+    "PartitionLostError",
+    "PartitionedConsumer",
     "RabbitMQConsumer",
     "RedisStreamConsumer",
     "Result",
     "SqsConsumer",
     "TransactionSource",
     "Verdict",
+    "per_partition",
     "receive",
     "receive_async",
     "record",

@@ -18,6 +18,8 @@ from outbox.schema import (
     INBOX_HELD,
     INBOX_KAFKA_OFFSETS,
     INBOX_MESSAGES,
+    INBOX_PARTITION_LEASES,
+    INBOX_PARTITION_MEMBERS,
     INBOX_POSITIONS,
 )
 
@@ -63,6 +65,15 @@ class InboxStatements:
     positions_advance: bytes
     mark_stale_batch: bytes
     forget_batch: bytes
+    partition_join: bytes
+    partition_slots: bytes
+    partition_members: bytes
+    partition_renew: bytes
+    partition_acquire: bytes
+    partition_release: bytes
+    partition_leave: bytes
+    partition_fence: bytes
+    partition_status: bytes
     #: the schema the statements were rendered for (None: the search_path)
     schema: str | None
 
@@ -81,6 +92,10 @@ def _names(schema: str | None) -> Names:
         "held": qualified(schema, INBOX_HELD),
         "held_pkey": sql.Identifier(f"{INBOX_HELD}_pkey"),
         "audit": qualified(schema, INBOX_DEAD_AUDIT),
+        "partition_members": qualified(schema, INBOX_PARTITION_MEMBERS),
+        "partition_members_pkey": sql.Identifier(f"{INBOX_PARTITION_MEMBERS}_pkey"),
+        "partition_leases": qualified(schema, INBOX_PARTITION_LEASES),
+        "partition_leases_pkey": sql.Identifier(f"{INBOX_PARTITION_LEASES}_pkey"),
     }
 
 

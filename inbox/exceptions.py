@@ -13,6 +13,7 @@ __all__ = [
     "ConcurrentDeliveryError",
     "InboxError",
     "OutOfOrderError",
+    "PartitionLostError",
 ]
 
 
@@ -40,3 +41,10 @@ class ClaimCheckStoreError(InboxError):
     waits and is tried again."""
 
     retryable = True
+
+
+class PartitionLostError(ConcurrentDeliveryError):
+    """This process no longer holds the lease of the message's partition (another process
+    took it over, or its lease lapsed while the process was frozen or cut off): the
+    transaction is rolled back, nothing is applied, and the partition's new owner gets the
+    message."""

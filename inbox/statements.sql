@@ -433,3 +433,90 @@ WITH noted AS (
 )
 DELETE FROM {messages} WHERE consumer = %(consumer)s AND message_id = ANY(%(ids)b::uuid[])
 
+
+-- name: partition_join
+-- inbox_partition_join: a partitioned consumer's member joins, or renews its heartbeat. Its
+-- row names how many partitions it consumes (every member of a consumer must say the same).
+INSERT INTO {partition_members} AS m (consumer, member, partitions, expires_at)
+VALUES (%(consumer)s, %(member)s, %(partitions)s,
+        clock_timestamp() + make_interval(secs => %(lease)s))
+ON CONFLICT ON CONSTRAINT {partition_members_pkey} DO UPDATE
+    SET expires_at = excluded.expires_at, partitions = excluded.partitions
+
+-- name: partition_slots
+-- inbox_partition_slots: one lease row per partition, made once (by whichever member is first).
+INSERT INTO {partition_leases} (consumer, partition)
+SELECT %(consumer)s, p FROM generate_series(0, %(partitions)s - 1) AS p
+ON CONFLICT ON CONSTRAINT {partition_leases_pkey} DO NOTHING
+
+-- name: partition_members
+-- inbox_partition_members: the live members (heartbeat not lapsed), in a stable order: the
+-- partitions are balanced over them (each gets floor or ceil of partitions / members). Members
+-- lapsed for a minute are forgotten first.
+WITH gone AS (
+    DELETE FROM {partition_members}
+    WHERE consumer = %(consumer)s AND expires_at < clock_timestamp() - interval '1 minute'
+)
+SELECT member, partitions FROM {partition_members}
+WHERE consumer = %(consumer)s AND expires_at > clock_timestamp()
+ORDER BY joined_at, member
+
+-- name: partition_renew
+-- inbox_partition_renew: extend the leases this member still holds. A lease that lapsed is not
+-- renewed (the member must acquire it again, with a new epoch): the partitions returned are the
+-- ones still held.
+UPDATE {partition_leases}
+SET expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
+WHERE consumer = %(consumer)s AND owner = %(member)s
+  AND partition = ANY(%(held)s::int4[]) AND expires_at > clock_timestamp()
+RETURNING partition, epoch
+
+-- name: partition_acquire
+-- inbox_partition_acquire: take up to %(wanted)s partitions no member holds (released, or
+-- their lease lapsed), lowest first; a new epoch each. SKIP LOCKED: a partition whose owner
+-- is committing a message right now (its fence holds the row FOR SHARE) waits for the next
+-- round.
+UPDATE {partition_leases} AS l
+SET owner = %(member)s, epoch = l.epoch + 1,
+    expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
+FROM (
+    SELECT partition FROM {partition_leases}
+    WHERE consumer = %(consumer)s AND partition < %(partitions)s
+      AND (owner IS NULL OR expires_at <= clock_timestamp())
+    ORDER BY owner IS NOT NULL, partition
+    LIMIT %(wanted)s
+    FOR UPDATE SKIP LOCKED
+) AS free
+WHERE l.consumer = %(consumer)s AND l.partition = free.partition
+RETURNING l.partition, l.epoch
+
+-- name: partition_release
+-- inbox_partition_release: give a partition back (its broker consumer has stopped), so that
+-- another member takes it at once instead of after the lease.
+UPDATE {partition_leases} SET owner = NULL, expires_at = NULL
+WHERE consumer = %(consumer)s AND partition = %(partition)s
+  AND owner = %(member)s AND epoch = %(epoch)s
+
+-- name: partition_leave
+-- inbox_partition_leave: a member that stops leaves at once (the others rebalance now).
+DELETE FROM {partition_members} WHERE consumer = %(consumer)s AND member = %(member)s
+
+-- name: partition_fence
+-- inbox_partition_fence: the LAST statement of every transaction that applies a message of a
+-- partition: no row means this member no longer holds the partition's lease (taken over, or
+-- lapsed while the process was frozen), and the transaction is rolled back. FOR SHARE: a
+-- takeover (an UPDATE of the row) waits until this transaction has ended, so two members
+-- never commit messages of one partition at overlapping times.
+SELECT epoch FROM {partition_leases}
+WHERE consumer = %(consumer)s AND partition = %(partition)s
+  AND owner = %(member)s AND epoch = %(epoch)s AND expires_at > clock_timestamp()
+FOR SHARE
+
+-- name: partition_status
+-- inbox_partition_status: who holds which partition (the operator's view).
+SELECT l.consumer, l.partition, l.owner, l.epoch,
+       greatest(l.expires_at - clock_timestamp(), interval '0') AS expires_in,
+       l.owner IS NOT NULL AND l.expires_at > clock_timestamp() AS held
+FROM {partition_leases} AS l
+WHERE %(consumer)s::text IS NULL OR l.consumer = %(consumer)s
+ORDER BY l.consumer, l.partition

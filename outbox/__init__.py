@@ -16,6 +16,7 @@ from importlib.metadata import version as _version
 from outbox._connections import AsyncTarget, Target
 from outbox._ids import id_from_idempotency_key, new_message_id
 from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, Message
+from outbox._partition import partition_for
 from outbox._publish import publish, publish_async, publish_batch, publish_batch_async
 from outbox._statements import WAKEUP_CHANNEL
 from outbox.envelope import Envelope
@@ -62,6 +63,7 @@ __all__ = [
     "make_metadata",
     "metadata",
     "new_message_id",
+    "partition_for",
     "publish",
     "publish_async",
     "publish_batch",

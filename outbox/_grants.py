@@ -39,6 +39,8 @@ from outbox.schema import (
     INBOX_HELD,
     INBOX_KAFKA_OFFSETS,
     INBOX_MESSAGES,
+    INBOX_PARTITION_LEASES,
+    INBOX_PARTITION_MEMBERS,
     INBOX_POSITIONS,
     OUTBOX_CAPTURE,
     OUTBOX_CAPTURE_LEASE,
@@ -108,6 +110,9 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("SELECT, INSERT, UPDATE, DELETE", INBOX_HELD, None),
         ("SELECT, INSERT, UPDATE", INBOX_KAFKA_OFFSETS, None),
         ("SELECT, INSERT", INBOX_DEAD_AUDIT, None),
+        # a partitioned consumer's members and partition leases (outbox_0023)
+        ("SELECT, INSERT, UPDATE, DELETE", INBOX_PARTITION_MEMBERS, None),
+        ("SELECT, INSERT, UPDATE", INBOX_PARTITION_LEASES, None),
     ],
     "console": [
         # the pages (a dead letter's payload and headers included); requeue and purge go

@@ -19,6 +19,8 @@ The names are grouped by what they do:
   ``redact_library_logs``, ``one_line``, ``translate``, ``connect_failure``,
   ``describe_cli_error``, ``describe_database_error``, ``schema_not_installed``;
 * optional dependencies: ``require``, ``loaded_class``, ``NoopMetric``;
+* partitioned destinations: ``partition_for`` (the key -> partition hash, also public as
+  ``outbox.partition_for``), ``check_partitions``, ``MAX_PARTITIONS``;
 * the limits every broker side holds to (``MAX_*``, ``DEFAULT_MAX_RECEIVE_BYTES``) and
   ``check_text``;
 * WAL capture's records (``MODE_WAL``, ``PREFIX``, ``WalRecord``, ``decode_record``,
@@ -64,6 +66,7 @@ from outbox._limits import (
 from outbox._message import check_text
 from outbox._noop_metric import NoopMetric
 from outbox._optional import loaded_class, require
+from outbox._partition import MAX_PARTITIONS, check_partitions, partition_for
 from outbox._redact import (
     install_log_redaction,
     redact,
@@ -84,6 +87,7 @@ __all__ = [
     "MAX_HEADER_NAME_BYTES",
     "MAX_HEADER_VALUE_BYTES",
     "MAX_KEY_BYTES",
+    "MAX_PARTITIONS",
     "MAX_RECEIVED_HEADERS",
     "MAX_TOPIC_BYTES",
     "MODE_WAL",
@@ -99,6 +103,7 @@ __all__ = [
     "Target",
     "WalRecord",
     "check_keys",
+    "check_partitions",
     "check_text",
     "check_value",
     "connect_failure",
@@ -116,6 +121,7 @@ __all__ = [
     "loaded_class",
     "one_line",
     "parse_env",
+    "partition_for",
     "qualified",
     "read_toml",
     "redact",

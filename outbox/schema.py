@@ -43,6 +43,8 @@ __all__ = [
     "INBOX_HELD",
     "INBOX_KAFKA_OFFSETS",
     "INBOX_MESSAGES",
+    "INBOX_PARTITION_LEASES",
+    "INBOX_PARTITION_MEMBERS",
     "INBOX_POSITIONS",
     "MESSAGE_STATUSES",
     "NAMING_CONVENTION",
@@ -75,6 +77,8 @@ OUTBOX_WRITE_COUNTER = "outbox_write_counter"
 INBOX_MESSAGES = "inbox_messages"
 INBOX_POSITIONS = "inbox_key_positions"
 INBOX_KAFKA_OFFSETS = "inbox_kafka_offsets"
+INBOX_PARTITION_MEMBERS = "inbox_partition_members"
+INBOX_PARTITION_LEASES = "inbox_partition_leases"
 INBOX_HELD = "inbox_held"
 INBOX_DEAD_AUDIT = "inbox_dead_audit"
 RECONCILIATION_RUNS = "outbox_reconciliation_runs"
@@ -234,7 +238,6 @@ def _capture_tables(md: MetaData) -> None:
         Column("heartbeat_at", _TIMESTAMPTZ, nullable=False),
         PrimaryKeyConstraint("slot"),
     )
-
 
     Table(
         OUTBOX_WAL_PENDING,
@@ -423,6 +426,39 @@ def _inbox_tables(md: MetaData) -> None:
         PrimaryKeyConstraint("consumer", "topic", "partition"),
         CheckConstraint("next_offset >= 0", name="next_offset_not_negative"),
     )
+    _inbox_partition_tables(md)
+
+
+def _inbox_partition_tables(md: MetaData) -> None:
+    """Who consumes which partition of a partitioned consumer (migration outbox_0023).
+
+    A member is one process of the consumer, alive while its heartbeat keeps ``expires_at``
+    ahead; a lease row is one partition, held by ``owner`` (a member) until ``expires_at``.
+    ``epoch`` counts the partition's owners: a process applies a message of the partition only
+    in a transaction that finds its (owner, epoch) still holding the lease (the fence).
+    """
+    Table(
+        INBOX_PARTITION_MEMBERS,
+        md,
+        Column("consumer", Text, nullable=False),
+        Column("member", Text, nullable=False),
+        Column("partitions", Integer, nullable=False),
+        Column("expires_at", _TIMESTAMPTZ, nullable=False),
+        Column("joined_at", _TIMESTAMPTZ, nullable=False, server_default=text("clock_timestamp()")),
+        PrimaryKeyConstraint("consumer", "member"),
+        CheckConstraint("partitions BETWEEN 1 AND 1024", name="partitions_valid"),
+    )
+    Table(
+        INBOX_PARTITION_LEASES,
+        md,
+        Column("consumer", Text, nullable=False),
+        Column("partition", Integer, nullable=False),
+        Column("owner", Text, nullable=True),
+        Column("epoch", BigInteger, nullable=False, server_default=text("0")),
+        Column("expires_at", _TIMESTAMPTZ, nullable=True),
+        PrimaryKeyConstraint("consumer", "partition"),
+        CheckConstraint("partition >= 0 AND partition < 1024", name="partition_valid"),
+    )
 
 
 def _relay_tables(md: MetaData) -> None:
@@ -481,9 +517,7 @@ def _relay_tables(md: MetaData) -> None:
         Column("last_error", Text, nullable=True),
         Column("reason", Text, nullable=True),
         PrimaryKeyConstraint("id"),
-        CheckConstraint(
-            "action IN ('retry', 'purge', 'redrive', 'replay')", name="action_valid"
-        ),
+        CheckConstraint("action IN ('retry', 'purge', 'redrive', 'replay')", name="action_valid"),
         Index(None, "message_id"),
     )
     _replay_cursors_table(md)

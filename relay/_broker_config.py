@@ -97,7 +97,7 @@ OPTION_HELP: dict[str, str] = {
 }
 
 #: parameters that are not settings of the daemon: set from elsewhere, or not expressible in TOML
-_NOT_SETTINGS = {"destinations", "ack_timeout"}
+_NOT_SETTINGS = {"destinations", "partitions", "ack_timeout"}
 _ALT = re.compile(r"\s*\|\s*")
 
 

@@ -53,6 +53,7 @@ async def check_relay(
     if topics is None:
         return report
     topics |= {t for t in config.topics} | {t for t in config.destinations if t != WILDCARD}
+    topics |= {t for t in config.partitions if t != WILDCARD}
     topics |= set(extra_topics)
     if config.claim_check is not None:
         from relay._claimcheck_config import build_claim_check, check_store
@@ -134,13 +135,11 @@ async def _broker(
         report.say(f"{where}: FAILED: {_reason(exc)}", ok=False)
         return
     try:
-        destination = Destinations(config.destinations)
+        destination = Destinations(config.destinations, partitions=config.partitions)
         probe = getattr(publisher, "check_destination", None)
         if not topics:
             report.say("no topics to check: none has unpublished messages or is configured")
-        for topic in topics:
-            dest = destination(topic)
-            head = f"topic {topic} -> {dest}"
+        for dest, head in _places(destination, topics):
             if probe is None:
                 report.say(f"{head}: not checked (the broker takes any destination)")
                 continue
@@ -158,6 +157,22 @@ async def _broker(
             await asyncio.wait_for(publisher.close(), _BOUND)
         except Exception as exc:  # the verdict stands; say why closing failed
             report.say(f"{where}: closing the connection failed: {_reason(exc)}")
+
+
+def _places(destination: Destinations, topics: Iterable[str]) -> list[tuple[str, str]]:
+    """(destination, what the report calls it) of every destination to check: one per topic,
+    or one per partition of a partitioned topic."""
+    places = []
+    for topic in topics:
+        count = destination.partitions_of(topic)
+        if count is None:
+            dest = destination(topic)
+            places.append((dest, f"topic {topic} -> {dest}"))
+            continue
+        for partition in range(count):
+            dest = destination.partition(topic, partition)
+            places.append((dest, f"topic {topic} partition {partition}/{count} -> {dest}"))
+    return places
 
 
 def _reason(exc: BaseException) -> str:

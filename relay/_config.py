@@ -111,6 +111,11 @@ class RelayConfig:
     #: topic -> broker destination, "*" a template with {topic} (TOML: [broker.destinations];
     #: OUTBOX_BROKER_DESTINATIONS=topic=dest,...)
     destinations: Mapping[str, str] = field(default_factory=dict)
+    #: topic (or "*": every other topic) -> how many partitions its destination is split
+    #: into; a destination then holds {partition}, the partition of the message's key
+    #: (outbox.partition_for: CRC-32 of the key's UTF-8 bytes mod the count). NATS, RabbitMQ,
+    #: Redis, MQTT and AMQP 1.0 (TOML: [broker.partitions]; OUTBOX_BROKER_PARTITIONS=topic=N,...)
+    partitions: Mapping[str, int] = field(default_factory=dict)
     #: the claim check: payloads over a threshold go to object storage, a reference to the
     #: broker (TOML: the [claim_check] table; OUTBOX_CLAIM_CHECK_<OPTION>; keys listed below)
     claim_check: Mapping[str, Any] | None = None
@@ -253,6 +258,17 @@ class RelayConfig:
             "broker_options", self.broker_options, isinstance(self.broker_options, Mapping),
             "a table of broker options",
         )  # fmt: skip
+        _check(
+            "partitions",
+            self.partitions,
+            isinstance(self.partitions, Mapping)
+            and all(isinstance(t, str) and t for t in self.partitions),
+            "a table of topic = partition count",
+        )
+        if self.partitions or any("{partition}" in d for d in self.destinations.values()):
+            from relay.brokers.base import Destinations
+
+            Destinations(self.destinations, partitions=self.partitions)  # the templates agree
         if self.broker_url is not None and self.broker_options:
             validate_options(self.broker_url, self.broker_options)
         if self.claim_check is not None:
@@ -359,7 +375,7 @@ def _check(name: str, value: object, ok: bool, accepts: str) -> None:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RelayConfig)}
 _SCALARS = set(_FIELDS) - {
-    "default_policy", "topics", "broker_options", "destinations", "claim_check"
+    "default_policy", "topics", "broker_options", "destinations", "partitions", "claim_check"
 }  # fmt: skip
 
 
@@ -401,6 +417,15 @@ def _from_toml(path: Path, origin: dict[str, str]) -> dict[str, Any]:
                 out["destinations"],
                 isinstance(out["destinations"], dict),
                 'a table of topic = "destination"',
+                where=where,
+            )
+        if "partitions" in broker:
+            out["partitions"] = broker.pop("partitions")
+            check_value(
+                "[broker.partitions]",
+                out["partitions"],
+                isinstance(out["partitions"], dict),
+                "a table of topic = partition count",
                 where=where,
             )
         out["broker_options"] = broker
@@ -450,6 +475,19 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def _partitions_from_env(text: str) -> dict[str, int]:
+    """``OUTBOX_BROKER_PARTITIONS``: ``topic=N,...`` (or a JSON object), counts whole numbers."""
+    from relay._broker_config import Option
+
+    var = "OUTBOX_BROKER_PARTITIONS"
+    table = parse_env_option(var, text, Option("partitions", ("table",), None, ""))
+    if not isinstance(table, dict):
+        raise ConfigurationError(f"{var} must be topic=N[,topic=N...] or a JSON object")
+    return {
+        str(topic): parse_env(var, str(count), int, "partitions") for topic, count in table.items()
+    }
+
+
 def _broker_from_env(
     env: Mapping[str, str], values: dict[str, Any], origin: dict[str, str]
 ) -> None:
@@ -468,6 +506,11 @@ def _broker_from_env(
         table = parse_env_option("OUTBOX_BROKER_DESTINATIONS", text,
                                  Option("destinations", ("table",), None, ""))  # fmt: skip
         values["destinations"] = {**values.get("destinations", {}), **table}
+    if "OUTBOX_BROKER_PARTITIONS" in raw:
+        values["partitions"] = {
+            **values.get("partitions", {}),
+            **_partitions_from_env(raw.pop("OUTBOX_BROKER_PARTITIONS")),
+        }
     if not raw:
         return
     url = values.get("broker_url")

@@ -96,6 +96,7 @@ def make_publisher(config: RelayConfig) -> Publisher:
     publisher: Publisher = factory(
         url,
         destinations=dict(config.destinations) or None,
+        partitions=dict(config.partitions) or None,
         ack_timeout=round(budget * 0.8, 3),
         **options,
     )

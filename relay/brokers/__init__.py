@@ -34,10 +34,15 @@ def publisher_for_url(
     url: str,
     *,
     destinations: Mapping[str, str] | None = None,
+    partitions: Mapping[str, int] | None = None,
     ack_timeout: float | None = None,
     **options: Any,
 ) -> Publisher:
     """The adapter for ``url``'s scheme, built with ``destinations`` and adapter ``options``.
+
+    ``partitions`` (topic or "*" -> count) splits topics over destinations holding
+    ``{partition}`` (NATS, RabbitMQ, Redis, MQTT, AMQP 1.0 and ``memory:``; Kafka and SQS FIFO
+    keep each key's order with their own partitions and message groups).
 
     ``ack_timeout`` becomes the ``timeout`` option of adapters that wait for acknowledgements
     (unless ``timeout`` is given); the others ignore it. ``outbox relay`` passes 80 % of its
@@ -74,6 +79,14 @@ def publisher_for_url(
     if "config" in implied and options.get("config") is not None:  # the caller's settings win
         options = {**options, "config": {**implied["config"], **options["config"]}}
     kwargs = {**implied, **options, "destinations": destinations}
+    if partitions:
+        if not _accepts(cls, "partitions"):
+            raise ConfigurationError(
+                f"{scheme}: [broker.partitions] is for NATS, RabbitMQ, Redis, MQTT and AMQP 1.0 "
+                "(Kafka partitions by key and SQS FIFO groups by key by themselves)",
+                url=redact(url),
+            )
+        kwargs["partitions"] = partitions
     if ack_timeout is not None and "timeout" not in kwargs and _accepts(cls, "timeout"):
         kwargs["timeout"] = ack_timeout
     _check_options(cls, kwargs, url)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from outbox.envelope import Envelope
+from outbox.kit import partition_for
 from relay.exceptions import (
     BrokerUnreachableError,
     DestinationRefusedError,
@@ -94,27 +95,35 @@ def check_size(env: Envelope, destination: str, limit: int, broker: str) -> Publ
 class Batch:
     """The outcomes of one ``publish_batch`` call, one per envelope, in input order."""
 
-    def __init__(self, envelopes: Sequence[Envelope], destination: Callable[[str], str]) -> None:
+    def __init__(
+        self, envelopes: Sequence[Envelope], destination: Callable[[str, str], str]
+    ) -> None:
+        """``destination(topic, key)``: the broker destination of a message (a
+        :class:`~relay.brokers.base.Destinations`; a topic split into partitions has one
+        destination per partition, chosen by the key)."""
         self.envelopes = envelopes
-        by_topic: dict[str, str] = {}  # a batch has few topics: resolve each once
+        counts = getattr(destination, "partitions_of", None)
+        # a batch has few topics (and partitions): resolve each once
+        by_place: dict[tuple[str, int], str] = {}
+        split: dict[str, int | None] = {}
         refused: dict[str, DestinationRefusedError] = {}
-        try:
-            self.destinations = [
-                by_topic.get(e.topic) or by_topic.setdefault(e.topic, destination(e.topic))
-                for e in envelopes
-            ]
-        except DestinationRefusedError:
-            # The rare path: a topic the relay will not send (not a name, or a destination
-            # the operator's configuration does not allow). Its messages are refused before
-            # anything is sent; skip_if_blocked() keeps every adapter from sending them.
-            self.destinations = []
-            for e in envelopes:
-                if e.topic not in by_topic and e.topic not in refused:
-                    try:
-                        by_topic[e.topic] = destination(e.topic)
-                    except DestinationRefusedError as exc:
-                        refused[e.topic] = exc
-                self.destinations.append(by_topic.get(e.topic, e.topic))
+        self.destinations = []
+        for e in envelopes:
+            count = split.get(e.topic, 0)
+            if count == 0:
+                count = split[e.topic] = counts(e.topic) if counts is not None else None
+            place = (e.topic, -1 if count is None else partition_for(e.key, count))
+            dest = by_place.get(place)
+            if dest is None and e.topic not in refused:
+                try:
+                    dest = by_place[place] = destination(e.topic, e.key)
+                except DestinationRefusedError as exc:
+                    # The rare path: a topic the relay will not send (not a name, or a
+                    # destination the operator's configuration does not allow). Its messages
+                    # are refused before anything is sent; skip_if_blocked() keeps every
+                    # adapter from sending them.
+                    refused[e.topic] = exc
+            self.destinations.append(dest or e.topic)
         self.results: list[BaseException | None] = [None] * len(envelopes)
         self._blocked: dict[tuple[str, str], Envelope] = {}
         for i, e in enumerate(envelopes):

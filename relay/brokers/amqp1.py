@@ -273,6 +273,7 @@ class Amqp1Publisher:
         *,
         destinations: Mapping[str, str] | None = None,
         allowed_destinations: Sequence[str] | None = None,
+        partitions: Mapping[str, int] | None = None,
         timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
         max_payload_bytes: int = 0,
@@ -292,7 +293,9 @@ class Amqp1Publisher:
             self._endpoint, sasl_mechanisms=sasl_mechanisms, tls_ca=tls_ca,
             tls_verify=tls_verify, virtual_host=virtual_host, heartbeat=heartbeat,
         )  # fmt: skip
-        self._destination = Destinations(destinations, broker="amqp1", allow=allowed_destinations)
+        self._destination = Destinations(
+            destinations, broker="amqp1", allow=allowed_destinations, partitions=partitions
+        )
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._durable = durable

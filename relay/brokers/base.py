@@ -21,7 +21,7 @@ from typing import Protocol, runtime_checkable
 
 from outbox.envelope import Envelope
 from outbox.exceptions import ConfigurationError
-from outbox.kit import topic_problem
+from outbox.kit import check_partitions, partition_for, topic_problem
 from relay.exceptions import DestinationRefusedError
 
 __all__ = [
@@ -94,6 +94,12 @@ class Destinations:
     Look-up order: an exact entry for the topic; else the ``"*"`` entry, a template in which
     ``{topic}`` is replaced by the topic (``{"*": "events.{topic}"}``); else the topic itself.
 
+    Partitions: ``partitions`` maps a topic (or ``"*"``, every other topic) to a partition
+    count; a destination (template or exact entry) may then hold ``{partition}``, replaced by
+    :func:`outbox.partition_for` of the message's key: the relay computes it, a producer
+    cannot choose it. A ``{partition}`` destination needs a count for its topic (checked
+    here, at start), and a topic given a count needs ``{partition}`` in its destination.
+
     A topic is a name, never an address (docs/explanation/security.md): every topic must
     follow the grammar of ``outbox._topic`` (rows written by older writers, or inserted
     directly, are checked here), and a destination made by the default mapping must not start
@@ -103,7 +109,15 @@ class Destinations:
     DestinationRefusedError: the relay pauses that topic, nothing is sent.
     """
 
-    __slots__ = ("_allow", "_default", "_exact", "_matches", "_reserved", "_separators")
+    __slots__ = (
+        "_allow",
+        "_default",
+        "_exact",
+        "_matches",
+        "_partitions",
+        "_reserved",
+        "_separators",
+    )
 
     def __init__(
         self,
@@ -112,6 +126,7 @@ class Destinations:
         broker: str | None = None,
         allow: Sequence[str] | None = None,
         matches: Callable[[str, str], bool] | None = None,
+        partitions: Mapping[str, int] | None = None,
     ) -> None:
         mapping = dict(mapping or {})
         for topic, dest in mapping.items():
@@ -120,20 +135,14 @@ class Destinations:
                     f"destination for topic {topic!r} must be a non-empty string, got {dest!r}",
                     topic=topic,
                 )
+        self._partitions = check_partition_counts(partitions)
         default = mapping.pop(WILDCARD, None)
         if default is not None:
-            try:
-                fields = {f for _, f, _, _ in string.Formatter().parse(default) if f is not None}
-            except ValueError as exc:
-                raise ConfigurationError(
-                    f"the '*' destination template {default!r} is not a template: {exc}",
-                    template=default,
-                ) from None
-            if fields - {"topic"}:
-                raise ConfigurationError(
-                    f"the '*' destination template {default!r} may only use {{topic}}",
-                    template=default,
-                )
+            _check_template(default, "the '*' destination template", {"topic", "partition"})
+        for topic, dest in mapping.items():
+            if "{" in dest or "}" in dest:
+                _check_template(dest, f"the destination of topic {topic!r}", {"partition"})
+        _check_partitioned(mapping, default, self._partitions)
         if allow is not None and (
             isinstance(allow, str) or not all(isinstance(p, str) and p for p in allow)
         ):
@@ -149,15 +158,30 @@ class Destinations:
         self._allow = tuple(allow) if allow is not None else None
         self._matches = matches or glob_matches
 
-    def __call__(self, topic: str) -> str:
+    def partitions_of(self, topic: str) -> int | None:
+        """The partition count of ``topic``'s destination, or None when it is not split."""
+        return self._partitions.get(topic, self._partitions.get(WILDCARD))
+
+    def __call__(self, topic: str, key: str | None = None) -> str:
+        """The destination of a message of ``topic`` and ``key`` (the key is needed only by a
+        partitioned topic; without it, partition 0's destination is given)."""
         problem = topic_problem(topic)
         if problem is not None:
             reason = f"{problem}; not sent"
             raise DestinationRefusedError(reason, reason=reason, destination=None)
+        count = self.partitions_of(topic)
+        partition = 0 if count is None or key is None else partition_for(key, count)
+        return self.partition(topic, partition)
+
+    def partition(self, topic: str, partition: int) -> str:
+        """The destination of ``topic``'s partition ``partition`` (``relay check`` lists them)."""
         dest = self._exact.get(topic)
         if dest is not None:
-            return dest
-        dest = topic if self._default is None else self._default.format(topic=topic)
+            return dest.format(partition=partition) if "{" in dest else dest
+        if self._default is None:
+            dest = topic
+        else:  # a checked template: only {topic} and {partition}
+            dest = self._default.format(topic=topic, partition=partition)
         refusal = self._refusal(topic, dest)
         if refusal is not None:
             raise DestinationRefusedError(refusal, reason=refusal, destination=dest)
@@ -186,7 +210,76 @@ class Destinations:
 
     def __repr__(self) -> str:
         extra = {WILDCARD: self._default} if self._default is not None else {}
-        return f"Destinations({ {**self._exact, **extra}!r})"
+        parts = f", partitions={dict(self._partitions)!r}" if self._partitions else ""
+        return f"Destinations({ {**self._exact, **extra}!r}{parts})"
+
+
+def check_partition_counts(partitions: Mapping[str, int] | None) -> dict[str, int]:
+    """``partitions`` (topic or "*" -> count) checked: each count 1..MAX_PARTITIONS."""
+    if partitions is None:
+        return {}
+    if not isinstance(partitions, Mapping):
+        raise ConfigurationError(
+            f"partitions must be a table of topic = count, got {partitions!r}"
+        )
+    return {
+        str(topic): check_partitions(count, f"the partition count of {topic!r}")
+        for topic, count in partitions.items()
+    }
+
+
+def _check_template(template: str, what: str, allowed: set[str]) -> None:
+    """Only ``allowed`` plain fields (no attribute, index, conversion or format spec)."""
+    try:
+        fields = [
+            (name, spec, conversion)
+            for _, name, spec, conversion in string.Formatter().parse(template)
+            if name is not None
+        ]
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"{what} {template!r} is not a template: {exc}", template=template
+        ) from None
+    if any(name not in allowed or spec or conv for name, spec, conv in fields):
+        names = " and ".join(f"{{{n}}}" for n in sorted(allowed, reverse=True))
+        raise ConfigurationError(f"{what} {template!r} may only use {names}", template=template)
+
+
+def _check_partitioned(
+    exact: Mapping[str, str], default: str | None, partitions: Mapping[str, int]
+) -> None:
+    """A ``{partition}`` destination has a count; a count has a ``{partition}`` destination."""
+    star = partitions.get(WILDCARD)
+    for topic, dest in exact.items():
+        has = "{partition}" in dest
+        if has and topic not in partitions and star is None:
+            raise ConfigurationError(
+                f"the destination of topic {topic!r} ({dest!r}) holds {{partition}} but the "
+                f"topic has no partition count: add {topic} = N to [broker.partitions]",
+                topic=topic,
+            )
+        if not has and topic in partitions:
+            raise ConfigurationError(
+                f"topic {topic!r} has {partitions[topic]} partitions but its destination "
+                f"{dest!r} has no {{partition}} placeholder",
+                topic=topic,
+            )
+    default_has = default is not None and "{partition}" in default
+    if default_has and star is None:
+        raise ConfigurationError(
+            f"the '*' destination template {default!r} holds {{partition}}: give the other "
+            'topics a partition count too ("*" = N in [broker.partitions])'
+        )
+    for topic in partitions:
+        if topic not in exact and not default_has:
+            raise ConfigurationError(
+                f"topic {topic!r} has a partition count but its destination (the '*' template "
+                f"{default!r}) has no {{partition}} placeholder"
+                if default is not None
+                else f"topic {topic!r} has a partition count but no destination with "
+                "{partition} (e.g. \"*\" = \"events.{topic}.p{partition}\")",
+                topic=topic,
+            )
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ class MemoryPublisher:
         self,
         *,
         destinations: Mapping[str, str] | None = None,
+        partitions: Mapping[str, int] | None = None,
         max_payload_bytes: int = 0,
         keeps_key_order: bool = True,
     ) -> None:
@@ -48,7 +49,7 @@ class MemoryPublisher:
             headers=True,
             max_payload_bytes=max_payload_bytes,
         )
-        self._destination = Destinations(destinations)
+        self._destination = Destinations(destinations, partitions=partitions)
         self.messages: dict[str, list[Envelope]] = {}
         #: how many times each id was handed to ``publish_batch`` (sent or failed)
         self.attempts: Counter[uuid.UUID] = Counter()

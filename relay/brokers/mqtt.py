@@ -61,6 +61,7 @@ class MqttPublisher:
         port: int = 1883,
         *,
         destinations: Mapping[str, str] | None = None,
+        partitions: Mapping[str, int] | None = None,
         allowed_destinations: Sequence[str] | None = None,
         qos: int = 1,
         qos_by_topic: Mapping[str, int] | None = None,
@@ -83,7 +84,8 @@ class MqttPublisher:
                 raise ConfigurationError(f"MQTT QoS for {name!r} must be 0 or 1, got {value!r}")
         self._host, self._port = host, port
         self._destination = Destinations(
-            destinations, broker="mqtt", allow=allowed_destinations, matches=mqtt_topic_matches
+            destinations, broker="mqtt", allow=allowed_destinations, matches=mqtt_topic_matches,
+            partitions=partitions,
         )
         self._qos, self._qos_by_topic = qos, dict(qos_by_topic or {})
         self._auth = (username, password)

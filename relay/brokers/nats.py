@@ -60,6 +60,7 @@ class NatsPublisher:
         servers: str | Sequence[str] = "nats://127.0.0.1:4222",
         *,
         destinations: Mapping[str, str] | None = None,
+        partitions: Mapping[str, int] | None = None,
         allowed_destinations: Sequence[str] | None = None,
         stream: str | None = None,
         stream_subjects: Sequence[str] | None = None,
@@ -82,6 +83,7 @@ class NatsPublisher:
             if allowed_destinations is not None
             else (list(stream_subjects) if stream_subjects else None),
             matches=nats_subject_matches,
+            partitions=partitions,
         )
         self._stream = stream
         self._stream_subjects = list(stream_subjects or [])

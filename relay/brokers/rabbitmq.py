@@ -66,6 +66,7 @@ class RabbitMQPublisher:
         url: str = "amqp://guest:guest@127.0.0.1:5672/",
         *,
         destinations: Mapping[str, str] | None = None,
+        partitions: Mapping[str, int] | None = None,
         allowed_destinations: Sequence[str] | None = None,
         timeout: float = DEFAULT_ACK_TIMEOUT,
         connect_timeout: float = 5.0,
@@ -78,7 +79,8 @@ class RabbitMQPublisher:
         self._aio_pika = require("aio_pika", "rabbitmq")
         self._url = url
         self._destination = Destinations(
-            destinations, broker="rabbitmq", allow=allowed_destinations
+            destinations, broker="rabbitmq", allow=allowed_destinations,
+            partitions=partitions,
         )
         self._timeout = timeout
         self._connect_timeout = connect_timeout

@@ -46,6 +46,7 @@ class RedisPublisher:
         url: str = "redis://127.0.0.1:6379/0",
         *,
         destinations: Mapping[str, str] | None = None,
+        partitions: Mapping[str, int] | None = None,
         allowed_destinations: Sequence[str] | None = None,
         maxlen: int | None = None,
         timeout: float = DEFAULT_ACK_TIMEOUT,
@@ -57,7 +58,9 @@ class RedisPublisher:
         self._cloudevents = cloudevents
         self._redis = require("redis.asyncio", "redis")
         self._url = url
-        self._destination = Destinations(destinations, broker="redis", allow=allowed_destinations)
+        self._destination = Destinations(
+            destinations, broker="redis", allow=allowed_destinations, partitions=partitions
+        )
         self._maxlen = maxlen
         self._timeout = timeout
         self._connect_timeout = connect_timeout
