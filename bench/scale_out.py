@@ -3,18 +3,21 @@ partitioned consumer: inbox.PartitionedConsumer, leases in the consumer's databa
 Kafka (a consumer group), side by side in one run, with today's non-partitioned NATS consumer
 in one process as the naive baseline.
 
-    python bench/scale_out.py                                   # 4000 messages a case
-    python bench/scale_out.py --messages 1000 --delay-ms 5      # a quick run
+    python bench/scale_out.py                                   # 3000 messages a case
+    python bench/scale_out.py --messages 600 --keys 60          # a quick run (~3 minutes)
     python bench/scale_out.py --brokers kafka --processes 1,2   # a subset
 
 The handler is I/O-bound, not bound by the 2-core machine: each message's handler awaits
-``--delay-ms`` (a stand-in for a call to another service) inside its transaction, then writes
-one row (tests/support/scale_worker.py); one process applies one message at a time, so its
-rate is bounded by that latency plus its database round trips, and N processes can go N times
-as fast until the database, the broker or the machine's CPU is the bound. To show which one
-it is, each case records the CPU seconds, over the drain, of the consumer processes, of the
-database (a private PostgreSQL cluster: its postmaster and every backend) and of the broker
-(a private nats-server or tansu), and the machine's own CPU use in the same window.
+``--delay-ms`` (20 ms: a stand-in for a call to another service) inside its transaction, then
+writes one row (tests/support/scale_worker.py). So one process's rate is bounded by that
+latency times the messages it has in flight: on Kafka one (``KafkaConsumer`` applies a
+partition's messages in order, one worker), on partitioned NATS one per partition it holds, up
+to its ``--pool`` database connections (2: a transaction holds a connection through the
+call). N processes bring N times that capacity, until the database, the broker or the
+machine's CPU is the bound. To show which one it is, each case records the CPU, over the drain,
+of the consumer processes, of the database (a private PostgreSQL cluster: its postmaster and
+every backend) and of the broker (a private nats-server or tansu), and the machine's own CPU
+use in the same window, as cores busy on average.
 
 Each case: a fresh database, a fresh stream or topic of ``--partitions`` partitions, the
 processes started and joined (each reports ready), then a backlog of ``--messages`` messages
@@ -250,7 +253,7 @@ def run_case(place: Place, case: Case, args: argparse.Namespace) -> dict[str, An
     name = f"{case.broker}-{case.processes}"
     procs = [
         spawn(url, case.broker, broker_url, source, CONSUMER, place.logs / f"{name}-{i}.log",
-              args.delay_ms, int(args.session * 1000), *extra)
+              args.delay_ms, int(args.session * 1000), "--pool", str(args.pool), *extra)
         for i in range(case.processes)
     ]  # fmt: skip
     try:
@@ -332,9 +335,10 @@ def _ratios(cases: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=4000)
+    parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--keys", type=int, default=200)
-    parser.add_argument("--delay-ms", type=float, default=5.0, help="the handler's remote call")
+    parser.add_argument("--delay-ms", type=float, default=20.0, help="the handler's remote call")
+    parser.add_argument("--pool", type=int, default=2, help="database connections per process")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--processes", default="1,2,4")
     parser.add_argument("--brokers", default="nats-partitioned,kafka")
@@ -364,6 +368,7 @@ def main() -> None:
         "uptime_before": uptime_before, "uptime_after": uptime_after,
         "load": {"messages": args.messages, "keys": args.keys, "layout": "keys interleaved",
                  "handler": f"awaits {args.delay_ms:g} ms, then inserts one row",
+                 "connections_per_process": args.pool,
                  "partitions": args.partitions, "nats_lease_s": args.lease,
                  "kafka_session_timeout_s": args.session},
         "brokers": {"nats": "nats-server (private, JetStream)",

@@ -2,7 +2,8 @@
 fault suite's consumer-group scenarios, bench/scale_out.py).
 
     python -m tests.support.scale_worker URL BROKER BROKER_URL SOURCE CONSUMER
-        [--delay-ms MS] [--session-ms MS] [--partitions P --subject SUBJECT --lease S]
+        [--delay-ms MS] [--session-ms MS] [--pool N] [--idle-ms MS]
+        [--partitions P --subject SUBJECT --lease S]
 
 ``BROKER``: ``kafka`` (BROKER_URL: bootstrap servers; SOURCE: the topic; the group is
 CONSUMER), ``sqs`` (BROKER_URL: the endpoint; SOURCE: a FIFO queue), ``nats`` (today's
@@ -104,7 +105,12 @@ async def main(args: argparse.Namespace) -> None:
                 )
             await asyncio.sleep(1.0)
 
-    async with AsyncConnectionPool(args.url, min_size=1, max_size=3, open=False) as pool:
+    # a process frozen inside a transaction holds its message's inbox row (and so its key)
+    # until the database ends its session: idle_in_transaction_session_timeout bounds that
+    options = {"options": f"-c idle_in_transaction_session_timeout={args.idle_ms}"}
+    async with AsyncConnectionPool(
+        args.url, min_size=1, max_size=args.pool, open=False, kwargs=options
+    ) as pool:
         runner = AsyncHandlerRunner(pool, handler, consumer=args.consumer, ordered=True)
         consumer = _consumer(runner, args, on_result)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, consumer.stop)
@@ -124,6 +130,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--subject", default=None)
     parser.add_argument("--lease", type=float, default=5.0)
+    parser.add_argument("--pool", type=int, default=3, help="database connections at most")
+    parser.add_argument("--idle-ms", type=int, default=0, help="0: no idle-in-transaction limit")
     return parser.parse_args(argv)
 
 
