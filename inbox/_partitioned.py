@@ -47,6 +47,7 @@ from typing import Any
 
 from inbox._consumer import BrokerConsumer
 from inbox._runner import AsyncHandlerRunner
+from inbox._transactions import AsyncTransactionSource, async_transactions
 from inbox.exceptions import PartitionLostError
 from outbox.exceptions import ConfigurationError
 from outbox.kit import check_partitions, resolve_async, rows_by_name
@@ -182,7 +183,10 @@ class PartitionedConsumer:
     (:func:`per_partition` makes one from a consumer class and templates). ``lease``: the
     timing (:class:`Lease`). ``group``: the name the members share (default: the runner's
     consumer name). ``member``: this process's name among them (default: host, pid and a
-    random suffix; unique per instance).
+    random suffix; unique per instance). ``leases``: where the heartbeats and renewals run (a
+    psycopg_pool.AsyncConnectionPool or any source the runner takes), default the runner's:
+    give them a small pool of their own (one connection) when the handlers' transactions may
+    take every connection of the runner's pool, so that a renewal never waits behind them.
 
     ``await run()`` until :meth:`stop`; ``ready`` is set after its first round (joined, its
     share taken when partitions were free). :attr:`owned` says which partitions it consumes.
@@ -198,6 +202,7 @@ class PartitionedConsumer:
         lease: Lease | None = None,
         group: str | None = None,
         member: str | None = None,
+        leases: AsyncTransactionSource | None = None,
     ) -> None:
         if not isinstance(runner, AsyncHandlerRunner):
             raise ConfigurationError(
@@ -213,6 +218,8 @@ class PartitionedConsumer:
         self.group = group or runner.consumer
         default = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.member = member or default
+        #: the transactions of the lease bookkeeping (heartbeat, renewal, rebalance)
+        self._leases = self.runner.transactions if leases is None else async_transactions(leases)
         self._held: dict[int, _Held] = {}
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -234,7 +241,7 @@ class PartitionedConsumer:
     async def run(self) -> None:
         """Join, then balance, renew and consume until :meth:`stop`; then leave."""
         try:
-            async with self.runner.transactions() as target:
+            async with self._leases() as target:
                 raw = await resolve_async(target)
                 await raw.execute(self._stmts.partition_slots, self._params())
         except Exception as exc:
@@ -248,10 +255,11 @@ class PartitionedConsumer:
             while not self._stopping.is_set():
                 started = time.monotonic()
                 try:
-                    await self._round(started)
+                    async with asyncio.timeout(self._budget(started)):
+                        await self._round(started)
                 except Exception as exc:  # the database may be away: try again next round
                     log.warning("inbox: %s member %s: lease round failed: %s",
-                                self.group, self.member, exc)  # fmt: skip
+                                self.group, self.member, exc or type(exc).__name__)  # fmt: skip
                 await self._reap(time.monotonic())
                 self.ready.set()
                 self._wake.clear()
@@ -276,12 +284,18 @@ class PartitionedConsumer:
             **more,
         }
 
+    def _budget(self, now: float) -> float:
+        """How long a round may take: until the first held lease must be given up (its
+        consumer stopped before it lapses), at least one heartbeat."""
+        first = min((h.until for h in self._held.values()), default=now + self.lease.duration)
+        return max(self.lease.heartbeat, first - self.lease.stop_timeout - now)
+
     async def _round(self, started: float) -> None:
         """Heartbeat and renew in one transaction, then release above the share, then take
         free partitions up to it."""
         stmts = self._stmts
         healthy = [h.partition for h in self._held.values() if self._making_progress(h)]
-        async with self.runner.transactions() as target:
+        async with self._leases() as target:
             raw = await resolve_async(target)
             await raw.execute(stmts.partition_join, self._params())
             cur = await raw.execute(stmts.partition_renew, self._params(held=healthy))
@@ -305,7 +319,7 @@ class PartitionedConsumer:
             await self._acquire(wanted, started)
 
     async def _acquire(self, wanted: int, started: float) -> None:
-        async with self.runner.transactions() as target:
+        async with self._leases() as target:
             raw = await resolve_async(target)
             cur = await raw.execute(self._stmts.partition_acquire, self._params(wanted=wanted))
             rows = rows_by_name(cur, await cur.fetchall())
@@ -417,7 +431,7 @@ class PartitionedConsumer:
                 await asyncio.gather(held.task, return_exceptions=True)
         if not held.lost:
             try:
-                async with self.runner.transactions() as target:
+                async with self._leases() as target:
                     raw = await resolve_async(target)
                     await raw.execute(
                         self._stmts.partition_release,
@@ -432,7 +446,7 @@ class PartitionedConsumer:
     async def _leave(self) -> None:
         await asyncio.gather(*(self._give_up(p) for p in list(self._held)), return_exceptions=True)
         try:
-            async with self.runner.transactions() as target:
+            async with self._leases() as target:
                 raw = await resolve_async(target)
                 await raw.execute(self._stmts.partition_leave, self._params())
         except Exception as exc:  # its row lapses by itself

@@ -16,6 +16,7 @@ from __future__ import annotations
 from inbox._activity import ConsumerActivity, consumer_activity
 from inbox._blocked import BlockedKey, blocked_keys
 from inbox._dead import HeldFilter, HeldKey, dead_audit, dead_purge, dead_retry, held_keys
+from inbox._partition_status import PartitionLease, partition_leases
 from inbox._retention import purge as purge_finished
 
 __all__ = [
@@ -23,11 +24,13 @@ __all__ = [
     "ConsumerActivity",
     "HeldFilter",
     "HeldKey",
+    "PartitionLease",
     "blocked_keys",
     "consumer_activity",
     "dead_audit",
     "dead_purge",
     "dead_retry",
     "held_keys",
+    "partition_leases",
     "purge_finished",
 ]

@@ -16,6 +16,7 @@ from inbox.admin import (
     dead_purge,
     dead_retry,
     held_keys,
+    partition_leases,
     purge_finished,
 )
 from outbox.kit import one_line, redact
@@ -121,6 +122,42 @@ def blocked_command(
             )
         click.echo(f"{len(keys)} blocked key(s)", err=True)
     if keys:
+        raise SystemExit(1)
+
+
+@inbox_group.command("partitions")
+@click.option(
+    "--url",
+    default=None,
+    help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL, else $DATABASE_URL).",
+)
+@click.option("--schema", default=None, envvar="OUTBOX_SCHEMA", help="Schema of the tables.")
+@click.option("--consumer", default=None, help="Only this consumer's partitions.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def partitions_command(
+    url: str | None, schema: str | None, consumer: str | None, as_json: bool
+) -> None:
+    """List the partitions of partitioned consumers: which process holds each, and for how
+    long its lease still holds (docs/how-to/scale-out.md).
+
+    Exit status 1 when a partition is held by no live process, so a probe can alert on it.
+    """
+    from outbox.cli import database_url  # here, not at import: outbox.cli loads this module
+
+    leases = partition_leases(database_url(url), consumer=consumer, schema=schema)
+    if as_json:
+        click.echo(json.dumps([lease.as_dict() for lease in leases], default=str))
+    else:
+        for lease in leases:
+            left = lease.expires_in.total_seconds() if lease.expires_in is not None else 0.0
+            owner = _field(lease.owner) if lease.held and lease.owner else "-"
+            click.echo(
+                f"{_field(lease.consumer)}\tpartition={lease.partition}\towner={owner}"
+                f"\tepoch={lease.epoch}\tlease_left={left:.1f}s"
+            )
+        free = sum(1 for lease in leases if not lease.held)
+        click.echo(f"{len(leases)} partition(s), {free} held by no live process", err=True)
+    if any(not lease.held for lease in leases):
         raise SystemExit(1)
 
 
