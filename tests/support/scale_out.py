@@ -20,8 +20,10 @@ from pathlib import Path
 
 import psycopg
 
-__all__ = ["SCHEMA", "Applied", "Check", "applied", "check", "ready", "refusals", "spawn",
-           "takeover"]
+__all__ = [
+    "SCHEMA", "Applied", "Check", "applied", "check", "joined_at", "ready", "refusals", "spawn",
+    "takeover",
+]  # fmt: skip
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS applies (
@@ -31,7 +33,9 @@ CREATE TABLE IF NOT EXISTS applies (
 );
 CREATE TABLE IF NOT EXISTS scale_procs (
     pid int PRIMARY KEY, consumer text NOT NULL, refused bigint NOT NULL DEFAULT 0,
-    ready boolean NOT NULL DEFAULT false
+    ready boolean NOT NULL DEFAULT false,
+    --  when the process started to join (its imports done): wall clock, seconds
+    since double precision
 );
 """
 
@@ -102,6 +106,13 @@ def ready(url: str, consumer: str) -> set[int]:
             "SELECT pid FROM scale_procs WHERE consumer = %s AND ready", (consumer,)
         ).fetchall()
     return {int(r[0]) for r in rows}
+
+
+def joined_at(url: str, pid: int) -> float | None:
+    """When process ``pid`` started to join (its first report), or None before it reported."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT since FROM scale_procs WHERE pid = %s", (pid,)).fetchone()
+    return float(row[0]) if row and row[0] is not None else None
 
 
 def check(rows: Sequence[Applied], expected: Iterable[uuid.UUID]) -> Check:

@@ -34,7 +34,9 @@ from inbox import AsyncHandlerRunner, Outcome, Result
 from outbox.envelope import Envelope
 
 
-def _consumer(runner: AsyncHandlerRunner, args: argparse.Namespace, on_result: Any) -> Any:
+def _consumer(
+    runner: AsyncHandlerRunner, args: argparse.Namespace, on_result: Any, side: Any
+) -> Any:
     if args.broker == "nats-partitioned":
         from inbox import Lease, NatsConsumer, PartitionedConsumer, per_partition
 
@@ -46,7 +48,7 @@ def _consumer(runner: AsyncHandlerRunner, args: argparse.Namespace, on_result: A
         lease = Lease(duration=args.lease, heartbeat=args.lease / 5, stop_timeout=args.lease / 4,
                       stall=args.lease / 2)  # fmt: skip
         return PartitionedConsumer(runner, partitions=args.partitions, factory=factory,
-                                   lease=lease)  # fmt: skip
+                                   lease=lease, leases=side)  # fmt: skip
     if args.broker == "kafka":
         from inbox import KafkaConsumer
 
@@ -95,26 +97,32 @@ async def main(args: argparse.Namespace) -> None:
         refused += result.outcome is Outcome.OUT_OF_ORDER
 
     async def report(pool: AsyncConnectionPool[Any], consumer: Any) -> None:
+        since = time.time()  # imports done, pools open: the process starts to join now
         while True:
             async with pool.connection() as conn:
                 await conn.execute(
-                    "INSERT INTO scale_procs (pid, consumer, refused, ready) "
-                    "VALUES (%s, %s, %s, %s) ON CONFLICT (pid) DO UPDATE "
+                    "INSERT INTO scale_procs (pid, consumer, refused, ready, since) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (pid) DO UPDATE "
                     "SET refused = excluded.refused, ready = excluded.ready",
-                    (pid, args.consumer, refused, consumer.ready.is_set()),
+                    (pid, args.consumer, refused, consumer.ready.is_set(), since),
                 )
             await asyncio.sleep(1.0)
 
     # a process frozen inside a transaction holds its message's inbox row (and so its key)
     # until the database ends its session: idle_in_transaction_session_timeout bounds that
     options = {"options": f"-c idle_in_transaction_session_timeout={args.idle_ms}"}
-    async with AsyncConnectionPool(
-        args.url, min_size=1, max_size=args.pool, open=False, kwargs=options
-    ) as pool:
+    # the handlers' pool, and one for the bookkeeping (the partitioned consumer's leases, the
+    # reports), so that a lease renewal never waits behind the handlers' transactions
+    async with (
+        AsyncConnectionPool(
+            args.url, min_size=1, max_size=args.pool, open=False, kwargs=options
+        ) as pool,
+        AsyncConnectionPool(args.url, min_size=1, max_size=2, open=False) as side,
+    ):
         runner = AsyncHandlerRunner(pool, handler, consumer=args.consumer, ordered=True)
-        consumer = _consumer(runner, args, on_result)
+        consumer = _consumer(runner, args, on_result, side)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, consumer.stop)
-        reporter = asyncio.create_task(report(pool, consumer))
+        reporter = asyncio.create_task(report(side, consumer))
         try:
             await consumer.run()
         finally:
