@@ -251,14 +251,15 @@ def run_case(place: Place, case: Case, args: argparse.Namespace) -> dict[str, An
     source, extra, publish = _setup(place, case, args, messages)
     broker_url = place.kafka_server if case.broker == "kafka" else place.nats.url  # type: ignore[union-attr]
     name = f"{case.broker}-{case.processes}"
+    consumer = f"{CONSUMER}-{uuid.uuid4().hex[:6]}"  # a new Kafka group for each case
     procs = [
-        spawn(url, case.broker, broker_url, source, CONSUMER, place.logs / f"{name}-{i}.log",
+        spawn(url, case.broker, broker_url, source, consumer, place.logs / f"{name}-{i}.log",
               args.delay_ms, int(args.session * 1000), "--pool", str(args.pool), *extra)
         for i in range(case.processes)
     ]  # fmt: skip
     try:
         pids = {p.pid for p in procs}
-        _wait(lambda: ready(url, CONSUMER) >= pids, 120, f"{name}: every process ready")
+        _wait(lambda: ready(url, consumer) >= pids, 180, f"{name}: every process ready")
         time.sleep(args.settle)  # the group or the leases settle on their final assignment
         publish()
         _wait(lambda: _count(url) > 0, 60, f"{name}: a first apply")
@@ -267,7 +268,7 @@ def run_case(place: Place, case: Case, args: argparse.Namespace) -> dict[str, An
         after, elapsed = Cpu.now(place, case.broker, procs), time.monotonic() - t0
     finally:
         _stop(procs)
-    rows = applied(url, CONSUMER)
+    rows = applied(url, consumer)
     result = check(rows, [m.id for m in messages])
     window = max(r.ended for r in rows) - min(r.started for r in rows)
 
@@ -279,7 +280,7 @@ def run_case(place: Place, case: Case, args: argparse.Namespace) -> dict[str, An
         "msg_per_s": round(len(messages) / window, 1), "drain_s": round(window, 2),
         "ok": result.ok, "lost": result.lost, "duplicates": result.duplicates,
         "order_violations": result.order_violations, "overlaps": result.overlaps,
-        "out_of_order_refusals": refusals(url, CONSUMER),
+        "out_of_order_refusals": refusals(url, consumer),
         "applies_per_process": sorted(result.per_process.values(), reverse=True),
         "cpu_cores_busy": {
             "consumer_processes": cores(before.workers, after.workers),
