@@ -22,11 +22,12 @@ The lease, per partition:
   partition's broker consumer, which settles what it has in hand.
 * **Fence.** Every transaction a partition's broker consumer opens ends with a check, in that
   transaction, that this member still holds the partition's lease with the epoch it acquired
-  (``SELECT ... FOR SHARE`` of the lease row, last statement before the commit). When it does
-  not (taken over, or lapsed while the process was frozen), the transaction is rolled back:
-  nothing is applied, the message is left to the broker (:class:`PartitionLostError`), and the
-  partition's consumer stops. The row lock makes a takeover wait for a commit in progress, so
-  no two members ever commit messages of one partition at overlapping times.
+  (``SELECT ... FOR KEY SHARE`` of the lease row, the last statement before the commit). When
+  it does not (taken over, or lapsed while the process was frozen), the transaction is rolled
+  back: nothing is applied, the message is left to the broker (:class:`PartitionLostError`),
+  and the partition's consumer stops. A takeover locks the row ``FOR UPDATE`` (skipping it
+  while a commit is in progress), so no two members ever commit messages of one partition at
+  overlapping times; the owner's renewals do not conflict with its own fences.
 * **Leaving.** :meth:`PartitionedConsumer.stop` stops every broker consumer, releases the
   leases and deletes the member's row: the others take the partitions at their next heartbeat.
 """
@@ -253,13 +254,7 @@ class PartitionedConsumer:
             raise
         try:
             while not self._stopping.is_set():
-                started = time.monotonic()
-                try:
-                    async with asyncio.timeout(self._budget(started)):
-                        await self._round(started)
-                except Exception as exc:  # the database may be away: try again next round
-                    log.warning("inbox: %s member %s: lease round failed: %s",
-                                self.group, self.member, exc or type(exc).__name__)  # fmt: skip
+                await self._round(time.monotonic())
                 await self._reap(time.monotonic())
                 self.ready.set()
                 self._wake.clear()
@@ -291,8 +286,28 @@ class PartitionedConsumer:
         return max(self.lease.heartbeat, first - self.lease.stop_timeout - now)
 
     async def _round(self, started: float) -> None:
-        """Heartbeat and renew in one transaction, then release above the share, then take
-        free partitions up to it."""
+        """Heartbeat and renew, then release above the share, then take free partitions up
+        to it. The database work is bounded by :meth:`_budget` (a round that waits on the
+        database past it is abandoned, and the partitions whose leases cannot be renewed are
+        stopped in time); stopping a partition's consumer is bounded by ``stop_timeout``."""
+        try:
+            async with asyncio.timeout(self._budget(started)):
+                members = await self._renew(started)
+            self._check_counts(members)
+            share = balanced_share(self.partitions, [m["member"] for m in members], self.member)
+            keep = sorted(p for p, h in self._held.items() if not h.lost)
+            for partition in keep[share:]:  # above the share: the highest partitions go
+                await self._give_up(partition)
+            wanted = share - min(len(keep), share)
+            if wanted > 0 and time.monotonic() >= self._cooldown_until:
+                async with asyncio.timeout(self._budget(started)):
+                    await self._acquire(wanted, started)
+        except Exception as exc:  # the database may be away: try again next round
+            log.warning("inbox: %s member %s: lease round failed: %s",
+                        self.group, self.member, exc or type(exc).__name__)  # fmt: skip
+
+    async def _renew(self, started: float) -> list[dict[str, Any]]:
+        """The heartbeat and the renewals, in one transaction; the live members."""
         stmts = self._stmts
         healthy = [h.partition for h in self._held.values() if self._making_progress(h)]
         async with self._leases() as target:
@@ -304,19 +319,14 @@ class PartitionedConsumer:
             cur = await raw.execute(stmts.partition_members, self._params())
             members = rows_by_name(cur, await cur.fetchall())
         for partition in healthy:
-            held = self._held[partition]
+            held = self._held.get(partition)
+            if held is None:
+                continue
             if renewed.get(partition) == held.epoch:
                 held.until = started + self.lease.duration
             else:
                 held.lost = True  # lapsed or taken: it must not be consumed any more
-        self._check_counts(members)
-        share = balanced_share(self.partitions, [m["member"] for m in members], self.member)
-        keep = sorted(p for p, h in self._held.items() if not h.lost)
-        for partition in keep[share:]:  # above the share: the highest partitions go
-            await self._give_up(partition)
-        wanted = share - min(len(keep), share)
-        if wanted > 0 and time.monotonic() >= self._cooldown_until:
-            await self._acquire(wanted, started)
+        return members
 
     async def _acquire(self, wanted: int, started: float) -> None:
         async with self._leases() as target:
@@ -431,7 +441,7 @@ class PartitionedConsumer:
                 await asyncio.gather(held.task, return_exceptions=True)
         if not held.lost:
             try:
-                async with self._leases() as target:
+                async with asyncio.timeout(self.lease.stop_timeout), self._leases() as target:
                     raw = await resolve_async(target)
                     await raw.execute(
                         self._stmts.partition_release,
@@ -439,14 +449,14 @@ class PartitionedConsumer:
                     )
             except Exception as exc:  # it lapses by itself
                 log.warning("inbox: %s: releasing partition %d failed: %s",
-                            self.group, partition, exc)  # fmt: skip
+                            self.group, partition, exc or type(exc).__name__)  # fmt: skip
         log.info("inbox: %s member %s gave up partition %d",
                  self.group, self.member, partition)  # fmt: skip
 
     async def _leave(self) -> None:
         await asyncio.gather(*(self._give_up(p) for p in list(self._held)), return_exceptions=True)
         try:
-            async with self._leases() as target:
+            async with asyncio.timeout(self.lease.stop_timeout), self._leases() as target:
                 raw = await resolve_async(target)
                 await raw.execute(self._stmts.partition_leave, self._params())
         except Exception as exc:  # its row lapses by itself

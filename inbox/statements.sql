@@ -473,9 +473,9 @@ RETURNING partition, epoch
 
 -- name: partition_acquire
 -- inbox_partition_acquire: take up to %(wanted)s partitions no member holds (released, or
--- their lease lapsed), lowest first; a new epoch each. SKIP LOCKED: a partition whose owner
--- is committing a message right now (its fence holds the row FOR SHARE) waits for the next
--- round.
+-- their lease lapsed), lowest first; a new epoch each. FOR UPDATE SKIP LOCKED: a partition
+-- whose previous owner is committing a message right now (its fence holds the row FOR KEY
+-- SHARE) is left for the next round.
 UPDATE {partition_leases} AS l
 SET owner = %(member)s, epoch = l.epoch + 1,
     expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
@@ -504,13 +504,16 @@ DELETE FROM {partition_members} WHERE consumer = %(consumer)s AND member = %(mem
 -- name: partition_fence
 -- inbox_partition_fence: the LAST statement of every transaction that applies a message of a
 -- partition: no row means this member no longer holds the partition's lease (taken over, or
--- lapsed while the process was frozen), and the transaction is rolled back. FOR SHARE: a
--- takeover (an UPDATE of the row) waits until this transaction has ended, so two members
--- never commit messages of one partition at overlapping times.
+-- lapsed while the process was frozen), and the transaction is rolled back. FOR KEY SHARE
+-- until the commit: a takeover locks the row FOR UPDATE first (partition_acquire), which
+-- conflicts, so it waits for (skips, in fact, until the next round) a commit in progress and
+-- two members never commit messages of one partition at overlapping times; the owner's own
+-- renewals (an UPDATE of expires_at only: FOR NO KEY UPDATE) do not conflict, so they never
+-- wait behind its transactions.
 SELECT epoch FROM {partition_leases}
 WHERE consumer = %(consumer)s AND partition = %(partition)s
   AND owner = %(member)s AND epoch = %(epoch)s AND expires_at > clock_timestamp()
-FOR SHARE
+FOR KEY SHARE
 
 -- name: partition_status
 -- inbox_partition_status: who holds which partition (the operator's view).

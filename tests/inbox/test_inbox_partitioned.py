@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = "tests.inbox.partition_worker"
 PARTITIONS = 6
 #: a short lease, so that the tests' rebalances take seconds
-LEASE = {"duration": 3.0, "heartbeat": 0.25, "stop_timeout": 1.0, "stall": 2.0}
+LEASE = {"duration": 5.0, "heartbeat": 0.5, "stop_timeout": 1.5, "stall": 3.0}
 
 
 # ---- the assignment arithmetic and the API's checks (no services) ---------------------------
@@ -284,8 +284,30 @@ class MqttPlace(Place):
         }}  # fmt: skip
 
 
+class Amqp1Place(Place):
+    """A queue per partition on the private AMQP 1.0 node (tests/support/amqp1_broker.py)."""
+
+    name = "amqp1"
+    url = ""
+
+    async def setup(self) -> None:
+        from tests.support.amqp1_broker import node
+
+        self.url = (await asyncio.to_thread(node)).url
+
+    def relay(self) -> tuple[str, dict[str, str]]:
+        return self.url, {"*": f"/queue/ptest-{self.tag}-" + "{topic}-p{partition}"}
+
+    def settings(self) -> dict[str, Any]:
+        return {"class": "Amqp1Consumer", "options": {
+            "address": f"/queue/ptest-{self.tag}-orders-p" + "{partition}", "url": self.url,
+            "redeliver_delay": 0.2,
+        }}  # fmt: skip
+
+
 PLACES: dict[str, Callable[[], Place]] = {
     "nats": NatsPlace, "rabbitmq": RabbitPlace, "redis": RedisPlace, "mqtt": MqttPlace,
+    "amqp1": Amqp1Place,
 }  # fmt: skip
 
 
@@ -412,7 +434,7 @@ def _check_cli(url: str, workers: list[Worker]) -> None:
 
 def _place(name: str) -> Place:
     place = PLACES[name]()
-    if not reachable(place.port):
+    if place.port and not reachable(place.port):
         missing(name, f"start it on 127.0.0.1:{place.port} (bash .ci/run starts it)")
     return place
 
@@ -533,6 +555,41 @@ def test_a_process_frozen_past_its_lease_applies_nothing_when_it_resumes(applied
             await _until(lambda: _count(applied_url) >= len(backlog), 120, "the backlog", workers)
             for worker in workers:
                 await worker.stop()
+            _check_applied(applied_url, backlog)
+            return took
+        finally:
+            await _kill(workers)
+            await place.teardown()
+
+    took = asyncio.run(scenario())
+    assert took <= LEASE["duration"] + LEASE["heartbeat"] + 1.0, took
+
+
+@pytest.mark.parametrize("name", ["nats", "rabbitmq"])
+def test_a_process_killed_mid_stream_is_taken_over_within_its_lease(
+    applied_url: str, name: str
+) -> None:
+    """kill -9 one of two processes mid-backlog: the other takes its partitions within lease +
+    heartbeat + 1 s, and every message is applied once, in key order, one process at a time."""
+    place = _place(name)
+
+    async def scenario() -> float:
+        await place.setup()
+        workers: list[Worker] = []
+        try:
+            workers = [await _start(applied_url, place, f"w{i}", delay=0.03) for i in range(2)]
+            await _until(lambda: _balanced(workers), 40, "a balanced assignment", workers)
+            backlog = _backlog(keys=60, per_key=50)
+            await _publish(place, backlog)
+            await _until(lambda: _count(applied_url) >= 300, 60, "a first part", workers)
+            killed, other = workers
+            killed.proc.kill()
+            gone = asyncio.get_running_loop().time()
+            await killed.proc.wait()
+            await _until(lambda: len(other.owned) == PARTITIONS, 30, "the takeover", workers)
+            took = asyncio.get_running_loop().time() - gone
+            await _until(lambda: _count(applied_url) >= len(backlog), 120, "the backlog", workers)
+            await other.stop()
             _check_applied(applied_url, backlog)
             return took
         finally:
