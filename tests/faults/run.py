@@ -18,9 +18,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.faults.suite import SCENARIOS, SHORT, as_json, run, table
+from tests.faults import groups
+from tests.faults.suite import SCENARIOS, SHORT, Result, as_json, run, table
 
 MARK = "<!-- fault table -->"
+GROUP_MARK = "<!-- group table -->"
+
+
+def _replaced(page: str, mark: str, text: str) -> str:
+    before, _, rest = page.partition(mark)
+    _, _, after = rest.partition(mark)
+    return f"{before}{mark}\n{text}\n{mark}{after}"
 
 
 def main() -> int:
@@ -30,29 +38,32 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="markdown file to update")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
+    every = [*SCENARIOS, *groups.SCENARIOS]
     if args.scenarios == "all":
-        names = list(SCENARIOS)
+        names = every
     elif args.scenarios == "short":
-        names = list(SHORT)
+        names = [*SHORT, *groups.SHORT]
     else:
         names = [n.strip() for n in args.scenarios.split(",")]
-        unknown = [n for n in names if n not in SCENARIOS]
+        unknown = [n for n in names if n not in every]
         if unknown:
-            parser.error(f"unknown scenario(s) {unknown}: one of {', '.join(SCENARIOS)}")
+            parser.error(f"unknown scenario(s) {unknown}: one of {', '.join(every)}")
     logs = Path(tempfile.mkdtemp(prefix="outbox-faults-logs-"))
-    results = []
+    results: list[Result] = []
     for name in names:
-        result = run(name, args.seconds, logs / name)
+        scenario = groups.run if name in groups.SCENARIOS else run
+        result = scenario(name, args.seconds, logs / name)
         print(f"{name}: {result}", flush=True)
         results.append(result)
-    text = table(results)
-    print(text)
+    print(table(results))
     print(f"process logs: {logs}")
-    if args.out is not None:
+    if args.out is not None:  # the scale-out scenarios have a table of their own
         page = args.out.read_text()
-        before, _, rest = page.partition(MARK)
-        _, _, after = rest.partition(MARK)
-        args.out.write_text(f"{before}{MARK}\n{text}\n{MARK}{after}")
+        for mark, part in ((MARK, [r for r in results if r.scenario not in groups.SCENARIOS]),
+                           (GROUP_MARK, [r for r in results if r.scenario in groups.SCENARIOS])):
+            if part:
+                page = _replaced(page, mark, table(part))
+        args.out.write_text(page)
     if args.json is not None:
         args.json.write_text(as_json(results) + "\n")
     return 0 if all(r.ok for r in results) else 1

@@ -104,11 +104,13 @@ class Result:
     #: the longest time between two messages sent to the broker while the producers ran
     max_delivery_gap_seconds: float = float("nan")
     takeover_seconds: float = float("nan")
+    #: scale-out scenarios (groups.py): a key's handler running in two processes at once
+    overlaps: int = 0
 
     @property
     def ok(self) -> bool:
         return not (self.lost or self.duplicates or self.order_violations or self.phantoms
-                    or self.dead_unexpected or self.unclean_exits)  # fmt: skip
+                    or self.dead_unexpected or self.unclean_exits or self.overlaps)  # fmt: skip
 
 
 class World:

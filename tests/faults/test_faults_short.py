@@ -4,8 +4,9 @@ kill -9 between commit and ack, broker kill -9 and restart (NATS, and the same o
 server and on the private AMQP 1.0 node), each under a live workload on a private PostgreSQL
 and its broker. Nothing lost, duplicated, reordered or invented; only
 poison messages dead. And the streaming relay frozen for 90 s in WAL capture mode: sending
-stalls at most the lease plus a second. The full set (python -m tests.faults.run) writes
-docs/explanation/reliability.md."""
+stalls at most the lease plus a second. And one of three partitioned consumer processes
+sharing one consumer on NATS killed mid-stream (groups.py). The full set
+(python -m tests.faults.run) writes docs/explanation/reliability.md."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults import groups
 from tests.faults.infra import PG_BIN
 from tests.faults.suite import LEASE, SHORT, run
 from tests.support.services import missing
@@ -57,3 +59,20 @@ def test_a_frozen_streaming_relay_stalls_delivery_at_most_the_lease(tmp_path: Pa
     assert result.dead_unexpected == 0, result
     assert result.takeover_seconds <= LEASE + 1.0, result
     assert result.max_delivery_gap_seconds <= LEASE + 1.0, result
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("scenario", groups.SHORT)
+def test_processes_sharing_one_consumer_take_over_within_the_bound(
+    scenario: str, tmp_path: Path
+) -> None:
+    """Three partitioned consumer processes share one consumer (tests/faults/groups.py); one is
+    killed mid-stream: each message applied once, each key in order, never in two processes at
+    once, and its partitions applied again within the lease + 1 s."""
+    result = groups.run(scenario, seconds=8, log_dir=tmp_path / scenario)
+    assert result.committed > 300, result  # the workload ran
+    assert result.lost == 0, (result, f"logs: {tmp_path}")
+    assert result.duplicates == 0, result
+    assert result.order_violations == 0, result
+    assert result.overlaps == 0, result
+    assert result.takeover_seconds <= groups.BOUND[groups.SCENARIOS[scenario].broker] + 1.0, result
