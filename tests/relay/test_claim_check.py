@@ -145,7 +145,9 @@ def test_a_5_mib_payload_published_in_a_transaction_reaches_the_consumer_whole(
                     await log.wait_processed(ids, within=120)
                 consumer.stop()
                 await task
-            assert pub.uploaded == 3  # the two large ones and the forced one
+            # the two large ones and the forced one; a send retried after a timeout
+            # (a loaded machine) uploads its object again, to the same key
+            assert pub.uploaded >= 3
 
     asyncio.run(go())
     with psycopg.connect(url) as conn:
@@ -203,7 +205,7 @@ def test_an_altered_or_deleted_object_is_refused_with_its_reason_and_never_appli
             pub = ClaimCheckPublisher(publisher(), claim)
             relay = Relay(config(url, publish_timeout=30, lease_seconds=60), pub)
             async with running(relay):
-                await _wait(lambda: pub.uploaded == 3 and not _pending(url), 60)
+                await _wait(lambda: pub.uploaded >= 3 and not _pending(url), 60)
             keys = {m: f"outbox/docs/{m}" for m in ids}
             body = store.get(keys[tampered], 10 * BIG)
             store.put(keys[tampered], body[:-2] + b"x}", "application/json")  # same size
@@ -354,7 +356,7 @@ def test_a_large_payload_goes_through_each_broker_as_a_cloudevent_and_arrives_wh
                     await log.wait_processed(ids, within=120)
                 consumer.stop()
                 await task
-                assert pub.uploaded == 1
+                assert pub.uploaded >= 1  # more when a timed-out send was retried (same key)
         finally:
             await target.teardown()
 
