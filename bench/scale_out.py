@@ -54,7 +54,7 @@ from outbox import wire
 from outbox._migrate import upgrade
 from outbox.envelope import Envelope
 from tests.faults.infra import NatsServer, PgCluster, free_port
-from tests.support.scale_out import SCHEMA, applied, check, ready, refusals, spawn
+from tests.support.scale_out import SCHEMA, applied, check, ready, refusals, spawn, stop
 
 CONSUMER = "svc"
 
@@ -233,18 +233,6 @@ class Cpu:
         )
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 def run_case(place: Place, case: Case, args: argparse.Namespace) -> dict[str, Any]:
     url = _fresh_db(place)
     messages = backlog(args.messages, args.keys)
@@ -267,7 +255,7 @@ def run_case(place: Place, case: Case, args: argparse.Namespace) -> dict[str, An
         _wait(lambda: _count(url) >= len(messages), 900, f"{name}: every message applied")
         after, elapsed = Cpu.now(place, case.broker, procs), time.monotonic() - t0
     finally:
-        _stop(procs)
+        stop(procs)
     rows = applied(url, consumer)
     result = check(rows, [m.id for m in messages])
     window = max(r.ended for r in rows) - min(r.started for r in rows)
@@ -305,9 +293,9 @@ def _place(brokers: set[str]) -> Place:
 
 def _close(place: Place) -> None:
     if place.kafka is not None:
-        from tests.support.kafka_broker import stop
+        from tests.support.kafka_broker import stop as stop_kafka
 
-        stop(place.kafka)
+        stop_kafka(place.kafka)
     if place.nats is not None:
         place.nats.stop()
     place.pg.stop()

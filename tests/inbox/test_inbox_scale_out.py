@@ -21,7 +21,7 @@ import pytest
 
 from tests.relay.relay_helpers import write
 from tests.support.poll import wait_for
-from tests.support.scale_out import SCHEMA, applied, check, spawn
+from tests.support.scale_out import SCHEMA, applied, check, spawn, stop
 from tests.support.services import import_or_missing
 
 PROCESSES = 3
@@ -32,18 +32,6 @@ def scale_url(database_url: str) -> str:
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(SCHEMA)
     return database_url
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 Worker = Callable[[int], "subprocess.Popen[bytes]"]
@@ -76,7 +64,7 @@ def _share(url: str, topic: str, relay_broker: str, start_worker: Worker, log_di
         wait_for(lambda: len({r.message_id for r in applied(url, "svc")}) >= len(ids),
                  timeout=180, what="every message applied")  # fmt: skip
     finally:
-        _stop([relay, *workers])
+        stop([relay, *workers])
     return ids, pids
 
 

@@ -77,6 +77,19 @@ def spawn(url: str, broker: str, broker_url: str, source: str, consumer: str, lo
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
 
 
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate ``procs``, then kill any that has not exited within 20 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def applied(url: str, consumer: str) -> list[Applied]:
     """The committed applies of ``consumer``, in the order their handlers started."""
     with psycopg.connect(url) as conn:
