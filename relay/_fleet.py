@@ -29,9 +29,9 @@ from psycopg.rows import dict_row
 
 from outbox.envelope import Envelope
 from outbox.exceptions import OutboxError
-from outbox.kit import describe_database_error, redact, remember_secrets
+from outbox.kit import redact, remember_secrets
 from relay._config import RelayConfig
-from relay._fleet_config import FleetConfig, FleetSettings
+from relay._fleet_config import FleetConfig, FleetSettings, database_error_line
 from relay._logs import DATABASE, name_the_database
 from relay._metrics import RelayMetrics
 from relay._origin import read_origin
@@ -434,7 +434,7 @@ class Fleet:
         except TimeoutError:
             raise _Paused(f"no answer within {bound:g}s") from None
         except psycopg.Error as exc:
-            said = describe_database_error(exc).replace("in --url", "in its [[databases]] url")
+            said = database_error_line(exc)
             raise _Paused(f"cannot connect: {said}") from None
         try:
             async with conn.cursor() as cur:
@@ -487,7 +487,7 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OutboxError):
         text = str(exc)
     elif isinstance(exc, psycopg.Error):
-        text = describe_database_error(exc)
+        text = database_error_line(exc)
     else:
         text = f"{type(exc).__name__}: {exc}"
     return " ".join(redact(text).split()) or type(exc).__name__

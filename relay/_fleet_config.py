@@ -18,12 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from outbox.exceptions import ConfigurationError
-from outbox.kit import check_keys, check_value, read_toml
+from outbox.kit import check_keys, check_value, describe_database_error, read_toml
 from relay._config import RelayConfig
 
 __all__ = [
-    "OVERRIDABLE", "DatabaseEntry", "FleetConfig", "FleetSettings", "database_config", "load_fleet",
+    "OVERRIDABLE", "DatabaseEntry", "FleetConfig", "FleetSettings", "database_config",
+    "database_error_line", "load_fleet",
 ]  # fmt: skip
 
 #: the settings a ``[[databases]]`` table may give for its database alone
@@ -173,3 +176,9 @@ def _settings(raw: Any, where: str) -> FleetSettings:
         return FleetSettings(**raw)
     except ConfigurationError as exc:
         raise ConfigurationError(f"{where}: [fleet]: {exc.message}") from None
+
+
+def database_error_line(exc: psycopg.Error) -> str:
+    """The one-line hint for a listed database that fails, naming where its URL comes from
+    (its ``[[databases]]`` table), not ``--url``."""
+    return describe_database_error(exc).replace("--url", "its [[databases]] url")

@@ -13,9 +13,9 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from outbox.kit import describe_database_error, redact
+from outbox.kit import redact
 from relay._admin import relay_status
-from relay._fleet_config import FleetConfig
+from relay._fleet_config import FleetConfig, database_error_line
 
 __all__ = ["fleet_status"]
 
@@ -34,7 +34,7 @@ def fleet_status(fleet: FleetConfig, *, connect_timeout: float = 10.0) -> list[d
         try:
             status = relay_status(url, schema=config.schema)
         except psycopg.Error as exc:
-            said = describe_database_error(exc).replace("in --url", "in its [[databases]] url")
+            said = database_error_line(exc)
             return {"name": name, "error": said}
         except Exception as exc:  # the library's errors (tables missing, ...): one line
             return {"name": name, "error": " ".join(redact(str(exc)).split())}

@@ -465,3 +465,29 @@ def test_a_reload_that_does_not_load_keeps_the_list(
     refused = next(r.getMessage() for r in caplog.records if "reload refused" in r.getMessage())
     assert "name must be letters" in refused
     assert "the 0 database(s) go on unchanged" in refused
+
+
+def test_status_of_unusable_databases_names_their_table_and_shows_no_password(
+    tmp_path: Path,
+) -> None:
+    """Each listed database that cannot be used is one line naming its [[databases]] url (never
+    --url, which a fleet does not take), with no password in it."""
+    config = tmp_path / "fleet.toml"
+    config.write_text(
+        '[broker]\nurl = "memory://"\n\n'
+        '[[databases]]\nname = "norole"\n'
+        'url = "postgresql://nobody:Fleet5ecret%40x@127.0.0.1:5432/postgres"\n\n'
+        '[[databases]]\nname = "closed"\nurl = "postgresql://u:Fleet5ecret@127.0.0.1:1/x"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "outbox.cli", "status", "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "Fleet5ecret" not in output
+    lines = {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
+    for name in ("norole", "closed"):
+        assert "DOES NOT ANSWER" in lines[name], output
+        assert "its [[databases]] url" in lines[name], output
+        assert "--url" not in lines[name], output
