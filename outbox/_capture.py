@@ -29,7 +29,6 @@ from __future__ import annotations
 import datetime as dt
 import struct
 import uuid
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +52,6 @@ __all__ = [
     "WalRecord",
     "decode_record",
     "encode_record",
-    "known_mode",
-    "remember_mode",
 ]
 
 #: the logical message prefix; the version travels in the record too
@@ -214,19 +211,3 @@ def _check_headers(raw: bytes) -> None:
                 "a header is not text without NUL within publish()'s bounds "
                 f"({MAX_HEADER_NAME_BYTES} bytes a name, {MAX_HEADER_VALUE_BYTES} a value)"
             )
-
-
-# What each connection last learnt of the mode (weakly keyed: a closed, collected connection
-# leaves nothing behind). Only a hint: every statement checks the mode again in the server.
-_modes: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-
-
-def known_mode(raw: Any) -> str | None:
-    """The mode ``raw`` last saw; None before its first publish (which then tries the pending
-    insert first: in 'polling' mode that costs one round trip, once per connection)."""
-    return _modes.get(raw)
-
-
-def remember_mode(raw: Any, mode: str | None) -> None:
-    """Note what ``raw``'s last statement said of the mode (None: not 'wal')."""
-    _modes[raw] = MODE_WAL if mode == MODE_WAL else MODE_POLLING

@@ -18,11 +18,10 @@ from typing import Any
 
 from psycopg import errors as pg_errors
 
-from outbox._capture import MODE_WAL, known_mode, remember_mode
 from outbox._connections import Target, resolve_sync
 from outbox._errors import translate
 from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, Message, prepare_fields
-from outbox._publish_common import Batch, build, checked_rows
+from outbox._publish_common import Batch, build
 from outbox._statements import producer_statements
 from outbox._wakeup import ring_after_commit
 
@@ -41,11 +40,12 @@ def publish_batch(
 
     ``target`` is a SQLAlchemy ``Session`` or ``Connection``, or a
     ``psycopg.Connection``. Messages become visible to the relay only when the caller
-    commits; a rollback removes them. A polling relay sees the commit by itself (its commit
-    watch, ``relay._watch``): the write costs one ``nextval`` more and nothing after the
-    commit. ``wakeup=True`` also rings this process's doorbell (``outbox._wakeup``: a NOTIFY
-    from a background thread once the transaction has committed), for relays that run without
-    the watch; it costs the producer a check and a NOTIFY per few milliseconds of commits.
+    commits; a rollback removes them. Each message is one row of the outbox's ledger
+    (``outbox_wal_pending``), in both capture modes: the relay numbers it per (topic, key) and
+    publishes it once the transaction has committed. ``wakeup=True`` also rings this
+    process's doorbell (``outbox._wakeup``: a NOTIFY from a background thread once the
+    transaction has committed), so a polling relay looks at once instead of at its next poll;
+    it costs the producer one round trip, a check and a NOTIFY per few milliseconds of commits.
     """
     return _write(target, build(messages, max_payload_bytes), schema, wakeup)
 
@@ -58,29 +58,14 @@ def _write(target: Target, batch: Batch, schema: str | None, wakeup: bool) -> li
     stmts = producer_statements(schema)
     try:
         with raw.cursor() as cur:
-            if known_mode(raw) in (MODE_WAL, None):
-                cur.execute(*batch.wal_statement(stmts))
-                if cur.rowcount == len(batch.rows):
-                    return batch.ids  # the relay publishes them after commit
-                cur.execute(stmts.capture_mode)
-                row = cur.fetchone()
-                if row is not None and row[0] == MODE_WAL:
-                    # the others were pending already: an idempotency key published again
-                    # before the relay recorded it, a no-op (the first write wins)
-                    remember_mode(raw, MODE_WAL)
-                    return batch.ids
-                remember_mode(raw, None)  # not in 'wal' mode (any more): rows
-            if batch.lock_keys:
-                cur.execute(stmts.idempotency_lock, batch.lock_params())
             cur.execute(*batch.statement(stmts))
-            rows = cur.fetchall()
+            if wakeup:
+                cur.execute(stmts.current_xact)
+                row = cur.fetchone()
+                if row is not None:
+                    ring_after_commit(target, raw, [str(row[0])])
     except pg_errors.UndefinedTable as exc:
         raise translate(exc, schema=schema) from exc
-    tx_ids, mode = checked_rows(rows)
-    if rows:
-        remember_mode(raw, mode)
-    if wakeup and tx_ids:
-        ring_after_commit(target, raw, tx_ids)
     return batch.ids
 
 

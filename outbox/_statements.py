@@ -43,13 +43,10 @@ WAKEUP_CHANNEL = "outbox_wakeup_v1"
 
 @dataclass(frozen=True)
 class ProducerStatements:
-    insert: bytes
-    insert_one: bytes
-    insert_one_idempotent: bytes
-    idempotency_lock: bytes
-    wal_emit: bytes
-    wal_emit_one: bytes
-    capture_mode: bytes
+    ledger_insert_one: bytes
+    ledger_insert_one_idempotent: bytes
+    ledger_insert: bytes
+    current_xact: bytes
 
 
 @dataclass(frozen=True)

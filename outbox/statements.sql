@@ -4,158 +4,39 @@
 -- caller's own connection, inside the caller's transaction, unless their comment says
 -- otherwise. Read the comments before changing anything.
 
--- name: insert
--- outbox_messages_insert: write a batch of messages and give each its per-(topic, key) sequence
--- number, in one statement.
---
--- Why the sequence numbers are gapless and in commit order:
--- * `bumped` upserts one outbox_key_sequences row per (topic, key) and adds the number of new
---   messages. The upsert takes that row's lock and holds it until the caller's transaction
---   ends, so a second writer of the same key waits here; under READ COMMITTED its upsert then
---   re-reads the committed last_seq (or, if the first writer rolled back, the old one). Writers
---   of other keys lock other rows and never wait. Keys are locked in (topic, key) order so two
---   batches that share keys cannot deadlock.
--- * `fresh` drops ids that already exist (an idempotency key published again) *before* a
---   number is taken, so a no-op republish leaves no hole. Two transactions racing on the same
---   new idempotency key are serialized beforehand by outbox_idempotency_lock: the loser's
---   statement starts after the winner has ended, so its snapshot sees the winner's row.
--- * ON CONFLICT (id) DO NOTHING is the last line of defence; the caller checks that every
---   fresh row was inserted.
-WITH input AS (
-    SELECT *
-    FROM unnest(
-        %(ids)b::uuid[], %(topics)b::text[], %(keys)b::text[], %(headers)s::jsonb[],
-        %(payloads)b::bytea[], %(content_types)b::text[], %(traceparents)b::text[],
-        %(available_ats)b::timestamptz[]
-    ) WITH ORDINALITY
-        AS t(id, topic, key, headers, payload, content_type, traceparent, available_at, ord)
-),
-fresh AS (
-    SELECT i.* FROM input AS i
-    WHERE NOT EXISTS (SELECT 1 FROM {messages} AS m WHERE m.id = i.id)
-),
-counts AS (
-    SELECT topic, key, count(*) AS n FROM fresh GROUP BY topic, key
-),
-bumped AS (
-    INSERT INTO {sequences} AS s (topic, key, last_seq)
-    SELECT topic, key, n FROM counts ORDER BY topic, key
-    ON CONFLICT (topic, key) DO UPDATE SET last_seq = s.last_seq + excluded.last_seq
-    RETURNING s.topic, s.key, s.last_seq
-),
-inserted AS (
-    INSERT INTO {messages} AS m
-        (id, topic, key, seq, headers, payload, content_type, traceparent, available_at)
-    SELECT f.id, f.topic, f.key,
-           b.last_seq - c.n + row_number() OVER (PARTITION BY f.topic, f.key ORDER BY f.ord),
-           f.headers, f.payload, f.content_type, f.traceparent,
-           coalesce(f.available_at, clock_timestamp())
-    FROM fresh AS f
-    JOIN counts AS c USING (topic, key)
-    JOIN bumped AS b USING (topic, key)
-    ORDER BY f.ord
-    ON CONFLICT (id) DO NOTHING
-    RETURNING m.id, m.seq, m.tx_id, nextval({counter})
-)
-SELECT i.id, ins.seq, ins.tx_id::text, f.id IS NOT NULL AS fresh,
-       (SELECT c.mode FROM {capture} AS c) AS mode, 0::bigint
-FROM input AS i
-LEFT JOIN fresh AS f ON f.id = i.id
-LEFT JOIN inserted AS ins ON ins.id = i.id
-ORDER BY i.ord
+-- name: ledger_insert_one
+-- outbox_ledger_insert_one: every publish() of a message without an idempotency key, in both
+-- capture modes (docs/explanation/capture.md): one plain row of outbox_wal_pending, its id
+-- (a fresh UUIDv7, so no conflict is possible) and its record (outbox/_capture.py). Nothing
+-- else: no counter row, no lock, no index but the primary key, no mode to read. The naive
+-- outbox insert costs the same. The relay gives the message its per-(topic, key) seq once the
+-- transaction has committed, in commit order, records it in outbox_messages and deletes this
+-- row in the same transaction: 'wal' mode decodes the insert from its slot, 'polling' mode
+-- reads the table. A rollback removes the row with the business rows.
+INSERT INTO {pending} (id, record) VALUES (%(id)s, %(record)b::bytea)
 
--- name: insert_one
--- name: insert_one_idempotent (guard = idempotency_guard)
--- outbox_messages_insert_one: the common case, one message, as lean as it can be. Same
--- locking argument as for `insert`: the upsert's row lock on (topic, key) is held to commit
--- and orders same-key writers. With an idempotency key (insert_one_idempotent) the counter is
--- only bumped if the id does not exist yet (the idempotency lock taken before this statement
--- makes that check race-free), and nothing is inserted if it does.
---
--- Both inserts also take a number from outbox_write_counter once their rows are written (the
--- transaction has its id by then): that is what a polling relay's commit watch sees
--- (relay/_watch.py). nextval never waits and is never rolled back; in RETURNING it runs per
--- row, after the row's insert.
---
--- Both inserts also return the capture mode (outbox_capture, one row in shared buffers): that
--- is how a writer learns, at no extra round trip, that the database switched to 'wal' mode.
-WITH bumped AS (
-    INSERT INTO {sequences} AS s (topic, key, last_seq)
-    SELECT %(topic)s, %(key)s, 1
-    {guard}
-    ON CONFLICT (topic, key) DO UPDATE SET last_seq = s.last_seq + 1
-    RETURNING s.last_seq
-)
-INSERT INTO {messages} AS m
-    (id, topic, key, seq, headers, payload, content_type, traceparent, available_at)
-SELECT %(id)s, %(topic)s, %(key)s, b.last_seq, %(headers)s::jsonb, %(payload)s,
-       %(content_type)s, %(traceparent)s, coalesce(%(available_at)s::timestamptz, clock_timestamp())
-FROM bumped AS b
-RETURNING m.id, m.seq, m.tx_id::text, true, (SELECT c.mode FROM {capture} AS c),
-          nextval({counter})
+-- name: ledger_insert_one_idempotent
+-- outbox_ledger_insert_one_idempotent: the same with an idempotency key: its id is derived from
+-- (topic, key), so a second publish of the key before the relay recorded the first is a
+-- conflict and a no-op (the first write wins; a concurrent writer of the same id waits for the
+-- first transaction to end, as any unique index makes it). Once the relay recorded it, the row
+-- is written again and the relay drops it (outbox_capture_known): a no-op too.
+INSERT INTO {pending} (id, record) VALUES (%(id)s, %(record)b::bytea)
+ON CONFLICT DO NOTHING
 
--- fragment: idempotency_guard
--- What makes insert_one idempotent: no row in `bumped` when the id exists, so the counter
--- stays and nothing is inserted.
-WHERE NOT EXISTS (SELECT 1 FROM {messages} AS e WHERE e.id = %(id)s)
-
--- name: idempotency_lock
--- outbox_idempotency_lock: only for batches with idempotency keys. A transaction-scoped
--- advisory lock per derived id (two-key form, class 3084 = 0x0C0C reserved for outbox-inbox),
--- taken in sorted order so two batches cannot deadlock. Released at commit or rollback.
---
--- Lock order: the batch's counter rows first (all its keys, in (topic, key) order, as the
--- insert takes them), then the advisory locks. Taken the other way round, a writer that
--- holds the advisory lock would wait for a key's counter row while the transaction holding
--- that row (it published on the key earlier) waits for the same advisory lock: a deadlock that
--- the caller cannot avoid by ordering its own work. The no-op upsert (last_seq unchanged; 0
--- for a new key, which the insert then bumps) waits for a concurrent writer of the key the way
--- the insert would, and holds the row until the transaction ends. The count makes the
--- upsert run to completion before the first advisory lock is requested.
-WITH held AS (
-    INSERT INTO {sequences} AS s (topic, key, last_seq)
-    SELECT t, k, 0 FROM unnest(%(row_topics)b::text[], %(row_keys)b::text[]) AS u(t, k)
-    ORDER BY t, k
-    ON CONFLICT (topic, key) DO UPDATE SET last_seq = s.last_seq
-    RETURNING 1
-)
-SELECT pg_advisory_xact_lock(3084, k) FROM unnest(%(lock_keys)b::int4[]) AS k
-WHERE (SELECT count(*) FROM held) >= 0
-ORDER BY k
-
--- name: wal_emit
--- outbox_wal_emit ('wal' capture mode, docs/explanation/capture.md): the messages as rows of
--- outbox_wal_pending, their id and their record (outbox/_capture.py), in input order. No
--- counter row, no lock, no index but the primary key: the relay decodes the inserts from its
--- slot after commit, in commit order, gives them their seqs, records them in outbox_messages
--- and deletes these rows in the same transaction. The row is what makes the message durable:
--- a slot that is dropped, invalidated or lost in a failover or restore costs latency only,
--- since the relay publishes what this table holds before it streams a fresh slot. Inserts
--- nothing (zero rows) unless the database is in 'wal' mode: the writer then writes the
--- messages to outbox_messages instead, in the same transaction. An id already pending (the
--- same idempotency key, not yet recorded by the relay) stays one row; an id the relay
--- already recorded is dropped by the relay (outbox_capture_known). Rolled back, nothing is.
+-- name: ledger_insert
+-- outbox_ledger_insert: a batch (publish_batch), one row per distinct message, in input order
+-- (the relay numbers a transaction's messages of a key in the order they were written).
 INSERT INTO {pending} (id, record)
 SELECT u.id, u.record
-FROM {capture} AS c,
-     unnest(%(ids)b::uuid[], %(records)b::bytea[]) WITH ORDINALITY AS u(id, record, ord)
-WHERE c.mode = 'wal'
+FROM unnest(%(ids)b::uuid[], %(records)b::bytea[]) WITH ORDINALITY AS u(id, record, ord)
 ORDER BY u.ord
 ON CONFLICT DO NOTHING
 
--- name: wal_emit_one
--- outbox_wal_emit_one: the same for a batch of one (every publish()): no array to build, send
--- and unnest. The mode check is the same one-row scan.
-INSERT INTO {pending} (id, record)
-SELECT %(id)s, %(record)b::bytea FROM {capture} AS c WHERE c.mode = 'wal'
-ON CONFLICT DO NOTHING
-
--- name: capture_mode
--- outbox_capture_mode: the capture mode, asked only when a pending insert inserted fewer rows
--- than it had messages: in 'wal' mode the others were already pending (an idempotency key
--- published again before the relay recorded it: a no-op, as in polling mode); otherwise the
--- database is not in 'wal' mode (any more) and the messages go to outbox_messages.
-SELECT c.mode FROM {capture} AS c
+-- name: current_xact
+-- outbox_current_xact: the writing transaction's id, for the doorbell (publish(...,
+-- wakeup=True) only): it rings once that transaction has committed.
+SELECT pg_current_xact_id()::text
 
 -- Re-drive: re-queueing lost messages (`outbox redrive`). Not the producer's: these need the
 -- relay's privileges (UPDATE on outbox_messages, INSERT on outbox_dead_audit). The relay owns

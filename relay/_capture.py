@@ -57,12 +57,12 @@ from relay._config import RelayConfig
 from relay._dispatch import Dispatcher
 from relay._replication import CommittedTransaction, ReplicationStream
 from relay._retry import Backoff, retry
-from relay._slot import SlotHealth
+from relay._slot import SlotHealth, default_slot
 from relay._state import RunState
 from relay._statements import RelayStatements
 from relay.exceptions import CaptureLeaseLostError, RelayError
 
-__all__ = ["WalCapture"]
+__all__ = ["WalCapture", "record_ledger"]
 
 log = logging.getLogger("relay")
 
@@ -80,16 +80,17 @@ SWEEP_AGE_SECONDS = 2.0
 SWEEP_EVERY_SECONDS = 1.0
 #: the slot states a capturing relay repairs itself (a fresh slot)
 _RECREATE = ("missing", "invalidated")
+#: the setting of 'polling' mode: the ledger table is read, no slot is streamed
+TABLE = "table"
 
 
 class _Setting(NamedTuple):
-    """What to stream: the slot, its publication, whether this is a drain (the database went
-    back to polling while the slot still holds what writers emitted), and the slot's state
-    ('ok', or what the capturing relay repairs or works around: see the module docstring)."""
+    """What to capture: the slot (in 'polling' mode, the name of the lock and lease only), its
+    publication, and its state: 'ok', what the capturing relay repairs or works around (see
+    the module docstring), or :data:`TABLE` ('polling' mode: the ledger table is the path)."""
 
     slot: str
     publication: str
-    draining: bool
     state: str = "ok"
 
 
@@ -132,41 +133,36 @@ class WalCapture:
                 await self._state.sleep(RECHECK_SECONDS)
             else:
                 await self._lead(*setting)
-                if setting.draining:  # drained: let the slot rest (an operator may drop it now)
-                    await self._state.sleep(RECHECK_SECONDS)
 
         backoff = Backoff(0.1, 5.0)
         while not self._state.stopping:
-            # returns after a round: not in 'wal' mode, a standby, drained, or the stream ended
+            # returns after a round: not migrated, a standby, the mode changed, or the stream ended
             await retry("WAL capture", capture_once, backoff, state=self._state)
 
     async def _setting(self) -> _Setting | None:
-        """What to do: stream the slot in 'wal' mode (also when it is missing or invalidated:
-        the capturing relay makes a fresh one, or publishes from the table alone when it
-        cannot); drain it after a switch back to polling while it exists; publish what the
-        pending table still holds in 'polling' mode. None: nothing to do."""
+        """What to do: in 'polling' mode, number and publish what the ledger table holds (the
+        lock and lease named after the database's slot, or the one ``outbox capture enable``
+        would make, so a switch never has two relays recording at once); in 'wal' mode,
+        stream the slot (also when it is missing or invalidated: the capturing relay makes a
+        fresh one, or publishes from the table alone when it cannot). None: nothing to do
+        (not migrated)."""
         async with self._pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             row = await (await cur.execute(self._stmts.capture_mode)).fetchone()
             if row is None:
                 return None
             mode, slot, publication = row["mode"], row["slot"], row["publication"]
-            if slot is None:
-                return None
+            if mode != MODE_WAL:
+                if slot is None:
+                    named = await (await cur.execute(self._stmts.current_database)).fetchone()
+                    slot = default_slot(str(named["database"])) if named else None
+                return None if slot is None else _Setting(str(slot), "", TABLE)
             async with conn.cursor(row_factory=class_row(SlotHealth)) as cur:
                 await cur.execute(self._stmts.capture_slot, {"slot": slot})
                 health = await cur.fetchone()
             assert health is not None  # one row, also for a missing slot
-            pending = 0
-            if mode != MODE_WAL and health.state != "ok":
-                counting = conn.cursor(row_factory=dict_row)
-                counting = await counting.execute(self._stmts.capture_pending_count)
-                counted = await counting.fetchone()
-                pending = int(counted["messages"]) if counted else 0
         self._report(health, str(mode))
-        if mode != MODE_WAL and health.state != "ok" and not pending:
-            return None  # nothing of ours to stream or sweep (after a drain and a drop)
-        return _Setting(str(slot), str(publication), mode != MODE_WAL, health.state)
+        return _Setting(str(slot), str(publication), health.state)
 
     def _report(self, health: SlotHealth, mode: str) -> None:
         """Log a slot that cannot capture this database, at once and then every
@@ -186,10 +182,11 @@ class WalCapture:
             )
         self._reported = seen
 
-    async def _lead(self, slot: str, publication: str, draining: bool, state: str) -> None:
-        """Take the capture lock and stream, until stopped, drained, the stream fails or the
-        lease is lost. A standby tries the lock, and fences a holder whose lease lapsed
-        (relay/_capture_lease.py), every standby interval for a second, then returns."""
+    async def _lead(self, slot: str, publication: str, state: str) -> None:
+        """Take the capture lock and stream (or read the table), until stopped, the mode
+        changes, the stream fails or the lease is lost. A standby tries the lock, and fences a
+        holder whose lease lapsed (relay/_capture_lease.py), every standby interval for a
+        second, then returns."""
         config = self._config
         lock = await psycopg.AsyncConnection.connect(config.database_url, autocommit=True)
         try:
@@ -199,7 +196,7 @@ class WalCapture:
             if not await self._acquire(lock, slot):
                 return  # a standby: another relay captures
             recovered = False
-            if state in _RECREATE and not draining:
+            if state in _RECREATE:
                 recovered = await self._recreate(lock, slot, state)
                 state = "ok" if recovered else state
             lease = CaptureLease(self._stmts, slot, config.relay_id, config.lease_seconds)
@@ -209,7 +206,10 @@ class WalCapture:
                 lease.heartbeat(self._pool, on_stall=lambda: _cancel(leader))
             )
             try:
-                await self._lead_held(lock, lease, slot, publication, draining, state, recovered)
+                if state == TABLE:
+                    await self._table(lock, lease)
+                else:
+                    await self._lead_held(lock, lease, slot, publication, state, recovered)
             except Exception:
                 try:
                     lease.check()
@@ -234,7 +234,6 @@ class WalCapture:
         lease: CaptureLease,
         slot: str,
         publication: str,
-        draining: bool,
         state: str,
         recovered: bool,
     ) -> None:
@@ -281,14 +280,13 @@ class WalCapture:
         try:
             await lease.streaming(lock, stream.backend_pid)
             self.capturing = True
-            if not draining:
-                log.info(
-                    "relay %s: capturing from replication slot %s (lease epoch %d)",
-                    config.relay_id,
-                    slot,
-                    lease.epoch,
-                )
-            await self._stream(lock, stream, lease, draining)
+            log.info(
+                "relay %s: capturing from replication slot %s (lease epoch %d)",
+                config.relay_id,
+                slot,
+                lease.epoch,
+            )
+            await self._stream(lock, stream, lease)
         except RelayError:
             # the stream failed (its publication is gone, a walsender error): what waited in
             # the table meanwhile is not left for the slot alone
@@ -336,11 +334,47 @@ class WalCapture:
         self._reported = None
         return True
 
+    async def _table(self, lock: psycopg.AsyncConnection[Any], lease: CaptureLease) -> None:
+        """'polling' mode, the capture lock held: number and publish what the ledger holds, as
+        it commits, until stopped, the lease is lost or the mode changes. A sweep that found
+        rows is followed at once by the next; an empty one waits ``watch_interval``, doubling
+        up to ``watch_idle_interval`` while nothing comes (about 20 small reads a second when
+        idle), or until a NOTIFY (``publish(..., wakeup=True)``) or the relay's stop."""
+        config = self._config
+        wait = config.watch_interval
+        recheck = time.monotonic() + RECHECK_SECONDS
+        log.info(
+            "relay %s: publishing from the outbox_wal_pending table ('polling' mode, lease "
+            "epoch %d)",
+            config.relay_id,
+            lease.epoch,
+        )
+        self.capturing = True
+        while not self._state.stopping:
+            lease.check()
+            self._state.ledger.clear()
+            if await self._sweep(lock, lease, 0.0, send=False):
+                wait = config.watch_interval
+                continue
+            if time.monotonic() >= recheck:
+                setting = await self._setting()
+                if setting is None or setting.state != TABLE:
+                    return  # switched to 'wal' mode: stream the slot from the next round
+                recheck = time.monotonic() + RECHECK_SECONDS
+            lease.progress()
+            await self._state.wait_for_ledger(wait)
+            wait = min(wait * 2, config.watch_idle_interval)
+
     async def _sweep(
-        self, lock: psycopg.AsyncConnection[Any], lease: CaptureLease, older: float
+        self,
+        lock: psycopg.AsyncConnection[Any],
+        lease: CaptureLease,
+        older: float,
+        send: bool = True,
     ) -> int:
         """Publish the pending table's rows written at least ``older`` seconds ago, oldest
-        first, in batches, until none is left; return how many messages were recorded."""
+        first, in batches, until none is left; return how many messages were recorded.
+        ``send`` False: record them only, for the claim loops of every relay."""
         total = 0
         limit = self._config.batch_size
         while not self._state.stopping:
@@ -351,19 +385,8 @@ class WalCapture:
             rows = await cur.fetchall()
             if not rows:
                 break
-            batch: list[_Decoded] = []
-            seen: set[uuid.UUID] = set()
-            for row in rows:
-                try:
-                    record = decode_record(bytes(row["record"]))
-                except RecordError as exc:
-                    log.error("relay: skipped a malformed pending row %s: %s", row["id"], exc)
-                    continue
-                if record.id in seen:
-                    continue
-                seen.add(record.id)
-                batch.append(_Decoded(record, row["written_at"]))
-            total += await self._record(lock, lease, batch, [r["id"] for r in rows])
+            batch = _decode_rows(rows)
+            total += await self._record(lock, lease, batch, [r["id"] for r in rows], send)
             if len(rows) < limit:
                 break
         return total
@@ -390,10 +413,9 @@ class WalCapture:
         conn: psycopg.AsyncConnection[Any],
         stream: ReplicationStream,
         lease: CaptureLease,
-        draining: bool,
     ) -> None:
-        """Record what the slot sends; when it goes idle, return if there is nothing more to
-        wait for (draining, or the database switched back to polling meanwhile)."""
+        """Record what the slot sends; when it goes idle, return if the database switched back
+        to polling meanwhile (the table is the path then)."""
         limit = self._config.batch_size
         # One batch is recorded (numbered, sent, written, committed) while the next one is
         # taken from the stream and decoded: its database work starts only once the batch
@@ -436,11 +458,9 @@ class WalCapture:
                     # caught up: a row still pending since a while ago was not delivered
                     await self._sweep(conn, lease, SWEEP_AGE_SECONDS)
                     sweep_at = time.monotonic() + SWEEP_EVERY_SECONDS
-                if draining:
-                    return
                 setting = await self._setting()
-                if setting is None or setting.draining:
-                    return  # switched back to polling: drain in rounds from now on
+                if setting is None or setting.state == TABLE:
+                    return  # switched back to polling: the table is the path from now on
                 await stream.keepalive()
             if recording is not None:  # stopping: the batch in hand ends (recorded, confirmed)
                 task, end_lsn = recording
@@ -459,10 +479,14 @@ class WalCapture:
         lease: CaptureLease,
         batch: list[_Decoded],
         pending_ids: list[uuid.UUID] | None = None,
+        send: bool = True,
     ) -> int:
         """Number and record one batch (committed on disk), then send it and mark what the
         broker took, on the lock's session (module docstring), under the lease. ``pending_ids``:
-        the pending rows to delete (default: the batch's). Returns how many were recorded."""
+        the pending rows to delete (default: the batch's). ``send`` False ('polling' mode):
+        record every message pending and unleased, and move the write counter, so the claim
+        loops of all the relays share the sending (relay/_watch.py sees the counter move).
+        Returns how many were recorded."""
         started = time.perf_counter()
         stmts = self._stmts
         metrics = self._dispatcher.metrics
@@ -473,25 +497,11 @@ class WalCapture:
         token = uuid.uuid4()
         to_send: list[_Decoded] = []
         async with conn.transaction():
-            # Durable: the slot is confirmed after this batch, and its rows leave the pending
-            # table here (the relay's sessions otherwise commit without waiting for the flush).
-            # The first four statements go in one round trip (a pipeline).
-            async with conn.pipeline():
-                await conn.execute(stmts.capture_durable)
-                checking = await lease.send_check_in(conn)
-                cur = await conn.cursor(row_factory=dict_row).execute(
-                    stmts.capture_known, {"ids": ids}
-                )
-                await conn.execute(stmts.capture_pending_delete, {"ids": doomed})
-                lease.checked_in(await checking.fetchone())
-                known = {r["id"] for r in await cur.fetchall()}
-            lease.progress()
-            if known:
-                batch = [d for d in batch if d.record.id not in known]
+            batch, waiting = await _number(conn, stmts, self._config, batch, doomed, lease)
             if batch:
-                waiting = await self._number(conn, batch)
-                to_send = self._hold_back(batch, waiting)
-                await conn.execute(stmts.capture_record, self._record_params(batch, token))
+                if send:
+                    to_send = self._hold_back(batch, waiting)
+                await _store(conn, stmts, self._config, batch, token, send)
             lease.check()  # a lapsed lease commits nothing
         lease.progress()
         if to_send:
@@ -524,51 +534,6 @@ class WalCapture:
             self._state.wake.set()  # the polling loop has work
         return len(batch)
 
-    def _record_params(self, batch: list[_Decoded], token: uuid.UUID) -> dict[str, Any]:
-        return {
-            **_record_params(batch),
-            "owner": self._config.relay_id,
-            "token": token,
-            "lease_seconds": self._config.lease_seconds,
-        }
-
-    async def _number(
-        self, conn: psycopg.AsyncConnection[Any], batch: list[_Decoded]
-    ) -> set[tuple[str, str]]:
-        """Number the batch per key; return the keys with an earlier row the polling loop
-        must publish first. Both statements go in one round trip (a pipeline), the counters'
-        upsert first: once it holds the keys' counter rows, no writer adds a row to them."""
-        counts: dict[tuple[str, str], int] = {}
-        for d in batch:
-            key = (d.record.topic, d.record.key)
-            counts[key] = counts.get(key, 0) + 1
-        keys = sorted(counts)
-        bump = {
-            "topics": [k[0] for k in counts],
-            "keys": [k[1] for k in counts],
-            "counts": list(counts.values()),
-        }
-        waiting = {
-            "topics": [k[0] for k in keys],
-            "keys": [k[1] for k in keys],
-            **self._config.dead_policy_params(),
-        }
-        async with conn.pipeline():
-            bumped = await conn.cursor(row_factory=dict_row).execute(self._stmts.capture_bump, bump)
-            held = await conn.cursor(row_factory=dict_row).execute(
-                self._stmts.capture_waiting_keys, waiting
-            )
-            next_seq = {
-                (r["topic"], r["key"]): r["last_seq"] - counts[(r["topic"], r["key"])] + 1
-                for r in await bumped.fetchall()
-            }
-            waiting_keys = {(r["topic"], r["key"]) for r in await held.fetchall()}
-        for d in batch:
-            key = (d.record.topic, d.record.key)
-            d.seq = next_seq[key]
-            next_seq[key] += 1
-        return waiting_keys
-
     def _hold_back(self, batch: list[_Decoded], waiting: set[tuple[str, str]]) -> list[_Decoded]:
         """The messages to send now; the others become pending, and so do their keys' later
         messages (a key's order holds)."""
@@ -585,6 +550,143 @@ class WalCapture:
             else:
                 send.append(d)
         return send
+
+
+async def _number(
+    conn: psycopg.AsyncConnection[Any],
+    stmts: RelayStatements,
+    config: RelayConfig,
+    batch: list[_Decoded],
+    doomed: list[uuid.UUID],
+    lease: CaptureLease | None,
+) -> tuple[list[_Decoded], set[tuple[str, str]]]:
+    """In the batch's transaction: drop the ids that already have a row, delete the batch's
+    ledger rows, number the rest per key. Returns what is left and the keys with an earlier row
+    the polling loop must publish first. The first four statements go in one round trip (a
+    pipeline); so do the counters' upsert and the waiting keys' probe after them: once the
+    upsert holds the keys' counter rows, no other batch adds a row to them."""
+    ids = [d.record.id for d in batch]
+    async with conn.pipeline():
+        # Durable: the slot is confirmed after this batch, and its rows leave the ledger here
+        # (the relay's sessions otherwise commit without waiting for the flush).
+        await conn.execute(stmts.capture_durable)
+        checking = await lease.send_check_in(conn) if lease is not None else None
+        cur = await conn.cursor(row_factory=dict_row).execute(stmts.capture_known, {"ids": ids})
+        await conn.execute(stmts.capture_pending_delete, {"ids": doomed})
+        if lease is not None and checking is not None:
+            lease.checked_in(await checking.fetchone())
+        known = {r["id"] for r in await cur.fetchall()}
+    if lease is not None:
+        lease.progress()
+    if known:
+        batch = [d for d in batch if d.record.id not in known]
+    if not batch:
+        return batch, set()
+    counts: dict[tuple[str, str], int] = {}
+    for d in batch:
+        key = (d.record.topic, d.record.key)
+        counts[key] = counts.get(key, 0) + 1
+    keys = sorted(counts)
+    bump = {
+        "topics": [k[0] for k in counts],
+        "keys": [k[1] for k in counts],
+        "counts": list(counts.values()),
+    }
+    waiting = {
+        "topics": [k[0] for k in keys],
+        "keys": [k[1] for k in keys],
+        **config.dead_policy_params(),
+    }
+    async with conn.pipeline():
+        bumped = await conn.cursor(row_factory=dict_row).execute(stmts.capture_bump, bump)
+        held = await conn.cursor(row_factory=dict_row).execute(stmts.capture_waiting_keys, waiting)
+        next_seq = {
+            (r["topic"], r["key"]): r["last_seq"] - counts[(r["topic"], r["key"])] + 1
+            for r in await bumped.fetchall()
+        }
+        waiting_keys = {(r["topic"], r["key"]) for r in await held.fetchall()}
+    for d in batch:
+        key = (d.record.topic, d.record.key)
+        d.seq = next_seq[key]
+        next_seq[key] += 1
+    return batch, waiting_keys
+
+
+async def _store(
+    conn: psycopg.AsyncConnection[Any],
+    stmts: RelayStatements,
+    config: RelayConfig,
+    batch: list[_Decoded],
+    token: uuid.UUID,
+    send: bool,
+) -> None:
+    """Record the numbered batch in its transaction: the messages about to be sent under the
+    batch's lease (``token``), the others pending for the polling loop. ``send`` False: all of
+    them pending, and the write counter moves (the claim loops of every relay look)."""
+    if not send:
+        for d in batch:
+            d.status = "pending"
+    params = {
+        **_record_params(batch),
+        "owner": config.relay_id,
+        "token": token,
+        "lease_seconds": config.lease_seconds,
+    }
+    await conn.execute(stmts.capture_record, params)
+    if not send:
+        await conn.execute(stmts.capture_recorded)
+
+
+async def record_ledger(
+    conn: psycopg.AsyncConnection[Any], stmts: RelayStatements, config: RelayConfig
+) -> int:
+    """Number and record, pending for the claim loops, what the ledger holds now, on ``conn``
+    (autocommit), under the capture lock: what the capturing relay of 'polling' mode does,
+    for a process that claims rows itself (a test, a script). 0 when a relay holds the lock
+    (it records them)."""
+    cur = conn.cursor(row_factory=dict_row)
+    row = await (await cur.execute(stmts.capture_mode)).fetchone()
+    slot = row["slot"] if row else None
+    if slot is None:
+        named = await (await cur.execute(stmts.current_database)).fetchone()
+        slot = default_slot(str(named["database"])) if named else ""
+    locked = await (await cur.execute(stmts.capture_lock, {"slot": slot})).fetchone()
+    if not locked or not locked["locked"]:
+        return 0
+    total = 0
+    try:
+        while True:
+            sweep = {"older": 0.0, "limit": config.batch_size}
+            rows = await (await cur.execute(stmts.capture_pending_sweep, sweep)).fetchall()
+            if not rows:
+                return total
+            async with conn.transaction():
+                batch, _ = await _number(
+                    conn, stmts, config, _decode_rows(rows), [r["id"] for r in rows], None
+                )
+                if batch:
+                    await _store(conn, stmts, config, batch, uuid.uuid4(), send=False)
+            total += len(batch)
+    finally:
+        await conn.execute(stmts.capture_unlock, {"slot": slot})
+
+
+def _decode_rows(rows: list[dict[str, Any]]) -> list[_Decoded]:
+    """The ledger rows' messages, in the given order; one id once; a malformed row logged and
+    left out (its row is deleted with the batch's)."""
+    batch: list[_Decoded] = []
+    seen: set[uuid.UUID] = set()
+    for row in rows:
+        try:
+            record = decode_record(bytes(row["record"]))
+        except RecordError as exc:
+            log.error("relay: skipped a malformed pending row %s: %s", row["id"], exc)
+            continue
+        if record.id in seen:
+            continue
+        seen.add(record.id)
+        batch.append(_Decoded(record, row["written_at"]))
+    return batch
 
 
 def _decode(transactions: list[CommittedTransaction]) -> list[_Decoded]:

@@ -41,10 +41,10 @@ class Listener:
                 await conn.execute(stmts.listen)
             backoff.succeeded()
             state.listening = True
-            state.wake.set()  # notifications sent while we were away are lost: poll now
+            state.notified()  # notifications sent while we were away are lost: look now
             while not state.stopping:
                 async for _ in conn.notifies(timeout=self._interval):
-                    state.wake.set()
+                    state.notified()
                 async with asyncio.timeout(bound):
                     await conn.execute(stmts.ping)  # detect a dead connection
         finally:

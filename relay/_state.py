@@ -21,6 +21,7 @@ class RunState:
         "broker_since",
         "broker_up",
         "last_db_ok",
+        "ledger",
         "listening",
         "wake",
     )
@@ -29,6 +30,8 @@ class RunState:
         self._stopping = asyncio.Event()
         #: set when there may be new work for the claim loop
         self.wake = asyncio.Event()
+        #: set by a NOTIFY (and the stop): the 'polling' mode capture reads the ledger at once
+        self.ledger = asyncio.Event()
         #: monotonic time of the last statement the database answered (health checks read it)
         self.last_db_ok = 0.0
         #: the LISTEN connection is up: a commit's NOTIFY wakes the loop (else it polls)
@@ -50,6 +53,13 @@ class RunState:
     def stop(self) -> None:
         self._stopping.set()
         self.wake.set()
+        self.ledger.set()
+
+    def notified(self) -> None:
+        """A NOTIFY came (or may have been missed): the claim loop and the ledger's reader look
+        now."""
+        self.wake.set()
+        self.ledger.set()
 
     @property
     def stopping(self) -> bool:
@@ -67,6 +77,12 @@ class RunState:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._stopping.wait()
+
+    async def wait_for_ledger(self, at_most: float) -> None:
+        """Wait until a NOTIFY (or the stop), at most ``at_most`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(at_most):
+                await self.ledger.wait()
 
     async def wait_for_work(self, at_most: float) -> None:
         """Wait until woken (or stopped), at most ``at_most`` seconds (the fallback poll)."""

@@ -51,12 +51,14 @@ class RelayStatements:
     audit_list: bytes
     capture_mode: bytes
     capture_lock: bytes
+    capture_unlock: bytes
     capture_known: bytes
     capture_bump: bytes
     capture_waiting_keys: bytes
     capture_record: bytes
     capture_published: bytes
     capture_pending_delete: bytes
+    capture_recorded: bytes
     capture_pending_sweep: bytes
     capture_pending_count: bytes
     capture_durable: bytes

@@ -512,6 +512,11 @@ SELECT c.mode, c.slot, c.publication FROM {capture} AS c
 -- until it wakes: the lease below lets a standby end that connection.
 SELECT pg_try_advisory_lock(3084, hashtext(%(slot)s)) AS locked
 
+-- name: capture_unlock
+-- outbox_capture_unlock: the capture lock given back by a process that recorded the ledger once
+-- (relay._capture.record_ledger); a capturing relay keeps it until its session ends.
+SELECT pg_advisory_unlock(3084, hashtext(%(slot)s))
+
 -- name: capture_known
 -- outbox_capture_known: ids of a decoded batch that already have a row: the rows of a batch
 -- recorded before a crash that came before the slot's confirmation (decoded again now), and
@@ -588,6 +593,12 @@ UPDATE {messages} AS m
 -- it decoded (also those already known): from the commit on, outbox_messages holds them. A
 -- primary-key probe per id.
 DELETE FROM {pending} AS p WHERE p.id = ANY(%(ids)b::uuid[])
+
+-- name: capture_recorded
+-- outbox_capture_recorded: 'polling' mode recorded a batch for the claim loops: one number of
+-- the write counter wakes every relay's commit watch (relay/_watch.py) once it commits. The
+-- sequence's own oid (tableoid), so its name needs no quoting as a literal.
+SELECT nextval(s.tableoid) FROM {counter} AS s
 
 -- name: capture_pending_sweep
 -- outbox_capture_pending_sweep: what the table holds that the slot did not deliver (the slot

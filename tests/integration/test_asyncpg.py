@@ -30,6 +30,7 @@ from outbox import (
     publish_batch_async,
 )
 from outbox._statements import WAKEUP_CHANNEL
+from tests.support.ledger import record
 
 
 def _in_loop(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
@@ -54,6 +55,7 @@ def query(url: str, sql: str) -> list[tuple[Any, ...]]:
 
 
 def messages(url: str) -> list[tuple[Any, ...]]:
+    record(url)  # numbered by the relay's ledger reader
     return query(url, "SELECT id, topic, key, seq FROM outbox_messages ORDER BY topic, key, seq")
 
 

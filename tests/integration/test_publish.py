@@ -21,6 +21,7 @@ import outbox
 from outbox import Message, publish, publish_async, publish_batch_async
 from outbox._migrate import sqlalchemy_url, upgrade
 from tests.support.flavours import FLAVOURS, Flavour, flavour_of
+from tests.support.ledger import record
 
 
 @pytest.fixture(params=FLAVOURS)
@@ -31,6 +32,7 @@ def flavour(request: pytest.FixtureRequest) -> Iterator[Flavour]:
 
 
 def rows(url: str, where: str = "true") -> list[tuple[Any, ...]]:
+    record(url)  # numbered by the relay's ledger reader
     with psycopg.connect(url) as conn:
         return conn.execute(
             f"SELECT id, topic, key, seq, headers, convert_from(payload, 'UTF8'), content_type "

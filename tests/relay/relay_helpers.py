@@ -18,18 +18,25 @@ from outbox import Message, publish_batch
 from outbox.envelope import Envelope
 from relay import Relay, RelayConfig
 from relay.brokers.base import BrokerFeatures
+from tests.support.ledger import record as record  # re-exported
 from tests.support.poll import await_for as await_for  # re-exported: the one poll-until helper
 from tests.support.poll import wait_for as wait_for
 
 
-def write(url: str, pairs: Sequence[tuple[str, str]], **extra: Any) -> list[uuid.UUID]:
-    """Commit one message per (topic, key), in order, in one transaction."""
+def write(
+    url: str, pairs: Sequence[tuple[str, str]], *, numbered: bool = True, **extra: Any
+) -> list[uuid.UUID]:
+    """Commit one message per (topic, key), in order, in one transaction. ``numbered``: then
+    number and record them in outbox_messages, as a relay's ledger reader does (unless a
+    running relay holds the capture lock: it records them), for tests that claim rows."""
     with psycopg.connect(url) as conn:
         msgs = [
             Message(topic=t, key=k, payload={"n": i}, **extra) for i, (t, k) in enumerate(pairs)
         ]
         ids = publish_batch(conn, msgs, wakeup=False)
         conn.commit()
+    if numbered:
+        record(url)
     return ids
 
 

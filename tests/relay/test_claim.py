@@ -15,7 +15,7 @@ from outbox import Message, publish_batch
 from relay import Relay
 from relay._claim import Claim, Outcome, claim_batch, mark_batch, resume_point
 from relay._statements import relay_statements
-from tests.relay.relay_helpers import FakePublisher, config, db_clock_past, write
+from tests.relay.relay_helpers import FakePublisher, config, db_clock_past, record, write
 
 S = relay_statements(None)
 
@@ -142,6 +142,7 @@ def test_claim_late_commit_with_lower_id_is_not_skipped(url: str) -> None:
             assert [e.id for e in first.envelopes] == [late_id]
             await _mark(url, first)
             early.commit()
+            await asyncio.to_thread(record, url)
             second = await _claim(url)
             assert second is not None
             assert [e.id for e in second.envelopes] == [early_id]
@@ -256,6 +257,7 @@ def test_claim_checks_earlier_rows_per_head_not_by_scanning_the_table(url: str) 
     with psycopg.connect(url) as conn:
         publish_batch(conn, [Message("t", "hot", {"i": i}) for i in range(20000)], wakeup=False)
         conn.commit()
+    record(url)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ANALYZE outbox_messages")
         params = _claim_params(url, limit=500, per_key=100)
@@ -274,14 +276,16 @@ def test_claim_plan_holds_when_statistics_say_nothing_is_pending(url: str) -> No
     with psycopg.connect(url) as conn:
         old = [Message("orders", f"k{i % 200}", {"i": i}) for i in range(6000)]
         publish_batch(conn, old, wakeup=False)
-        conn.execute("UPDATE outbox_messages SET status = 'published', published_at = now()")
         conn.commit()
+    record(url)
     with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE outbox_messages SET status = 'published', published_at = now()")
         conn.execute("ANALYZE outbox_messages")
     with psycopg.connect(url) as conn:
         fresh = [Message("probe", f"k{i % 200}", {"i": i}) for i in range(2000)]
         publish_batch(conn, fresh, wakeup=False)
         conn.commit()
+    record(url)
     with psycopg.connect(url) as conn:
         params = _claim_params(url, limit=100, per_key=100)
         row = conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + S.claim, params).fetchone()
@@ -298,11 +302,14 @@ def _never_analyzed_backlog(url: str, published: int, pending: int, keys: int) -
     with psycopg.connect(url) as conn:
         old = [Message("t", f"k{i % keys}", {"i": i}) for i in range(published)]
         publish_batch(conn, old, wakeup=False)
+        conn.commit()
+        record(url)
         conn.execute("UPDATE outbox_messages SET status = 'published', published_at = now()")
         conn.commit()
         fresh = [Message("t", f"k{i % keys}", {"i": i}) for i in range(pending)]
         publish_batch(conn, fresh, wakeup=False)
         conn.commit()
+        record(url)
         row = conn.execute(
             "SELECT last_analyze, last_autoanalyze FROM pg_stat_user_tables"
             " WHERE relname = 'outbox_messages'"

@@ -1,4 +1,4 @@
-"""What a writer remembers of the capture mode, and what the slot's health says to an operator
+"""What the slot's health says to an operator
 in each state (relay/_slot.py): pure logic, no server."""
 
 from __future__ import annotations
@@ -7,23 +7,7 @@ from typing import Any
 
 import pytest
 
-from outbox._capture import MODE_POLLING, MODE_WAL, known_mode, remember_mode
 from relay._slot import SLOT_STATES, SlotHealth
-
-
-class _Conn:
-    """Stands for a driver connection (weakly referenced, like one)."""
-
-
-def test_a_connection_remembers_the_mode_its_last_statement_reported() -> None:
-    conn = _Conn()
-    assert known_mode(conn) is None  # a new connection tries the pending insert first
-    remember_mode(conn, MODE_WAL)
-    assert known_mode(conn) == MODE_WAL
-    remember_mode(conn, None)  # the insert inserted nothing: not in 'wal' mode (any more)
-    assert known_mode(conn) == MODE_POLLING
-    remember_mode(conn, "polling")
-    assert known_mode(conn) == MODE_POLLING
 
 
 def _health(state: str, **kw: Any) -> SlotHealth:
