@@ -11,8 +11,9 @@ durability (fsync on, synchronous_commit on), started by this script (bench/comm
   UUIDv7, the payload jsonb, created_at DEFAULT now()): no per-key sequence, no idempotency,
   no wake-up. The reference the issue's targets are stated against.
 * ``polling`` / ``wal``: the business row plus ``publish(...)`` with its defaults, in a
-  database in 'polling' mode and one in 'wal' mode (a slot of its own; no relay runs, so the
-  slot keeps the WAL and the pending rows stay, as the naive table's do).
+  database in 'polling' mode and one in 'wal' mode (a slot of its own). The writer does the
+  same in both (one row of the ledger, outbox_wal_pending); no relay runs, so the ledger rows
+  stay, as the naive table's do, and the slot keeps the WAL.
 * ``sql_polling`` / ``sql_wal``: the same through the SQL function ``outbox_publish(...)``.
 
 Variants are interleaved in rounds so drift on a shared machine hits all of them alike; the

@@ -2,11 +2,11 @@
 
 Three roles, each with only what its statements touch:
 
-* **producer** (your service, calling ``publish()``): inserts messages and bumps the per-key
-  counters. It reads back only the columns ``publish()`` returns (id, seq, tx_id) and cannot
-  read or change the relay's state: no UPDATE or DELETE on ``outbox_messages``, no access to
-  the leases' columns, ``outbox_relays`` or the dead-letter audit. Its INSERT is limited to the
-  message columns, so it cannot write a row already marked published or leased.
+* **producer** (your service, calling ``publish()``): inserts one row per message into the
+  ledger (``outbox_wal_pending``), and nothing else: it cannot read or write
+  ``outbox_messages``, the per-key counters, the relay's state or the dead-letter audit, so it
+  cannot write a row already numbered, marked published or leased. The relay numbers and
+  records what it wrote, and checks every record before it publishes it.
 * **relay** (the daemon, and operators running ``outbox status``, ``outbox dead ...`` and
   ``outbox retention``, ``outbox replay``): reads, leases, marks and deletes messages; registers
   itself; audits; keeps the replay cursors;
@@ -61,26 +61,8 @@ __all__ = ["ROLE_KINDS", "grant_statements"]
 #: (privilege, table, columns or None for all): what each kind of role needs.
 _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
     "producer": [
-        ("SELECT", OUTBOX_MESSAGES, ("id", "seq", "tx_id")),
-        (
-            "INSERT",
-            OUTBOX_MESSAGES,
-            (
-                "id",
-                "topic",
-                "key",
-                "seq",
-                "headers",
-                "payload",
-                "content_type",
-                "traceparent",
-                "available_at",
-            ),
-        ),
-        ("SELECT, INSERT, UPDATE", OUTBOX_SEQUENCES, None),
-        # the capture mode (docs/explanation/capture.md): which of the two write paths to take
-        ("SELECT", OUTBOX_CAPTURE, None),
-        # 'wal' mode's durable record: one row per message until the relay records it
+        # one row of the ledger per message, in both capture modes (outbox_0024): nothing else.
+        # No SELECT: an idempotency key published again is ON CONFLICT DO NOTHING.
         ("INSERT", OUTBOX_WAL_PENDING, None),
     ],
     "relay": [
@@ -91,8 +73,8 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         # the streaming relay's lease on the slot; a standby terminates a lapsed holder's
         # sessions, which PostgreSQL allows a session of the same role (docs/explanation/capture.md)
         ("SELECT, INSERT, UPDATE", OUTBOX_CAPTURE_LEASE, None),
-        # 'wal' mode: the rows it records and deletes, and sweeps when the slot did not
-        # deliver them (a fresh slot, a slot it cannot use)
+        # the ledger: the rows it numbers, records and deletes (from the slot in 'wal' mode,
+        # from the table in 'polling' mode and when the slot did not deliver them)
         ("SELECT, DELETE", OUTBOX_WAL_PENDING, None),
         ("SELECT, INSERT, UPDATE, DELETE", OUTBOX_RELAYS, None),
         ("SELECT, INSERT", OUTBOX_DEAD_AUDIT, None),

@@ -139,11 +139,11 @@ def _capture_state(conn: psycopg.Connection[Any], stmts: RelayStatements) -> dic
         return {"mode": "polling"}
     if state["slot"] is not None:
         state.update(_slot(conn, stmts, state["slot"]).as_status(state["mode"]))
-        # 'wal' mode's messages the relay has not recorded yet (outbox_wal_pending)
-        counted = conn.cursor(row_factory=dict_row).execute(stmts.capture_pending_count)
-        pending = counted.fetchone()
-        state["pending_messages"] = int(pending["messages"]) if pending else 0
-        state["oldest_pending_seconds"] = pending["oldest_seconds"] if pending else None
+    # the messages the relay has not numbered and recorded yet (the ledger, both modes)
+    counted = conn.cursor(row_factory=dict_row).execute(stmts.capture_pending_count)
+    pending = counted.fetchone()
+    state["pending_messages"] = int(pending["messages"]) if pending else 0
+    state["oldest_pending_seconds"] = pending["oldest_seconds"] if pending else None
     return state
 
 
@@ -326,9 +326,9 @@ def _refuse_unusable(health: SlotHealth) -> None:
 
 
 def disable_capture(url: str, *, schema: str | None = None) -> dict[str, Any]:
-    """Switch back to polling. The slot is kept: the relay still publishes what was emitted
-    before the switch; drop it (``SELECT pg_drop_replication_slot(...)``) once ``outbox
-    status`` shows its lag at 0 and no relay streams it."""
+    """Switch back to polling: the relay reads the ledger table from then on (nothing needs to
+    drain). The slot is kept and holds WAL on the server: drop it (``SELECT
+    pg_drop_replication_slot(...)``) once no relay streams it."""
     stmts = relay_statements(schema)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(stmts.capture_disable)

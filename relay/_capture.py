@@ -57,12 +57,12 @@ from relay._config import RelayConfig
 from relay._dispatch import Dispatcher
 from relay._replication import CommittedTransaction, ReplicationStream
 from relay._retry import Backoff, retry
-from relay._slot import SlotHealth, default_slot
+from relay._slot import SlotHealth
 from relay._state import RunState
 from relay._statements import RelayStatements
 from relay.exceptions import CaptureLeaseLostError, RelayError
 
-__all__ = ["WalCapture", "record_ledger"]
+__all__ = ["WalCapture", "decode_rows", "number_batch", "store_batch"]
 
 log = logging.getLogger("relay")
 
@@ -80,14 +80,11 @@ SWEEP_AGE_SECONDS = 2.0
 SWEEP_EVERY_SECONDS = 1.0
 #: the slot states a capturing relay repairs itself (a fresh slot)
 _RECREATE = ("missing", "invalidated")
-#: the setting of 'polling' mode: the ledger table is read, no slot is streamed
-TABLE = "table"
 
 
 class _Setting(NamedTuple):
-    """What to capture: the slot (in 'polling' mode, the name of the lock and lease only), its
-    publication, and its state: 'ok', what the capturing relay repairs or works around (see
-    the module docstring), or :data:`TABLE` ('polling' mode: the ledger table is the path)."""
+    """What to stream: the slot, its publication, and its state ('ok', or what the capturing
+    relay repairs or works around: see the module docstring)."""
 
     slot: str
     publication: str
@@ -140,23 +137,17 @@ class WalCapture:
             await retry("WAL capture", capture_once, backoff, state=self._state)
 
     async def _setting(self) -> _Setting | None:
-        """What to do: in 'polling' mode, number and publish what the ledger table holds (the
-        lock and lease named after the database's slot, or the one ``outbox capture enable``
-        would make, so a switch never has two relays recording at once); in 'wal' mode,
-        stream the slot (also when it is missing or invalidated: the capturing relay makes a
-        fresh one, or publishes from the table alone when it cannot). None: nothing to do
-        (not migrated)."""
+        """What to do in 'wal' mode: stream the slot (also when it is missing or invalidated:
+        the capturing relay makes a fresh one, or publishes from the table alone when it
+        cannot). None: nothing to do ('polling' mode, or not migrated)."""
         async with self._pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             row = await (await cur.execute(self._stmts.capture_mode)).fetchone()
             if row is None:
                 return None
             mode, slot, publication = row["mode"], row["slot"], row["publication"]
-            if mode != MODE_WAL:
-                if slot is None:
-                    named = await (await cur.execute(self._stmts.current_database)).fetchone()
-                    slot = default_slot(str(named["database"])) if named else None
-                return None if slot is None else _Setting(str(slot), "", TABLE)
+            if mode != MODE_WAL or slot is None:
+                return None  # 'polling' mode: the ledger reader's (relay/_ledger.py)
             async with conn.cursor(row_factory=class_row(SlotHealth)) as cur:
                 await cur.execute(self._stmts.capture_slot, {"slot": slot})
                 health = await cur.fetchone()
@@ -183,8 +174,8 @@ class WalCapture:
         self._reported = seen
 
     async def _lead(self, slot: str, publication: str, state: str) -> None:
-        """Take the capture lock and stream (or read the table), until stopped, the mode
-        changes, the stream fails or the lease is lost. A standby tries the lock, and fences a
+        """Take the capture lock and stream, until stopped, the mode changes, the stream fails
+        or the lease is lost. A standby tries the lock, and fences a
         holder whose lease lapsed (relay/_capture_lease.py), every standby interval for a
         second, then returns."""
         config = self._config
@@ -206,10 +197,7 @@ class WalCapture:
                 lease.heartbeat(self._pool, on_stall=lambda: _cancel(leader))
             )
             try:
-                if state == TABLE:
-                    await self._table(lock, lease)
-                else:
-                    await self._lead_held(lock, lease, slot, publication, state, recovered)
+                await self._lead_held(lock, lease, slot, publication, state, recovered)
             except Exception:
                 try:
                     lease.check()
@@ -334,47 +322,14 @@ class WalCapture:
         self._reported = None
         return True
 
-    async def _table(self, lock: psycopg.AsyncConnection[Any], lease: CaptureLease) -> None:
-        """'polling' mode, the capture lock held: number and publish what the ledger holds, as
-        it commits, until stopped, the lease is lost or the mode changes. A sweep that found
-        rows is followed at once by the next; an empty one waits ``watch_interval``, doubling
-        up to ``watch_idle_interval`` while nothing comes (about 20 small reads a second when
-        idle), or until a NOTIFY (``publish(..., wakeup=True)``) or the relay's stop."""
-        config = self._config
-        wait = config.watch_interval
-        recheck = time.monotonic() + RECHECK_SECONDS
-        log.info(
-            "relay %s: publishing from the outbox_wal_pending table ('polling' mode, lease "
-            "epoch %d)",
-            config.relay_id,
-            lease.epoch,
-        )
-        self.capturing = True
-        while not self._state.stopping:
-            lease.check()
-            self._state.ledger.clear()
-            if await self._sweep(lock, lease, 0.0, send=False):
-                wait = config.watch_interval
-                continue
-            if time.monotonic() >= recheck:
-                setting = await self._setting()
-                if setting is None or setting.state != TABLE:
-                    return  # switched to 'wal' mode: stream the slot from the next round
-                recheck = time.monotonic() + RECHECK_SECONDS
-            lease.progress()
-            await self._state.wait_for_ledger(wait)
-            wait = min(wait * 2, config.watch_idle_interval)
-
     async def _sweep(
         self,
         lock: psycopg.AsyncConnection[Any],
         lease: CaptureLease,
         older: float,
-        send: bool = True,
     ) -> int:
         """Publish the pending table's rows written at least ``older`` seconds ago, oldest
-        first, in batches, until none is left; return how many messages were recorded.
-        ``send`` False: record them only, for the claim loops of every relay."""
+        first, in batches, until none is left; return how many messages were recorded."""
         total = 0
         limit = self._config.batch_size
         while not self._state.stopping:
@@ -385,8 +340,8 @@ class WalCapture:
             rows = await cur.fetchall()
             if not rows:
                 break
-            batch = _decode_rows(rows)
-            total += await self._record(lock, lease, batch, [r["id"] for r in rows], send)
+            batch = decode_rows(rows)
+            total += await self._record(lock, lease, batch, [r["id"] for r in rows])
             if len(rows) < limit:
                 break
         return total
@@ -459,8 +414,8 @@ class WalCapture:
                     await self._sweep(conn, lease, SWEEP_AGE_SECONDS)
                     sweep_at = time.monotonic() + SWEEP_EVERY_SECONDS
                 setting = await self._setting()
-                if setting is None or setting.state == TABLE:
-                    return  # switched back to polling: the table is the path from now on
+                if setting is None:
+                    return  # switched back to polling: the ledger reader's from now on
                 await stream.keepalive()
             if recording is not None:  # stopping: the batch in hand ends (recorded, confirmed)
                 task, end_lsn = recording
@@ -479,14 +434,10 @@ class WalCapture:
         lease: CaptureLease,
         batch: list[_Decoded],
         pending_ids: list[uuid.UUID] | None = None,
-        send: bool = True,
     ) -> int:
         """Number and record one batch (committed on disk), then send it and mark what the
         broker took, on the lock's session (module docstring), under the lease. ``pending_ids``:
-        the pending rows to delete (default: the batch's). ``send`` False ('polling' mode):
-        record every message pending and unleased, and move the write counter, so the claim
-        loops of all the relays share the sending (relay/_watch.py sees the counter move).
-        Returns how many were recorded."""
+        the pending rows to delete (default: the batch's). Returns how many were recorded."""
         started = time.perf_counter()
         stmts = self._stmts
         metrics = self._dispatcher.metrics
@@ -497,11 +448,10 @@ class WalCapture:
         token = uuid.uuid4()
         to_send: list[_Decoded] = []
         async with conn.transaction():
-            batch, waiting = await _number(conn, stmts, self._config, batch, doomed, lease)
+            batch, waiting = await number_batch(conn, stmts, self._config, batch, doomed, lease)
             if batch:
-                if send:
-                    to_send = self._hold_back(batch, waiting)
-                await _store(conn, stmts, self._config, batch, token, send)
+                to_send = self._hold_back(batch, waiting)
+                await store_batch(conn, stmts, self._config, batch, token, send=True)
             lease.check()  # a lapsed lease commits nothing
         lease.progress()
         if to_send:
@@ -552,7 +502,7 @@ class WalCapture:
         return send
 
 
-async def _number(
+async def number_batch(
     conn: psycopg.AsyncConnection[Any],
     stmts: RelayStatements,
     config: RelayConfig,
@@ -612,7 +562,7 @@ async def _number(
     return batch, waiting_keys
 
 
-async def _store(
+async def store_batch(
     conn: psycopg.AsyncConnection[Any],
     stmts: RelayStatements,
     config: RelayConfig,
@@ -637,41 +587,7 @@ async def _store(
         await conn.execute(stmts.capture_recorded)
 
 
-async def record_ledger(
-    conn: psycopg.AsyncConnection[Any], stmts: RelayStatements, config: RelayConfig
-) -> int:
-    """Number and record, pending for the claim loops, what the ledger holds now, on ``conn``
-    (autocommit), under the capture lock: what the capturing relay of 'polling' mode does,
-    for a process that claims rows itself (a test, a script). 0 when a relay holds the lock
-    (it records them)."""
-    cur = conn.cursor(row_factory=dict_row)
-    row = await (await cur.execute(stmts.capture_mode)).fetchone()
-    slot = row["slot"] if row else None
-    if slot is None:
-        named = await (await cur.execute(stmts.current_database)).fetchone()
-        slot = default_slot(str(named["database"])) if named else ""
-    locked = await (await cur.execute(stmts.capture_lock, {"slot": slot})).fetchone()
-    if not locked or not locked["locked"]:
-        return 0
-    total = 0
-    try:
-        while True:
-            sweep = {"older": 0.0, "limit": config.batch_size}
-            rows = await (await cur.execute(stmts.capture_pending_sweep, sweep)).fetchall()
-            if not rows:
-                return total
-            async with conn.transaction():
-                batch, _ = await _number(
-                    conn, stmts, config, _decode_rows(rows), [r["id"] for r in rows], None
-                )
-                if batch:
-                    await _store(conn, stmts, config, batch, uuid.uuid4(), send=False)
-            total += len(batch)
-    finally:
-        await conn.execute(stmts.capture_unlock, {"slot": slot})
-
-
-def _decode_rows(rows: list[dict[str, Any]]) -> list[_Decoded]:
+def decode_rows(rows: list[dict[str, Any]]) -> list[_Decoded]:
     """The ledger rows' messages, in the given order; one id once; a malformed row logged and
     left out (its row is deleted with the batch's)."""
     batch: list[_Decoded] = []

@@ -175,8 +175,8 @@ class RelayMetrics:
         )
         self.capture_pending = Gauge(
             "outbox_capture_pending_messages",
-            "Messages written in 'wal' mode that the relay has not recorded yet "
-            "(outbox_wal_pending)",
+            "Messages committed that the relay has not numbered and recorded yet "
+            "(the ledger, outbox_wal_pending)",
             **kw,
         )
         self.slot_state = Gauge(
@@ -254,14 +254,15 @@ class RelayMetrics:
         named = conn.cursor(row_factory=dict_row)
         row = await (await named.execute(stmts.capture_mode)).fetchone()
         mode, slot_name = (row["mode"], row["slot"]) if row is not None else (None, None)
+        # the ledger's backlog, in both modes
+        counting = conn.cursor(row_factory=dict_row)
+        counted = await (await counting.execute(stmts.capture_pending_count)).fetchone()
+        self.capture_pending.set(int(counted["messages"]) if counted else 0)
         if slot_name is None:
             return  # never switched to 'wal': no slot to watch
         async with conn.cursor(row_factory=class_row(SlotHealth)) as cur:
             slot = await (await cur.execute(stmts.capture_slot, {"slot": slot_name})).fetchone()
         assert slot is not None  # one row, also for a missing slot
-        counting = conn.cursor(row_factory=dict_row)
-        counted = await (await counting.execute(stmts.capture_pending_count)).fetchone()
-        self.capture_pending.set(int(counted["messages"]) if counted else 0)
         labels = (slot_name, slot.database or "")
         if labels != self._slot_labels:
             # Series only for the slot (and database) the mode row names now: a slot left

@@ -35,6 +35,7 @@ from relay._capture import WalCapture
 from relay._claim import Claim, claim_batch, relay_session, resume_point
 from relay._config import RelayConfig
 from relay._dispatch import Dispatcher
+from relay._ledger import LedgerReader
 from relay._listener import Listener
 from relay._metrics import RelayMetrics
 from relay._origin import read_origin
@@ -187,6 +188,9 @@ class Relay:
             self.capture = WalCapture(self.config, pool, self.stmts, self.dispatcher, self.state)
             self._capture_task = asyncio.create_task(self.capture.run())
             background.append(self._capture_task)
+            # 'polling' mode: number what the ledger holds (it waits while the slot streams)
+            reader = LedgerReader(self.config, pool, self.stmts, self.state)
+            background.append(asyncio.create_task(reader.run()))
             await self._loop(pool)
         finally:
             await self._shutdown(pool, background)

@@ -51,7 +51,8 @@ class RelayStatements:
     audit_list: bytes
     capture_mode: bytes
     capture_lock: bytes
-    capture_unlock: bytes
+    ledger_lock: bytes
+    ledger_bound: bytes
     capture_known: bytes
     capture_bump: bytes
     capture_waiting_keys: bytes

@@ -512,10 +512,20 @@ SELECT c.mode, c.slot, c.publication FROM {capture} AS c
 -- until it wakes: the lease below lets a standby end that connection.
 SELECT pg_try_advisory_lock(3084, hashtext(%(slot)s)) AS locked
 
--- name: capture_unlock
--- outbox_capture_unlock: the capture lock given back by a process that recorded the ledger once
--- (relay._capture.record_ledger); a capturing relay keeps it until its session ends.
-SELECT pg_advisory_unlock(3084, hashtext(%(slot)s))
+-- name: ledger_lock
+-- outbox_ledger_lock: 'polling' mode's reader of the ledger (relay/_ledger.py) numbers a batch
+-- only while it holds this transaction-scoped form of the capture lock (same class and key: the
+-- slot's name, or the one `outbox capture enable` would make), so two relays never number at
+-- once, and a relay streaming the slot (which holds the session-level form) excludes it too.
+-- Released at commit or rollback: nothing to hand over, nothing to fence.
+SELECT pg_try_advisory_xact_lock(3084, hashtext(%(slot)s)) AS locked
+
+-- name: ledger_bound
+-- outbox_ledger_bound: a numbering transaction that stops making progress (its relay frozen,
+-- SIGSTOPped, cut off mid-batch) is ended by the server after this many milliseconds idle in the
+-- transaction: it rolls back, its counter rows and the lock are free, and another relay numbers
+-- the same rows (the lease of 'polling' mode, kept by PostgreSQL itself).
+SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)
 
 -- name: capture_known
 -- outbox_capture_known: ids of a decoded batch that already have a row: the rows of a batch

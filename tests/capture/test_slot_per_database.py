@@ -35,6 +35,7 @@ from relay.brokers import publisher_for_url
 from tests.relay.broker_helpers import nats_stream
 from tests.relay.relay_helpers import FakePublisher, config, running
 from tests.support.harness import PgServer, logical_server
+from tests.support.ledger import record
 from tests.support.services import require_port
 
 NATS = "nats://127.0.0.1:4222"
@@ -233,7 +234,11 @@ def test_a_slot_of_another_database_is_refused_and_its_writers_stay_in_polling(
         assert "--slot NAME" in line
         assert relay_status(url2).capture["mode"] == "polling"
         _publish(url2, 3, "b", sql_function=1)
-        assert _rows(url2) == 4  # rows: the relay's polling loop publishes them
+        # in the ledger, as in every mode; in 'polling' mode the relay's ledger reader numbers
+        # and records them for the claim loops (record() runs it once, no relay here)
+        assert (_pending(url2), _rows(url2)) == (4, 0)
+        assert record(url2) == 4
+        assert (_pending(url2), _rows(url2)) == (0, 4)
         with psycopg.connect(logical_pg.admin_url, autocommit=True) as conn:
             physical = f"outbox_phys_{uuid.uuid4().hex[:8]}"
             conn.execute("SELECT pg_create_physical_replication_slot(%s)", (physical,))

@@ -27,6 +27,7 @@ from outbox.envelope import Envelope
 from relay import Relay, RelayConfig
 from tests.console.console_helpers import TOKEN, screenshot, seed
 from tests.support.harness import PgServer
+from tests.support.ledger import record
 from tests.support.recorder import Recorder
 
 #: a password the inbox URLs carry (the test cluster trusts local connections and ignores it)
@@ -262,6 +263,7 @@ def test_the_page_keeps_the_consoles_gates(database_url: str, console: Any) -> N
         odd = publish(conn, topic="orders", key="<script>alert(1)</script>", payload={},
                       headers={"x": "<b>bold</b>"}, wakeup=False)  # fmt: skip
         conn.commit()
+    record(database_url)  # no relay runs: the message page reads outbox_messages
     with console(database_url) as base:
         page = httpx.get(f"{base}/messages/{odd}").text
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page

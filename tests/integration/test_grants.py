@@ -26,7 +26,7 @@ from outbox.envelope import Envelope
 from relay import Relay
 from relay._statements import relay_statements
 from relay.brokers.memory import MemoryPublisher
-from tests.relay.relay_helpers import await_for, config, running
+from tests.relay.relay_helpers import await_for, config, record, running
 
 KINDS = ("producer", "relay", "consumer")
 
@@ -64,7 +64,8 @@ def _refused(url: str, statement: str) -> None:
 def test_grants_print_as_sql_without_apply() -> None:
     out = CliRunner().invoke(outbox_cli, ["migrate", "grants", "--producer", "app"])
     assert out.exit_code == 0, out.output
-    assert 'GRANT SELECT ("id", "seq", "tx_id") ON TABLE "outbox_messages" TO "app";' in out.output
+    assert 'GRANT INSERT ON TABLE "outbox_wal_pending" TO "app";' in out.output
+    assert "outbox_messages" not in out.output  # the relay numbers and records
     assert "outbox_relays" not in out.output
     refused = CliRunner().invoke(outbox_cli, ["migrate", "grants"])
     assert refused.exit_code == 2
@@ -82,8 +83,12 @@ def test_each_role_does_its_job_and_nothing_else(role_urls: dict[str, str]) -> N
         ids.append(publish(conn, topic="later", key="C", payload=5, deliver_after=dt.timedelta(0)))
         conn.commit()
     assert again == ids[3]
-    # ... and cannot read or change the relay's state, nor write a row already delivered.
+    # ... and cannot read or change the relay's state, nor write a row already numbered.
     for statement in (
+        "SELECT id FROM outbox_messages",
+        "SELECT * FROM outbox_wal_pending",
+        "DELETE FROM outbox_wal_pending",
+        "UPDATE outbox_key_sequences SET last_seq = 0",
         "SELECT lease_token FROM outbox_messages",
         "SELECT status FROM outbox_messages",
         "UPDATE outbox_messages SET status = 'published'",
@@ -174,6 +179,8 @@ def _dead_and_held(url: str) -> tuple[list[uuid.UUID], uuid.UUID]:
     with psycopg.connect(url) as conn:
         ids = publish_batch(conn, [Message("orders", "A", 1), Message("orders", "B", 2),
                                    Message("orders", "C", 3)])  # fmt: skip
+        conn.commit()
+        record(url)  # numbered, as a relay does
         conn.execute(
             "UPDATE outbox_messages SET status = 'dead', last_error = 'boom' WHERE id = ANY(%s)",
             (ids,),
@@ -229,6 +236,7 @@ def test_the_console_role_reads_and_makes_the_audited_changes_only(
     with psycopg.connect(database_url) as conn:
         [pending] = publish_batch(conn, [Message("orders", "P", 4)])
         conn.commit()
+    record(database_url)
     with psycopg.connect(console, autocommit=True) as conn:
         for fn in ("outbox_dead_requeue", "outbox_dead_purge"):
             done = conn.execute(f"SELECT {fn}(ARRAY[%s]::uuid[], 'x', 'y')", (pending,))
@@ -246,6 +254,7 @@ def test_the_console_role_reads_and_makes_the_audited_changes_only(
         "VALUES ('x', 'retry', gen_random_uuid(), 't', 'k', 1)",
         "INSERT INTO outbox_messages (id, topic, key, seq, payload) "
         "VALUES (gen_random_uuid(), 't', 'k', 1, '')",
+        "INSERT INTO outbox_wal_pending (id, record) VALUES (gen_random_uuid(), '')",
         f"UPDATE outbox_messages SET published_at = now() WHERE id = '{third}'",
         f"UPDATE outbox_messages SET payload = '' WHERE id = '{third}'",
         "UPDATE outbox_dead_audit SET reason = 'nothing happened'",
@@ -387,7 +396,7 @@ def test_role_names_are_identifiers(database_url: str, shape: str) -> None:
         assert result.exit_code == 0, result.output
         with psycopg.connect(database_url) as conn:
             got = conn.execute(
-                "SELECT has_table_privilege(%s, 'outbox_key_sequences', 'INSERT')", (role,)
+                "SELECT has_table_privilege(%s, 'outbox_wal_pending', 'INSERT')", (role,)
             ).fetchone()
         assert got == (True,)
     finally:

@@ -1,10 +1,11 @@
 """Number and record what the outbox's ledger holds, as a relay does, for tests that read
 outbox_messages or claim rows without a relay running.
 
-Every writer puts a message in the ledger (outbox_wal_pending); the relay's ledger reader
-gives it its per-(topic, key) seq after commit and records it in outbox_messages
-(relay/_capture.py). :func:`record` runs that reader once (``relay._capture.record_ledger``):
-when a running relay holds the capture lock it does nothing, since that relay records them.
+Every writer puts a message in the ledger (outbox_wal_pending); in 'polling' mode the relays'
+ledger reader gives it its per-(topic, key) seq after commit and records it in outbox_messages
+(relay/_ledger.py). :func:`record` runs that reader once (``relay._ledger.record_ledger``):
+when a running relay is numbering at that moment it leaves the rest to it, and in 'wal' mode
+it does nothing (the streaming relay records them).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import concurrent.futures
 import psycopg
 
 from relay import RelayConfig
-from relay._capture import record_ledger
+from relay._ledger import record_ledger
 from relay._statements import relay_statements
 
 __all__ = ["record"]
