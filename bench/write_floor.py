@@ -1,4 +1,4 @@
-"""The server's floor of the polling write path: the same transactions as
+"""The server's floor of the write path: the same transactions as
 bench/write_overhead.py, driven by pgbench (a C client) instead of Python, so the client costs
 next to nothing and what is left is the server's work.
 
@@ -6,11 +6,11 @@ Side by side in one run, on the machine's PostgreSQL, at 1, 4 and 16 clients, in
 
 * ``baseline``: BEGIN, INSERT one ~300-byte business row, COMMIT;
 * ``naive``: the same plus one plain INSERT into a bigserial outbox table;
-* ``polling``: the same plus the statement ``publish()`` runs in 'polling' mode for one message
-  (outbox/_statements.py, outbox_messages_insert_one: the per-key counter row, the message row,
-  the write counter), with a new key per transaction, as in write_overhead.
+* ``ledger``: the same plus the statement ``publish()`` runs for one message in both capture
+  modes (outbox/statements.sql, outbox_ledger_insert_one: one row of outbox_wal_pending, the
+  message's id and its record, as ``publish()`` encodes it for the bench's message).
 
-Reported: transactions per second (medians) and polling / naive. A ratio below 1 here is the
+Reported: transactions per second (medians) and ledger / naive. A ratio below 1 here is the
 design's own cost on the server, whatever the client.
 Run: ``python bench/write_floor.py [--url URL] [--seconds S] [--rounds R]``.
 """
@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import write_result
 from write_overhead import _with_db, prepare_database
 
+from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, prepare_fields
+from outbox._publish_common import Batch
 from outbox._statements import producer_statements
 
 _BUSINESS = (
@@ -46,20 +48,16 @@ _NAIVE = (
 )
 
 
-def _polling() -> str:
-    """outbox_messages_insert_one with pgbench variables for its parameters, on one line."""
-    text = producer_statements(None).insert_one.decode()
-    values = {
-        "id": "gen_random_uuid()",
-        "topic": "'orders'",
-        "key": "md5(:k::text)",
-        "headers": "'{\"type\": \"OrderCreated\"}'",
-        "payload": "convert_to('{\"order_id\": \"x\", \"total\": \"12.50\"}', 'UTF8')",
-        "content_type": "'application/json'",
-        "traceparent": "NULL",
-        "available_at": "NULL",
-    }
-    text = re.sub(r"%\((\w+)\)s", lambda m: values[m.group(1)], text)
+def _ledger() -> str:
+    """outbox_ledger_insert_one for the bench's message, on one line: a fresh id per row, the
+    record of write_overhead's message (its own id inside: the server does not read it)."""
+    text = producer_statements(None).ledger_insert_one.decode()
+    fields = ("orders", "order-x", None, {"type": "OrderCreated"}, None, None, None, None)
+    message = prepare_fields(*fields[:2], {"order_id": "x", "total": "12.50"}, *fields[3:],
+                             DEFAULT_MAX_PAYLOAD_BYTES)  # fmt: skip
+    record = Batch.one(message).statement(producer_statements(None))[1]["record"]
+    values = {"id": "gen_random_uuid()", "record": f"'\\x{record.hex()}'"}
+    text = re.sub(r"%\((\w+)\)b?s?", lambda m: values[m.group(1)], text)
     return " ".join(text.split()) + ";"
 
 
@@ -70,7 +68,7 @@ def _script(*statements: str) -> str:
 SCRIPTS = {
     "baseline": _script(_BUSINESS),
     "naive": _script(_BUSINESS, _NAIVE),
-    "polling": _script(_BUSINESS, _polling()),
+    "ledger": _script(_BUSINESS, _ledger()),
 }
 
 
@@ -114,7 +112,7 @@ def main() -> None:
                 med = {v: statistics.median(r) for v, r in runs.items()}
                 results[f"{clients}_clients"] = {
                     **{f"{v}_tx_per_s_median": m for v, m in med.items()},
-                    "ratio_polling_over_naive": round(med["polling"] / med["naive"], 3),
+                    "ratio_ledger_over_naive": round(med["ledger"] / med["naive"], 3),
                     "ratio_naive_over_baseline": round(med["naive"] / med["baseline"], 3),
                     "runs": runs,
                 }
@@ -126,7 +124,7 @@ def main() -> None:
         write_result(
             "write_floor",
             {
-                "what": "the polling write path's server work, driven by pgbench (C client)",
+                "what": "the write path's server work (both modes), driven by pgbench (C client)",
                 "seconds_per_run": args.seconds,
                 "rounds": args.rounds,
                 "scripts": SCRIPTS,

@@ -16,6 +16,7 @@ from outbox.schema import (
     OUTBOX_IDENTITY,
     OUTBOX_MESSAGES,
     OUTBOX_RELAYS,
+    OUTBOX_WAL_PENDING,
     RECONCILIATION_RUNS,
 )
 
@@ -25,6 +26,7 @@ __all__ = ["TraceStatements", "trace_statements"]
 @dataclass(frozen=True)
 class TraceStatements:
     message_by_id: bytes
+    ledger_by_id: bytes
     message_by_seq: bytes
     neighbours: bytes
     key_blocker: bytes
@@ -44,6 +46,7 @@ _SQL = load("outbox", TraceStatements, resource="trace.sql")
 def _names(schema: str | None) -> Names:
     return {
         "messages": qualified(schema, OUTBOX_MESSAGES),
+        "pending": qualified(schema, OUTBOX_WAL_PENDING),
         "relays": qualified(schema, OUTBOX_RELAYS),
         "identity": qualified(schema, OUTBOX_IDENTITY),
         "runs": qualified(schema, RECONCILIATION_RUNS),

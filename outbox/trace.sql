@@ -9,6 +9,11 @@ SELECT id, topic, key, seq, status, attempts, last_error, created_at, available_
        octet_length(payload) AS payload_bytes
 FROM {messages} WHERE id = %(id)s
 
+-- name: ledger_by_id
+-- A message committed but not numbered yet: its ledger row (outbox_wal_pending), by primary
+-- key. Its record says the topic and key; the relay gives it its seq.
+SELECT id, record, written_at FROM {pending} WHERE id = %(id)s
+
 -- name: message_by_seq
 -- The rows of one (topic, key, seq). Numbers are unique by construction,
 -- so there is at most one, but the caller still says "ambiguous" if a restore ever made two.

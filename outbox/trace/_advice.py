@@ -100,6 +100,8 @@ def _summary(record: OutboxRecord | None, records: Sequence[InboxRecord]) -> str
         head = "outbox row deleted by retention"
     elif record.status == "dead":
         return f"dead at the relay after {record.attempts} attempt(s)"
+    elif record.status == "ledger":
+        return "committed, not numbered yet: in the ledger for a relay to number and publish"
     elif record.status == "pending":
         return "pending: not published yet" + (
             f" (attempt {record.attempts} failed)" if record.attempts else ""
@@ -155,7 +157,8 @@ def _actions(
                 _cmd("outbox", "dead", "retry", "--id", mid, "--reason", "...", *ob),
             )
         )
-    elif record is not None and record.status == "pending":
+    elif record is not None and record.status in ("pending", "ledger"):
+        # in the ledger: a relay numbers it within milliseconds, unless none runs
         _pending_actions(record, blocker, relays, ob, actions, notes)
     for r in records:
         action = _inbox_action(r, mid, (topic, key, seq), record, ob, inbox_flags.get(r.inbox, ()))

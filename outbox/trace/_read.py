@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import DictRow, dict_row
 
+from outbox._capture import RecordError, decode_record
 from outbox._errors import describe_database_error
 from outbox._ids import id_from_idempotency_key
 from outbox._trace_statements import TraceStatements, trace_statements
@@ -66,6 +68,28 @@ def _outbox_record(row: Row) -> OutboxRecord:
         headers=row["headers"] or {},
         payload_bytes=row["payload_bytes"],
     )
+
+
+def _in_ledger(
+    conn: Any, stmts: TraceStatements, wanted_id: uuid.UUID | None
+) -> tuple[Ident, OutboxRecord] | None:
+    """A message committed but not numbered yet (its ledger row): status 'ledger', seq 0."""
+    if wanted_id is None:
+        return None
+    row = conn.execute(stmts.ledger_by_id, {"id": wanted_id}).fetchone()
+    if row is None:
+        return None
+    try:
+        rec = decode_record(bytes(row["record"]))
+    except RecordError:
+        return None
+    record = OutboxRecord(
+        status="ledger", attempts=0, last_error=None, created_at=row["written_at"],
+        available_at=rec.available_at or row["written_at"], published_at=None, leased_by=None,
+        lease_until=None, content_type=rec.content_type, headers=orjson.loads(rec.headers or "{}"),
+        payload_bytes=len(rec.payload),
+    )  # fmt: skip
+    return Ident(id=rec.id, topic=rec.topic, key=rec.key, seq=0), record
 
 
 def _neighbour(row: Row) -> KeyNeighbour:
@@ -190,6 +214,11 @@ def _read_outbox(
         )
         origin = _origin(conn, stmts)
         if not rows:
+            ledger = _in_ledger(conn, stmts, wanted_id)
+            if ledger is not None:
+                return _OutboxFindings(
+                    ident=ledger[0], record=ledger[1], relays=relays, origin=origin
+                )
             return _OutboxFindings(relays=relays, origin=origin)
         row = rows[0]
         ident = Ident(id=row["id"], topic=row["topic"], key=row["key"], seq=row["seq"])

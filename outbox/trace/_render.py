@@ -33,7 +33,7 @@ def render_text(journey: Journey) -> str:
     """The journey as lines for a terminal; every value from the database on one line of its
     own (control characters escaped)."""
     j = journey
-    seq = j.seq if j.seq is not None else "?"
+    seq = j.seq if j.seq else ("not yet" if j.seq == 0 else "?")  # 0: in the ledger
     origin = f"  origin {one_line(j.origin)}" if j.origin else ""
     lines = [
         f"message {j.id}  topic {one_line(j.topic)}  key {one_line(j.key)}  seq {seq}{origin}",
