@@ -1,0 +1,102 @@
+"""'polling' mode's reader of the ledger (relay/_ledger.py), against a real PostgreSQL.
+
+Writers put each message in the ledger (outbox_wal_pending) and nothing else; running relays
+number the committed rows per (topic, key), record them, and their claim loops publish them.
+These tests write with ``numbered=False``: only the relays number here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import psycopg
+
+from outbox.envelope import Envelope
+from relay import Relay
+from tests.relay.relay_helpers import FakePublisher, await_for, config, running, write
+
+
+def _ledger_rows(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox_wal_pending").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _in_key_order_once(log: list[tuple[str, Envelope]]) -> None:
+    seen: dict[tuple[str, str], list[int]] = {}
+    for _, e in log:
+        seen.setdefault((e.topic, e.key), []).append(e.seq)
+    for key, seqs in seen.items():
+        assert seqs == list(range(1, len(seqs) + 1)), (key, seqs)
+
+
+def test_relays_number_the_ledger_once_in_key_order_and_share_the_sending(url: str) -> None:
+    """Three relays; writers commit while they run. Every message is numbered once (gapless
+    per key, in the order its key's transactions committed), published once, and the sending
+    is shared: the reader records unleased rows and wakes every relay's claim loop."""
+    keys = [f"k{i}" for i in range(40)]
+    log: list[tuple[str, Envelope]] = []
+    pubs = [FakePublisher(log, name=f"r{i}") for i in range(3)]
+    for p in pubs:
+        p.delay = 0.01  # a send takes a moment, as a broker's does: the claims overlap
+    relays = [Relay(config(url, batch_size=16, per_key_batch=2), p) for p in pubs]
+
+    async def go() -> None:
+        async with running(*relays):
+            for _ in range(10):
+                await asyncio.to_thread(write, url, [("orders", k) for k in keys], numbered=False)
+            await await_for(lambda: len(log) == 400, what="all 400 published")
+
+    asyncio.run(go())
+    assert len({e.id for _, e in log}) == 400
+    _in_key_order_once(log)
+    assert _ledger_rows(url) == 0
+    assert len(Counter(name for name, _ in log)) >= 2, "one relay sent everything"
+
+
+def test_a_numbering_transaction_that_stalls_is_ended_by_the_server(url: str) -> None:
+    """A relay frozen in the middle of numbering holds the ledger's lock in an open
+    transaction: no other relay numbers meanwhile. The server ends that transaction after
+    lease_seconds idle in it (the lease of 'polling' mode), and a running relay numbers
+    and publishes what the ledger holds; nothing is numbered twice."""
+    write(url, [("orders", "a"), ("orders", "b")], numbered=False)
+    frozen = psycopg.connect(url)
+    # what a relay's reader does first; then it "freezes": the transaction stays open
+    with frozen.cursor() as cur:
+        cur.execute("SELECT set_config('idle_in_transaction_session_timeout', '1500', true)")
+        cur.execute("SELECT pg_try_advisory_xact_lock(3084, hashtext(%s))", (_lock_name(url),))
+        assert cur.fetchone() == (True,)
+    log: list[tuple[str, Envelope]] = []
+    relay = Relay(config(url, lease_seconds=1.5, publish_timeout=1.0), FakePublisher(log))
+    started = time.monotonic()
+
+    async def go() -> None:
+        async with running(relay):
+            await await_for(lambda: len(log) == 2, within=20, what="both published")
+
+    asyncio.run(go())
+    # not before the frozen transaction was ended by the server (1.5 s idle in it)
+    assert time.monotonic() - started >= 1.4
+    assert sorted(e.key for _, e in log) == ["a", "b"]
+    assert [e.seq for _, e in log] == [1, 1]
+    try:
+        frozen.execute("SELECT 1")
+        ended = False
+    except psycopg.errors.IdleInTransactionSessionTimeout:
+        ended = True  # the server terminated the frozen session
+    finally:
+        frozen.close()
+    assert ended
+
+
+def _lock_name(url: str) -> str:
+    """The capture lock's name for a database in 'polling' mode without a slot."""
+    from relay._slot import default_slot
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT current_database()").fetchone()
+    assert row is not None
+    return default_slot(str(row[0]))
