@@ -143,11 +143,12 @@ class RelayConfig:
     poll_interval: float = 1.0
     #: LISTEN for the producers' wake-ups (off: poll only)
     listen: bool = True
-    #: watch the server for committed writes ('polling' mode; relay/_watch.py)
+    #: watch the server for batches another relay numbered ('polling' mode; relay/_watch.py);
+    #: off: the ledger is read every poll_interval at most when idle
     watch: bool = True
-    #: how often the watch looks while writers are active
+    #: how often the watch and the ledger's reader look while messages come
     watch_interval: float = 0.002
-    #: how often it looks at most when nothing moves (it backs off to this)
+    #: how often they look at most when nothing moves (they back off to this)
     watch_idle_interval: float = 0.05
     #: first wait after a failure; doubles per consecutive failure, with jitter
     backoff_base: float = 0.5
