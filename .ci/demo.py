@@ -282,11 +282,11 @@ def main() -> int:
         if args.capture == "wal":
             state = enable_capture(shop_url)
             print(
-                f"shop: WAL capture mode (wal_level = logical, slot {state['slot']}): writers "
-                "emit messages into the WAL, the relay streams them from the slot"
+                f"shop: WAL capture mode (wal_level = logical, slot {state['slot']}): the "
+                "relay streams the ledger's inserts from the slot"
             )
         else:
-            print("shop: polling capture mode: writers insert rows, the relay polls the table")
+            print("shop: polling capture mode: the relay reads the ledger table every few ms")
         with psycopg.connect(billing_url) as conn:
             conn.execute(
                 "CREATE TABLE ledger (ledger_id bigserial PRIMARY KEY, message_id uuid, "
@@ -297,13 +297,22 @@ def main() -> int:
         committed, rolled_back = place_orders(shop_url, args.orders, rnd)
         print(f"shop: {len(committed)} messages committed, {len(rolled_back)} rolled back")
         with psycopg.connect(shop_url) as conn:
-            row = conn.execute("SELECT count(*) FROM outbox_messages").fetchone()
-        rows_before = int(row[0]) if row else -1
-        print(f"shop: outbox_messages rows before the relay ran: {rows_before}")
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM outbox_messages), "
+                "(SELECT count(*) FROM outbox_wal_pending)"
+            ).fetchone()
+        rows_before, in_ledger = (int(row[0]), int(row[1])) if row else (-1, -1)
+        print(
+            f"shop: before the relay ran, {in_ledger} messages in the ledger "
+            f"(outbox_wal_pending), {rows_before} numbered in outbox_messages"
+        )
         early = (
             []
-            if args.capture == "polling" or rows_before == 0
-            else [f"WAL mode: writers wrote {rows_before} outbox rows (expected none)"]
+            if (rows_before, in_ledger) == (0, len(committed))
+            else [
+                f"writers left {in_ledger} ledger rows and {rows_before} outbox rows "
+                f"(expected {len(committed)} and none)"
+            ]
         )
         t0 = time.monotonic()
         outcomes = asyncio.run(run_pipeline(shop_url, billing_url, nats_url, len(committed)))
