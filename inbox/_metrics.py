@@ -5,7 +5,9 @@ outcome, the handler's seconds and the end-to-end lag (from the message's ``crea
 its commit here) are observed, every broker message refused by the decoders is counted by
 reason (``inbox_refused``), and the broker consumers refresh two gauges on a timer: keys
 that keep waiting for a predecessor (``outbox inbox blocked``) and keys held behind a dead
-message (``outbox inbox held``). Without it the runners use no-op metrics that cost nothing.
+message (``outbox inbox held``); a partitioned consumer also reports its partition count and
+how many it holds (``inbox_partitions``, ``inbox_partitions_owned``). Without it the runners
+use no-op metrics that cost nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class InboxMetrics:
             noop: Any = NoopMetric()
             self.deliveries = self.handler_seconds = self.lag_seconds = self.refused = noop
             self.blocked_keys = self.held_keys = noop
+            self.partitions = self.partitions_owned = noop
             return
         from prometheus_client import Counter, Gauge, Histogram
 
@@ -67,6 +70,19 @@ class InboxMetrics:
         )
         self.held_keys = Gauge(
             "inbox_held_keys", "Keys held behind a dead message (on_dead=hold)", ["consumer"], **kw
+        )
+        self.partitions = Gauge(
+            "inbox_partitions",
+            "A partitioned consumer's partition count (inbox.PartitionedConsumer)",
+            ["consumer"],
+            **kw,
+        )
+        self.partitions_owned = Gauge(
+            "inbox_partitions_owned",
+            "Partitions this process holds and consumes now; summed over the processes of a "
+            "consumer, its partition count once the leases settle",
+            ["consumer"],
+            **kw,
         )
 
     @classmethod

@@ -255,10 +255,13 @@ class PartitionedConsumer:
                     "upgrade` (migration outbox_0023)"
                 ) from exc
             raise
+        metrics = self.runner.metrics
+        metrics.partitions.labels(self.group).set(self.partitions)
         try:
             while not self._stopping.is_set():
                 await self._round(time.monotonic())
                 await self._reap(time.monotonic())
+                metrics.partitions_owned.labels(self.group).set(len(self.owned))
                 self.ready.set()
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -266,6 +269,7 @@ class PartitionedConsumer:
                         await self._wake.wait()
         finally:
             await self._leave()
+            metrics.partitions_owned.labels(self.group).set(0)
 
     # ---- one round: heartbeat, renew, rebalance -----------------------------------------
 
