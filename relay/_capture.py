@@ -62,7 +62,15 @@ from relay._state import RunState
 from relay._statements import RelayStatements
 from relay.exceptions import CaptureLeaseLostError, RelayError
 
-__all__ = ["WalCapture", "decode_rows", "number_batch", "store_batch"]
+__all__ = [
+    "WalCapture",
+    "batches",
+    "decode_rows",
+    "ledger_round",
+    "ledger_rows",
+    "number_batch",
+    "store_batch",
+]
 
 log = logging.getLogger("relay")
 
@@ -334,15 +342,15 @@ class WalCapture:
         limit = self._config.batch_size
         while not self._state.stopping:
             lease.progress()
-            cur = await lock.cursor(row_factory=dict_row).execute(
-                self._stmts.capture_pending_sweep, {"older": older, "limit": limit}
-            )
-            rows = await cur.fetchall()
-            if not rows:
-                break
-            batch = decode_rows(rows)
-            total += await self._record(lock, lease, batch, [r["id"] for r in rows])
-            if len(rows) < limit:
+            ids = await ledger_round(lock, self._stmts, older, limit)
+            for chunk in batches(ids, limit):
+                if self._state.stopping:
+                    break
+                lease.progress()
+                rows = await ledger_rows(lock, self._stmts, chunk)
+                if rows:
+                    total += await self._record(lock, lease, decode_rows(rows), chunk)
+            if len(ids) < limit * ROUND_BATCHES:
                 break
         return total
 
@@ -585,6 +593,36 @@ async def store_batch(
     await conn.execute(stmts.capture_record, params)
     if not send:
         await conn.execute(stmts.capture_recorded)
+
+
+#: a round of the ledger's sweep takes the ids of this many batches in one scan and sort
+ROUND_BATCHES = 40
+
+
+async def ledger_round(
+    conn: psycopg.AsyncConnection[Any], stmts: RelayStatements, older: float, limit: int
+) -> list[uuid.UUID]:
+    """The ids of the ledger's committed rows written at least ``older`` seconds ago, oldest
+    first, for ``ROUND_BATCHES`` batches of ``limit`` at most (outbox_capture_pending_sweep)."""
+    params = {"older": older, "limit": limit * ROUND_BATCHES}
+    cur = await conn.execute(stmts.capture_pending_sweep, params)
+    return [row[0] for row in await cur.fetchall()]
+
+
+async def ledger_rows(
+    conn: psycopg.AsyncConnection[Any], stmts: RelayStatements, ids: list[uuid.UUID]
+) -> list[dict[str, Any]]:
+    """The ledger rows of ``ids`` still there, in the order of ``ids``."""
+    cur = conn.cursor(row_factory=dict_row)
+    found = {
+        r["id"]: r
+        for r in await (await cur.execute(stmts.capture_pending_rows, {"ids": ids})).fetchall()
+    }
+    return [found[i] for i in ids if i in found]
+
+
+def batches(ids: list[uuid.UUID], size: int) -> list[list[uuid.UUID]]:
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
 
 
 def decode_rows(rows: list[dict[str, Any]]) -> list[_Decoded]:

@@ -13,7 +13,9 @@ retries.
 One relay numbers at a time: the batch's transaction first takes the transaction-scoped form of
 the capture lock (``outbox_ledger_lock``, the key of the slot's name, which a relay streaming
 the slot holds in the session-level form); a relay that does not get it leaves the batch to the
-one that did. Nothing has to be handed over or fenced: the lock goes with the transaction, and
+one that did. Each look takes the ids of many batches in one scan and sort of the ledger (a round),
+then each batch's rows by id: a backlog is read a few times, not once per batch. Nothing has to
+be handed over or fenced: the lock goes with the transaction, and
 a transaction that stops making progress (its relay frozen or cut off) is ended by the server
 after ``lease_seconds`` idle in it (``outbox_ledger_bound``), which rolls the batch back.
 
@@ -40,7 +42,15 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from outbox.kit import MODE_WAL
-from relay._capture import decode_rows, number_batch, store_batch
+from relay._capture import (
+    ROUND_BATCHES,
+    batches,
+    decode_rows,
+    ledger_round,
+    ledger_rows,
+    number_batch,
+    store_batch,
+)
 from relay._config import RelayConfig
 from relay._retry import Backoff, retry
 from relay._slot import default_slot
@@ -86,24 +96,24 @@ async def record_ledger(
     bound = {"ms": str(int(config.lease_seconds * 1000))}
     total = 0
     while True:
-        async with conn.transaction():
-            cur = conn.cursor(row_factory=dict_row)
-            async with conn.pipeline():
-                await conn.execute(stmts.ledger_bound, bound)
-                locking = await cur.execute(stmts.ledger_lock, {"slot": name})
-                locked = await locking.fetchone()
-            if not locked or not locked["locked"]:
-                return total  # another relay is numbering
-            sweep = {"older": 0.0, "limit": limit}
-            rows = await (await cur.execute(stmts.capture_pending_sweep, sweep)).fetchall()
-            if not rows:
-                return total
-            doomed = [r["id"] for r in rows]
-            batch, _ = await number_batch(conn, stmts, config, decode_rows(rows), doomed, None)
-            if batch:
-                await store_batch(conn, stmts, config, batch, uuid.uuid4(), send=False)
-        total += len(batch)
-        if len(rows) < limit:
+        ids = await ledger_round(conn, stmts, 0.0, limit)
+        for chunk in batches(ids, limit):
+            async with conn.transaction():
+                cur = conn.cursor(row_factory=dict_row)
+                async with conn.pipeline():
+                    await conn.execute(stmts.ledger_bound, bound)
+                    locking = await cur.execute(stmts.ledger_lock, {"slot": name})
+                    locked = await locking.fetchone()
+                if not locked or not locked["locked"]:
+                    return total  # another relay is numbering
+                rows = await ledger_rows(conn, stmts, chunk)  # others numbered may be gone
+                if not rows:
+                    continue
+                batch, _ = await number_batch(conn, stmts, config, decode_rows(rows), chunk, None)
+                if batch:
+                    await store_batch(conn, stmts, config, batch, uuid.uuid4(), send=False)
+            total += len(batch)
+        if len(ids) < limit * ROUND_BATCHES:
             return total
 
 

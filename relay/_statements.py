@@ -61,6 +61,7 @@ class RelayStatements:
     capture_pending_delete: bytes
     capture_recorded: bytes
     capture_pending_sweep: bytes
+    capture_pending_rows: bytes
     capture_pending_count: bytes
     capture_durable: bytes
     capture_unsent: bytes

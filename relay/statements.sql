@@ -611,17 +611,27 @@ DELETE FROM {pending} AS p WHERE p.id = ANY(%(ids)b::uuid[])
 SELECT nextval(s.tableoid) FROM {counter} AS s
 
 -- name: capture_pending_sweep
--- outbox_capture_pending_sweep: what the table holds that the slot did not deliver (the slot
--- was missing, invalidated, recreated, foreign, or is behind where the table says): committed
--- pending rows written at least %(older)s seconds ago, oldest first. A key's rows come in the
--- order they were written, which is their commit order whenever the key's writers serialize
--- (one writer, or a lock held to commit); rows decoded from the slot come in exact commit
--- order. The table holds only what the relay has not recorded yet, so the scan reads a few
--- pages in steady state (no index but the primary key, which the writers pay for anyway).
-SELECT p.id, p.record, p.written_at FROM {pending} AS p
+-- outbox_capture_pending_sweep: the ledger's committed rows written at least %(older)s seconds
+-- ago, oldest first: their ids only, up to a round's worth (many batches). The ledger reader of
+-- 'polling' mode and a 'wal' relay whose slot did not deliver them (missing, invalidated,
+-- recreated, foreign, behind) then take them by id, a batch at a time (capture_pending_rows), in
+-- this order. A key's rows come in the order they were written, which is their commit order
+-- whenever the key's writers serialize (one writer, or a lock held to commit); rows decoded
+-- from the slot come in exact commit order. The ledger has no index but its primary key (every
+-- index costs every writer), so this is a scan and a sort of what it holds: once per round, not
+-- once per batch, so a backlog of N rows costs N/round scans rather than N/batch (a relay back
+-- after an outage of a million messages reads the table about twenty times, not two thousand).
+-- In steady state the table holds a few pages.
+SELECT p.id FROM {pending} AS p
  WHERE p.written_at <= clock_timestamp() - %(older)s * interval '1 second'
  ORDER BY p.written_at, p.id
  LIMIT %(limit)s
+
+-- name: capture_pending_rows
+-- outbox_capture_pending_rows: the ledger rows of a batch of ids from capture_pending_sweep
+-- (those another relay numbered meanwhile are gone); the caller keeps the sweep's order. A
+-- primary-key probe per id.
+SELECT p.id, p.record, p.written_at FROM {pending} AS p WHERE p.id = ANY(%(ids)b::uuid[])
 
 -- name: capture_pending_count
 -- outbox_capture_pending_count: how many messages wait in outbox_wal_pending, and the age of

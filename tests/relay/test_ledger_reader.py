@@ -100,3 +100,34 @@ def _lock_name(url: str) -> str:
         row = conn.execute("SELECT current_database()").fetchone()
     assert row is not None
     return default_slot(str(row[0]))
+
+
+def test_a_backlog_of_several_rounds_is_numbered_in_write_order(url: str) -> None:
+    """More rows than a round (ROUND_BATCHES batches) holds: read in rounds, numbered per key
+    in the order they were written, each once, and the ledger is left empty."""
+    from relay._capture import ROUND_BATCHES
+    from relay._ledger import record_ledger
+    from relay._statements import relay_statements
+
+    batch = 3
+    per_key = (ROUND_BATCHES * batch * 2 + 7) // 5  # a little over two rounds in all
+    keys = [f"k{i}" for i in range(5)]
+    written: list[tuple[str, str]] = []
+    for _ in range(per_key):
+        written += [("orders", k) for k in keys]
+    ids = write(url, written, numbered=False)
+
+    async def go() -> int:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            return await record_ledger(conn, relay_statements(None), config(url, batch_size=batch))
+
+    assert asyncio.run(go()) == len(written)
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT id, key, seq FROM outbox_messages").fetchall()
+    seq_of = {row[0]: (row[1], row[2]) for row in rows}
+    assert len(seq_of) == len(written)
+    expected: dict[str, int] = {}
+    for msg_id, (_, key) in zip(ids, written, strict=True):
+        expected[key] = expected.get(key, 0) + 1
+        assert seq_of[msg_id] == (key, expected[key])
+    assert _ledger_rows(url) == 0
