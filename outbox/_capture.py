@@ -1,27 +1,22 @@
-"""The WAL capture mode's record: what a writer writes, what the relay decodes. One home.
+"""The ledger's record: what a writer writes, what the relay decodes. One home.
 
-In 'wal' mode (docs/explanation/capture.md) a writer inserts a message as one row of
-``outbox_wal_pending``: its id and its record (below), no counter, no lock. The relay decodes
-the insert from its replication slot (pgoutput) after commit, in commit order, gives the
-message its per-key ``seq``, records it in ``outbox_messages`` and deletes the pending row.
-The row outlives any slot: a relay whose slot is gone publishes what the table holds.
-Writers of older versions emitted the same record as a transactional logical message
-(``pg_logical_emit_message(true, PREFIX, record)``); the relay still decodes those.
+In both capture modes (docs/explanation/capture.md) a writer inserts a message as one row of
+the ledger, ``outbox_wal_pending``: its id and its record (below), no counter, no lock, no mode
+to read. After commit the relay gives the message its per-key ``seq``, records it in
+``outbox_messages`` and deletes the ledger row, in one transaction: in 'wal' mode it decodes the
+insert from its replication slot (pgoutput), in commit order; in 'polling' mode its ledger
+reader (relay/_ledger.py) reads the committed rows, in the order they became visible and, within
+one read, the order they were written. The row outlives any slot: a relay whose slot is gone
+publishes what the table holds. Writers of older versions emitted the same record as a
+transactional logical message (``pg_logical_emit_message(true, PREFIX, record)``); the relay
+still decodes those.
 
 Record format v1 (big-endian): version (1 byte, 1), flags (1 byte: 1 = the id comes from an
 idempotency key, 2 = ``available_at`` is set), the id (16 bytes), ``available_at`` in Unix
 microseconds (8 bytes, 0 when unset), then six fields, each a 4-byte length and that many
 bytes: topic, key, content type, traceparent (empty: none), headers (JSON object text),
-payload. ``outbox_publish()`` (migrations outbox_0010, outbox_0017) builds the same bytes in
-SQL.
-
-Which mode a database is in is the one row of ``outbox_capture``. A writer learns it from its
-own statements: a connection's first publish tries the pending insert, which inserts nothing
-(and says so) unless the mode is 'wal'; the polling insert returns the mode, so a switch to
-'wal' is seen at the next publish. So a writer that still believes the wrong mode never loses
-a message: a row written to ``outbox_messages`` in 'wal' mode is published by the relay's
-polling loop, which keeps running; a pending insert refused in 'polling' mode is written to
-``outbox_messages`` instead.
+payload. ``outbox_publish()`` (migrations outbox_0010, outbox_0017, outbox_0024) builds the
+same bytes in SQL.
 """
 
 from __future__ import annotations

@@ -535,9 +535,11 @@ SELECT m.id FROM {messages} AS m WHERE m.id = ANY(%(ids)b::uuid[])
 
 -- name: capture_bump
 -- outbox_capture_bump: number a batch. One upsert per (topic, key), in (topic, key) order (no
--- deadlock with writers or other batches), adding the batch's count; each key's row stays
--- locked until the batch's transaction ends. The batch's transactions arrived in commit order,
--- so numbering them in arrival order gives gapless seqs in commit order. Rolled back (a crash,
+-- deadlock with other batches), adding the batch's count; each key's row stays locked until
+-- the batch's transaction ends. The batch's messages come in commit order ('wal' mode: as the
+-- slot decodes them) or in the order they became visible and, within one read of the ledger, in
+-- the order they were written ('polling' mode, relay/_ledger.py): numbering them in that order
+-- gives gapless seqs, in commit order whenever a key's writers serialize. Rolled back (a crash,
 -- a failed record), the counters are unchanged and the same transactions, decoded again from
 -- the slot's confirmed position, get the same seqs.
 INSERT INTO {sequences} AS s (topic, key, last_seq)
