@@ -143,6 +143,7 @@ async def test_publish_batch_async_writes_all_in_order(database_url: str) -> Non
             [Message("t", f"k{i % 2}", {"i": i}, headers={"h": str(i)}) for i in range(5)],
         )
     await engine.dispose()
+    assert record(database_url) == 5  # numbered by the relay's ledger reader
     stored = query(
         database_url, "SELECT id, key, seq, headers, payload FROM outbox_messages ORDER BY seq, key"
     )

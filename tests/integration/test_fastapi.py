@@ -37,6 +37,8 @@ from inbox.testing import wait_until_processed
 from outbox import ConfigurationError, publish
 from outbox._migrate import sqlalchemy_url
 from outbox.fastapi import consumer_lifespan, transactional_session
+from tests.support.ledger import record
+from tests.support.poll import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ORDER = {"order_id": "A-1", "item": "book", "quantity": 2}
@@ -96,7 +98,21 @@ def rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
         return conn.execute(query, params).fetchall()
 
 
+def committed_ids(url: str) -> list[uuid.UUID]:
+    """The ids of the messages committed: in the ledger, where every writer puts them, or
+    already numbered into outbox_messages by a relay (one snapshot: never in both)."""
+    both = "SELECT id FROM outbox_wal_pending UNION ALL SELECT id FROM outbox_messages"
+    return [r[0] for r in rows(url, both)]
+
+
 def outbox_rows(url: str) -> list[tuple[Any, ...]]:
+    """outbox_messages, once what the ledger holds is numbered: here, as a relay does, or by
+    the relay the app runs (which then leaves it to that relay)."""
+    record(url)
+    wait_for(
+        lambda: rows(url, "SELECT count(*) FROM outbox_wal_pending") == [(0,)],
+        what="the ledger to be numbered",
+    )
     return rows(url, "SELECT id, topic, key, payload, headers FROM outbox_messages ORDER BY seq")
 
 
@@ -112,6 +128,7 @@ def test_a_request_commits_its_order_and_its_message(
         message_id = uuid.UUID(response.json()["message_id"])
         # committed before the response was sent: visible now, from another connection
         assert rows(database_url, "SELECT id, item, quantity FROM orders") == [("A-1", "book", 2)]
+        assert committed_ids(database_url) == [message_id]
         [(id_, topic, key, payload, headers)] = outbox_rows(database_url)
     assert (id_, topic, key) == (message_id, "orders", "A-1")
     assert json.loads(payload) == {"event": "OrderPlaced", **ORDER}

@@ -28,6 +28,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from tests.support.ledger import record
 from tests.support.server_process import free_port
 
 OUTBOX = [sys.executable, "-m", "outbox.cli"]
@@ -397,6 +398,8 @@ def test_listings_escape_control_characters(database_url: str) -> None:
             [Message(topic="orders", key="a", payload={}), Message(topic="t", key="b", payload={})],
             wakeup=False,
         )
+        conn.commit()
+        record(database_url)  # numbered into outbox_messages, as a relay does
         conn.execute(
             "UPDATE outbox_messages SET status = 'dead', key = %s, last_error = %s WHERE id = %s",
             (hostile, f"boom {hostile}", dead_id),
@@ -473,6 +476,8 @@ def test_hostile_passwords_in_stored_errors_show_nowhere(database_url: str) -> N
             conn, [Message("orders", f"k{i}", {}) for i in range(len(urls))], wakeup=False
         )
         [raw_id] = publish_batch(conn, [Message("orders", "raw", {})], wakeup=False)
+        conn.commit()
+        record(database_url)  # numbered into outbox_messages, as a relay does
         # an older relay's row: the error stored as the broker said it
         conn.execute(
             "UPDATE outbox_messages SET status = 'dead', attempts = 1, last_error = %s "

@@ -11,6 +11,7 @@ import pytest
 from outbox import publish
 from outbox._migrate import upgrade
 from tests.support.harness import PgServer, embedded_server
+from tests.support.ledger import record
 from tests.support.schema import assert_schema_matches
 from tests.support.services import missing
 
@@ -46,6 +47,7 @@ def test_schema_and_concurrent_publish_on_postgres_18(pg18: PgServer) -> None:
             t.start()
         for t in threads:
             t.join()
+        assert record(url) == 8 * 16  # numbered per key, as a relay does
         with psycopg.connect(url) as conn:
             rows = conn.execute(
                 "SELECT key, array_agg(seq ORDER BY seq) FROM outbox_messages GROUP BY key"

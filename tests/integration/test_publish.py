@@ -20,6 +20,7 @@ from sqlalchemy.pool import NullPool
 import outbox
 from outbox import Message, publish, publish_async, publish_batch_async
 from outbox._migrate import sqlalchemy_url, upgrade
+from outbox._statements import producer_statements
 from tests.support.flavours import FLAVOURS, Flavour, flavour_of
 from tests.support.ledger import record
 
@@ -129,6 +130,8 @@ def test_publish_stores_envelope_and_assigns_seq(flavour: Flavour, database_url:
         conn, topic="orders", key="o-1", payload=b"\x00\x01", content_type="application/x-custom"
     )
     other = flavour.publish(conn, topic="orders", key="o-2", payload=["x"])
+    conn.commit()
+    record(database_url)  # numbered by the relay's ledger reader
     got = conn.execute(
         "SELECT id, key, seq, headers, payload, content_type, status, attempts "
         "FROM outbox_messages ORDER BY key, seq"
@@ -154,6 +157,8 @@ def test_publish_batch_writes_all_in_order_with_per_key_seq(
     conn = flavour.connect(database_url)
     messages = [Message("t", f"k{i % 3}", {"i": i}) for i in range(30)]
     ids = flavour.publish_batch(conn, messages)
+    conn.commit()
+    record(database_url)
     got = conn.execute(
         "SELECT id, key, seq, convert_from(payload, 'UTF8')::jsonb->>'i' FROM outbox_messages"
     )
@@ -170,14 +175,15 @@ def test_publish_batch_writes_all_in_order_with_per_key_seq(
 def test_publish_batch_empty_writes_nothing(flavour: Flavour, database_url: str) -> None:
     conn = flavour.connect(database_url)
     assert flavour.publish_batch(conn, []) == []
+    assert conn.execute("SELECT count(*) FROM outbox_wal_pending") == [(0,)]
     assert conn.execute("SELECT count(*) FROM outbox_messages") == [(0,)]
 
 
 def test_publish_batch_is_one_round_trip(flavour: Flavour, database_url: str) -> None:
-    # A connection's first publish also learns the capture mode (docs/explanation/capture.md):
-    # one more round trip, once per connection. Every publish after it is one statement.
+    # Every publish is one statement, the ledger insert, from a connection's first on: there is
+    # no counter row to lock and no capture mode to learn (docs/explanation/capture.md).
     conn = flavour.connect(database_url)
-    flavour.publish_batch(conn, [Message("t", "first", 0)], wakeup=False)
+    stmts = producer_statements(None)
     statements: list[bytes] = []
     cursor: Any = psycopg.AsyncCursor if flavour.is_async else psycopg.Cursor
     real_execute = cursor.execute
@@ -189,10 +195,15 @@ def test_publish_batch_is_one_round_trip(flavour: Flavour, database_url: str) ->
 
     cursor.execute = spy
     try:
+        flavour.publish_batch(conn, [Message("t", "first", 0)], wakeup=False)
+        assert statements == [stmts.ledger_insert_one]
+        statements.clear()
         flavour.publish_batch(conn, [Message("t", str(i), i) for i in range(500)])
+        assert statements == [stmts.ledger_insert]
     finally:
         cursor.execute = real_execute
-    assert len(statements) == 1
+    conn.commit()
+    assert record(database_url) == 501
     assert conn.execute("SELECT count(*) FROM outbox_messages") == [(501,)]
 
 
@@ -205,6 +216,9 @@ def test_idempotency_key_republish_is_noop_returning_same_id(
     b = flavour.publish(conn, topic="orders", key="o-1", payload={"n": 2}, idempotency_key=key)
     c = flavour.publish(conn, topic="orders", key="o-1", payload={"n": 3})
     assert a == b == outbox.id_from_idempotency_key("orders", "order-1-created")
+    assert conn.execute("SELECT count(*) FROM outbox_wal_pending") == [(2,)]  # one row for a, b
+    conn.commit()
+    record(database_url)
     got = conn.execute("SELECT id, seq FROM outbox_messages ORDER BY seq")
     assert got == [(a, 1), (c, 2)]  # no hole left by the no-op
 
@@ -236,6 +250,8 @@ def test_delayed_delivery_sets_available_at(flavour: Flavour, database_url: str)
     flavour.publish(conn, topic="t", key="a", payload=1, available_at=at)
     flavour.publish(conn, topic="t", key="b", payload=1, deliver_after=dt.timedelta(hours=1))
     flavour.publish(conn, topic="t", key="c", payload=1)
+    conn.commit()
+    record(database_url)
     got = dict(conn.execute("SELECT key, available_at - clock_timestamp() FROM outbox_messages"))
     assert got["a"] > dt.timedelta(days=365)
     assert dt.timedelta(minutes=59) < got["b"] <= dt.timedelta(hours=1)
@@ -247,6 +263,7 @@ def test_publish_in_custom_schema(flavour: Flavour, empty_database_url: str) -> 
     conn = flavour.connect(empty_database_url)
     msg_id = flavour.publish(conn, topic="t", key="k", payload={}, schema="messaging")
     conn.commit()
+    record(empty_database_url, schema="messaging")
     assert conn.execute("SELECT id FROM messaging.outbox_messages") == [(msg_id,)]
 
 
@@ -259,6 +276,8 @@ def test_publish_captures_traceparent_of_active_span(flavour: Flavour, database_
         flavour.publish(conn, topic="t", key="k", payload={})
         ctx = span.get_span_context()
     flavour.publish(conn, topic="t", key="k2", payload={})
+    conn.commit()
+    record(database_url)
     got = dict(conn.execute("SELECT key, traceparent FROM outbox_messages"))
     assert got["k"] == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
     assert got["k2"] is None
@@ -284,5 +303,7 @@ def test_payload_beyond_the_fast_encoder_is_stored_exactly(
     # takes them, and the stored JSON holds the exact value.
     payload = {"big": 2**70, "neg": -(2**65), "f": 1e16, "text": "é\u2028"}
     msg_id = flavour.publish(conn, topic="t", key="k", payload=payload)
+    conn.commit()
+    record(database_url)
     [(stored,)] = conn.execute("SELECT payload FROM outbox_messages WHERE id = %s", [msg_id])
     assert json.loads(bytes(stored)) == payload

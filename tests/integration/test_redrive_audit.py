@@ -17,6 +17,7 @@ from outbox.cli import main
 from relay.admin import audit_log
 from spark_ingest import redrive
 from spark_ingest._redrive import wait_for_wakeup
+from tests.support.ledger import record
 
 
 def _plant(url: str, schema: str | None = None) -> dict[str, str]:
@@ -28,6 +29,7 @@ def _plant(url: str, schema: str | None = None) -> dict[str, str]:
             )
             for name in ("published", "dead", "pending")
         }
+    assert record(url, schema) == 3  # numbered into outbox_messages, as a relay does
     table = f"{schema}.outbox_messages" if schema else "outbox_messages"
     with psycopg.connect(url) as conn:
         conn.execute(

@@ -30,6 +30,7 @@ from outbox.cli import main
 from outbox.envelope import Envelope
 from relay import Relay, RelayConfig
 from tests.support.harness import PgServer
+from tests.support.ledger import record
 from tests.support.recorder import Recorder
 
 
@@ -44,12 +45,15 @@ def dbs(pg_server: PgServer, template_db: str) -> Iterator[tuple[str, str, str]]
 
 
 def _write(url: str, key: str, payloads: Sequence[str], **extra: Any) -> list[uuid.UUID]:
+    """Publish and commit; numbered into outbox_messages as a relay's ledger reader does
+    (before it publishes them). A message still in the ledger: test_trace_ledger.py."""
     with psycopg.connect(url) as conn:
         ids = [
             publish(conn, topic="orders", key=key, payload={"p": p}, wakeup=False, **extra)
             for p in payloads
         ]
         conn.commit()
+    record(url)
     return ids
 
 
