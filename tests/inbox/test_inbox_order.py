@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from inbox import OutOfOrderError, Verdict, record
 from tests.inbox.inbox_helpers import apply_effect, effects, inbox_rows, make_envelope
 from tests.support.flavours import Conn, Flavour
+from tests.support.ledger import record as record_ledger
 
 _EFFECT = "INSERT INTO effects (consumer, message_id, key, seq) VALUES (%s, %s, %s, %s)"
 
@@ -124,12 +125,14 @@ def test_idempotency_key_republished_after_retention_moves_the_key_on(effects_ur
     with psycopg.connect(effects_url) as conn:
         first = publish(conn, topic="orders", key="k1", payload=1, idempotency_key="paid")
         conn.commit()
+        assert record_ledger(effects_url) == 1  # numbered and recorded, as a relay does
         assert _deliver(conn, "c", make_envelope(id=first, seq=1)) is Verdict.PROCESS
         conn.execute("DELETE FROM outbox_messages WHERE id = %s", (first,))  # as retention does
         conn.commit()
         again = publish(conn, topic="orders", key="k1", payload=1, idempotency_key="paid")
         later = publish(conn, topic="orders", key="k1", payload=2)
         conn.commit()
+        assert record_ledger(effects_url) == 2
         seqs = dict(conn.execute("SELECT id, seq FROM outbox_messages").fetchall())
         assert (again, seqs[again], seqs[later]) == (first, 2, 3)
         assert _deliver(conn, "c", make_envelope(id=later, seq=3)) is Verdict.OUT_OF_ORDER

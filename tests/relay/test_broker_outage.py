@@ -16,6 +16,7 @@ from tests.relay.broker_helpers import MqttSubscriber, Proxy, nats_stream, need,
 from tests.relay.broker_helpers import kafka_records as kafka_broker_records
 from tests.relay.relay_helpers import FakePublisher, await_for, config, running, statuses, write
 from tests.support import kafka_broker
+from tests.support.ledger import record
 from tests.support.services import import_or_missing
 
 
@@ -240,6 +241,7 @@ def test_relay_skip_never_charges_a_message_the_adapter_did_not_send(url: str) -
             wakeup=False,
         )
         conn.commit()
+    assert record(url) == 3  # pending before the relay starts: "all settled" means settled
     # the adapter's timeout must end before the relay's publish_timeout (2 s in these tests)
     pub = publisher_for_url("redis://127.0.0.1:6379/0", max_payload_bytes=100, timeout=1.5)
     relay = Relay(config(url, topics={topic: TopicPolicy(on_dead="skip", max_attempts=1)}), pub)

@@ -32,6 +32,7 @@ from outbox.exceptions import ConfigurationError
 from relay import ClaimCheckPublisher, Relay, RelayConfig
 from relay.cli import make_publisher
 from tests.relay.relay_helpers import running
+from tests.support.ledger import record
 from tests.support.services import import_or_missing, require_port
 
 OUTBOX = str(Path(sys.executable).with_name("outbox"))
@@ -99,6 +100,7 @@ def _write(url: str) -> tuple[list[Any], list[bytes]]:
                                    Message(topic="docs", key="k", payload={"n": 1})],
                             max_payload_bytes=4 * BIG)  # fmt: skip
         conn.commit()
+        assert record(url) == 2  # numbered and recorded, as a relay does
         rows = conn.execute("SELECT id, payload FROM outbox_messages WHERE id = ANY(%s)", (ids,))
         bodies = dict(rows.fetchall())
     return ids, [bytes(bodies[i]) for i in ids]

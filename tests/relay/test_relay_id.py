@@ -91,6 +91,8 @@ def test_relay_shutdown_releases_only_its_own_claims(url: str) -> None:
         async with running(relay):
             await await_for(lambda: leased() == {"mine": "fixed"}, what="claimed")
             await asyncio.to_thread(write, url, [("t", "theirs")])
+            # in outbox_messages once this relay's ledger reader recorded it
+            await await_for(lambda: "theirs" in leased(), what="recorded")
             with psycopg.connect(url) as conn:  # the other process's claim
                 conn.execute(
                     "UPDATE outbox_messages SET lease_owner = 'fixed', lease_token = %s, "
