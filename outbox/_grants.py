@@ -100,6 +100,8 @@ _NEEDS: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         # the pages (a dead letter's payload and headers included); requeue and purge go
         # through the operator functions (_FUNCTIONS), not UPDATE or DELETE
         ("SELECT", OUTBOX_MESSAGES, None),
+        # the messages committed but not numbered yet (the backlog, `outbox trace`)
+        ("SELECT", OUTBOX_WAL_PENDING, None),
         ("SELECT", OUTBOX_RELAYS, None),
         ("SELECT", OUTBOX_CAPTURE, None),
         ("SELECT", OUTBOX_DEAD_AUDIT, None),

@@ -366,14 +366,38 @@ DELETE FROM {messages} AS m USING old WHERE m.id = old.id
 -- name: status_topics
 -- outbox_status_topics: backlog per topic (read-only, any snapshot is fine). `leased` counts
 -- leased heads: the keys being relayed now (a claim leases a key's head only, see `claim`).
+-- The messages committed but not numbered yet (the ledger, outbox_wal_pending) count as pending:
+-- their topic is read from the record's bytes (outbox/_capture.py: the topic's 4-byte length at
+-- offset 26, then the topic). A row a hostile producer made unreadable counts under '?' (the
+-- relay skips it with an error), never fails the statement: `escape` shows any byte, and a valid
+-- topic (ASCII letters, digits, . - _ /) reads as itself. A scan of the ledger, which holds a
+-- few pages in steady state.
+WITH ledger AS (
+    SELECT CASE WHEN n.len BETWEEN 1 AND 255 AND octet_length(p.record) >= 30 + n.len
+                THEN encode(substring(p.record FROM 31 FOR n.len::int4), 'escape')
+                ELSE '?' END AS topic,
+           p.written_at
+    FROM {pending} AS p
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN octet_length(p.record) >= 30 AND get_byte(p.record, 0) = 1
+                    THEN (get_byte(p.record, 26)::int8 << 24) | (get_byte(p.record, 27) << 16)
+                         | (get_byte(p.record, 28) << 8) | get_byte(p.record, 29)
+               END AS len
+    ) AS n
+),
+backlog AS (
+    SELECT m.topic, m.status, m.lease_until, m.created_at FROM {messages} AS m
+    WHERE m.status <> 'published'
+    UNION ALL
+    SELECT l.topic, 'pending', NULL, l.written_at FROM ledger AS l
+)
 SELECT topic,
        count(*) FILTER (WHERE status = 'pending') AS pending,
        count(*) FILTER (WHERE status = 'pending' AND lease_until > clock_timestamp()) AS leased,
        count(*) FILTER (WHERE status = 'dead') AS dead,
        extract(epoch FROM clock_timestamp()
                - min(created_at) FILTER (WHERE status = 'pending'))::float8 AS oldest_pending_s
-FROM {messages}
-WHERE status <> 'published'
+FROM backlog
 GROUP BY topic ORDER BY topic
 
 -- name: status_relays
