@@ -16,8 +16,10 @@ durability (fsync on, synchronous_commit on), started by this script (bench/comm
   stay, as the naive table's do, and the slot keeps the WAL.
 * ``sql_polling`` / ``sql_wal``: the same through the SQL function ``outbox_publish(...)``.
 
-Variants are interleaved in rounds so drift on a shared machine hits all of them alike; the
-median round is reported, with every round's figure, and the load average of the machine.
+Variants are interleaved in rounds (every other round in reverse order) so drift on a shared
+machine hits all of them alike. A ratio is the median over the rounds of each round's ratio
+(the variant against the naive outbox of the same round); the medians of transactions per
+second are reported too, with every round's figure and the load average of the machine.
 Run: ``python bench/write_overhead.py [--seconds S] [--rounds R]``.
 """
 
@@ -101,8 +103,11 @@ def with_sql_function(conn: psycopg.Connection[Any], rnd: random.Random) -> None
     order_id = _business(conn, rnd)
     conn.execute(
         "SELECT outbox_publish('orders', %s, %s::jsonb, headers => %s::jsonb)",
-        [order_id, json.dumps({"order_id": order_id, "total": "12.50"}),
-         '{"type": "OrderCreated"}'],
+        [
+            order_id,
+            json.dumps({"order_id": order_id, "total": "12.50"}),
+            '{"type": "OrderCreated"}',
+        ],
     )
     conn.commit()
 
@@ -165,7 +170,7 @@ def prepare_database(admin_url: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
 
     with logical_cluster("outbox-write-overhead-") as server:
@@ -183,18 +188,32 @@ def main() -> None:
         results: dict[str, Any] = {}
         for clients in (1, 4, 16):
             samples: dict[str, list[float]] = {v: [] for v in variants}
-            for _ in range(args.rounds):
-                for vname, (url, txn) in variants.items():
+            names = list(variants)
+            for r in range(args.rounds):
+                # every other round in reverse order: no variant always follows the same one
+                for vname in names if r % 2 == 0 else names[::-1]:
+                    url, txn = variants[vname]
                     samples[vname].append(run(url, txn, clients, args.seconds))
             tps = {v: statistics.median(s) for v, s in samples.items()}
+            compared = ("polling", "wal", "sql_polling", "sql_wal")
+            # The ratio of each round (the variant against the naive outbox of the same round,
+            # seconds apart), then the median of the rounds: drift between rounds on a shared
+            # machine cancels out of each ratio.
+            naive_tps = samples["naive"]
+            paired = {
+                v: statistics.median(a / b for a, b in zip(samples[v], naive_tps, strict=True))
+                for v in compared
+            }
             results[f"clients_{clients}"] = {
                 "tps": {v: round(x, 1) for v, x in tps.items()},
                 "samples": {v: [round(x, 1) for x in s] for v, s in samples.items()},
-                **{
-                    f"ratio_{v}_vs_naive": round(tps[v] / tps["naive"], 3)
-                    for v in ("polling", "wal", "sql_polling", "sql_wal")
-                },
-                "ratio_naive_vs_baseline": round(tps["naive"] / tps["baseline"], 3),
+                **{f"ratio_{v}_vs_naive": round(paired[v], 3) for v in compared},
+                "ratio_naive_vs_baseline": round(
+                    statistics.median(
+                        a / b for a, b in zip(samples["naive"], samples["baseline"], strict=True)
+                    ),
+                    3,
+                ),
             }
             print(clients, results[f"clients_{clients}"]["tps"], flush=True)
         with psycopg.connect(server.admin_url) as conn:
