@@ -104,6 +104,23 @@ def fill(url: str, topic: str, n: int, keys: int) -> None:
         conn.execute("VACUUM ANALYZE outbox_messages")  # autovacuum may be off: fresh stats
 
 
+def numbered(url: str) -> None:
+    """Number what the ledger holds into outbox_messages, as a relay's ledger reader does
+    (relay/_ledger.py): the rows a naive writer would have inserted there itself."""
+    from relay import RelayConfig
+    from relay._ledger import record_ledger
+    from relay._statements import relay_statements
+
+    async def go() -> None:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            config = RelayConfig(url, batch_size=5000)
+            await record_ledger(conn, relay_statements(None), config)
+
+    asyncio.run(go())
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE outbox_messages")
+
+
 # ---- one relay process -----------------------------------------------------------------------
 
 
@@ -400,6 +417,7 @@ def naive_drain(nats_url: str, topic: str, n: int, *, keys: int = 1000, batch: i
     name, url = create_db()
     try:
         fill(url, topic, n, keys)
+        numbered(url)  # a naive writer's rows: the table the naive relay reads
         go, out = _CTX.Event(), _CTX.Queue()
         proc = _CTX.Process(target=_naive_process, args=(url, nats_url, batch, go, out))
         proc.start()
