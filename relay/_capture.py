@@ -605,8 +605,11 @@ async def ledger_round(
     """The ids of the ledger's committed rows written at least ``older`` seconds ago, oldest
     first, for ``ROUND_BATCHES`` batches of ``limit`` at most (outbox_capture_pending_sweep)."""
     params = {"older": older, "limit": limit * ROUND_BATCHES}
-    cur = await conn.execute(stmts.capture_pending_sweep, params)
-    return [row[0] for row in await cur.fetchall()]
+    cur = conn.cursor(row_factory=dict_row)
+    return [
+        row["id"]
+        for row in await (await cur.execute(stmts.capture_pending_sweep, params)).fetchall()
+    ]
 
 
 async def ledger_rows(
