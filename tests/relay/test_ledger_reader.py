@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 
 import psycopg
 
@@ -33,10 +32,10 @@ def _in_key_order_once(log: list[tuple[str, Envelope]]) -> None:
         assert seqs == list(range(1, len(seqs) + 1)), (key, seqs)
 
 
-def test_relays_number_the_ledger_once_in_key_order_and_share_the_sending(url: str) -> None:
+def test_relays_number_the_ledger_once_in_key_order(url: str) -> None:
     """Three relays; writers commit while they run. Every message is numbered once (gapless
-    per key, in the order its key's transactions committed), published once, and the sending
-    is shared: the reader records unleased rows and wakes every relay's claim loop."""
+    per key, in the order its key's transactions committed) and published once, whichever
+    relay numbered or sent it (which one does is the scheduler's, not asserted)."""
     keys = [f"k{i}" for i in range(40)]
     log: list[tuple[str, Envelope]] = []
     pubs = [FakePublisher(log, name=f"r{i}") for i in range(3)]
@@ -54,7 +53,6 @@ def test_relays_number_the_ledger_once_in_key_order_and_share_the_sending(url: s
     assert len({e.id for _, e in log}) == 400
     _in_key_order_once(log)
     assert _ledger_rows(url) == 0
-    assert len(Counter(name for name, _ in log)) >= 2, "one relay sent everything"
 
 
 def test_a_numbering_transaction_that_stalls_is_ended_by_the_server(url: str) -> None:
