@@ -17,6 +17,7 @@ DECLARE
     v_key bytea;
     v_headers_text bytea;
     v_trace bytea;
+    v_record bytea;
     v_payload bytea;
     v_size bigint;
     v_id uuid;
@@ -130,35 +131,24 @@ BEGIN
     -- the relay numbers it per (topic, key) after commit, in commit order. The record is
     -- outbox/_capture.py's format v1.
     v_trace := coalesce(convert_to(traceparent, 'UTF8'), ''::bytea);
+    v_record := '\x01'::bytea
+        || set_byte('\x00'::bytea, 0,
+                    (idempotency_key IS NOT NULL)::int + 2 * (deliver_after IS NOT NULL)::int)
+        || uuid_send(v_id)
+        || int8send(CASE WHEN deliver_after IS NULL THEN 0 ELSE floor(extract(epoch FROM
+               clock_timestamp() + deliver_after) * 1000000)::bigint END)
+        || int4send(octet_length(v_topic)) || v_topic
+        || int4send(octet_length(v_key)) || v_key
+        || '\x000000106170706c69636174696f6e2f6a736f6e'::bytea  -- 16, application/json
+        || int4send(octet_length(v_trace)) || v_trace
+        || int4send(octet_length(v_headers_text)) || v_headers_text
+        || int4send(octet_length(v_payload)) || v_payload;
     IF idempotency_key IS NULL THEN
-        INSERT INTO {pending} (id, record) VALUES (v_id,
-            '\x01'::bytea
-            || set_byte('\x00'::bytea, 0, 2 * (deliver_after IS NOT NULL)::int)
-            || uuid_send(v_id)
-            || int8send(CASE WHEN deliver_after IS NULL THEN 0 ELSE floor(extract(epoch FROM
-                   clock_timestamp() + deliver_after) * 1000000)::bigint END)
-            || int4send(octet_length(v_topic)) || v_topic
-            || int4send(octet_length(v_key)) || v_key
-            || '\x000000106170706c69636174696f6e2f6a736f6e'::bytea  -- 16, application/json
-            || int4send(octet_length(v_trace)) || v_trace
-            || int4send(octet_length(v_headers_text)) || v_headers_text
-            || int4send(octet_length(v_payload)) || v_payload);
+        INSERT INTO {pending} (id, record) VALUES (v_id, v_record);
     ELSE
         -- the same id published again before the relay numbered it: one row (a no-op); after,
         -- the relay drops the copy (outbox_capture_known)
-        INSERT INTO {pending} (id, record) VALUES (v_id,
-            '\x01'::bytea
-            || set_byte('\x00'::bytea, 0, 1 + 2 * (deliver_after IS NOT NULL)::int)
-            || uuid_send(v_id)
-            || int8send(CASE WHEN deliver_after IS NULL THEN 0 ELSE floor(extract(epoch FROM
-                   clock_timestamp() + deliver_after) * 1000000)::bigint END)
-            || int4send(octet_length(v_topic)) || v_topic
-            || int4send(octet_length(v_key)) || v_key
-            || '\x000000106170706c69636174696f6e2f6a736f6e'::bytea  -- 16, application/json
-            || int4send(octet_length(v_trace)) || v_trace
-            || int4send(octet_length(v_headers_text)) || v_headers_text
-            || int4send(octet_length(v_payload)) || v_payload)
-        ON CONFLICT DO NOTHING;
+        INSERT INTO {pending} (id, record) VALUES (v_id, v_record) ON CONFLICT DO NOTHING;
     END IF;
     IF wakeup THEN
         -- A NOTIFY in the transaction wakes listening relays at commit. It costs a
