@@ -34,3 +34,19 @@ def test_a_message_in_the_ledger_is_traced_as_committed_not_numbered(database_ur
     numbered = _trace(database_url, str(msg_id))
     assert "seq 1" in numbered.splitlines()[0]
     assert "pending: not published yet" in numbered
+
+
+def test_status_counts_the_ledger_and_an_unreadable_row_never_fails_it(database_url: str) -> None:
+    """`outbox status` counts committed, not yet numbered messages by topic; a ledger row a
+    hostile producer made unreadable counts under '?' instead of failing the statement."""
+    from relay.admin import relay_status
+
+    with psycopg.connect(database_url) as conn:
+        publish(conn, topic="orders", key="k", payload=1)
+        conn.execute(
+            "INSERT INTO outbox_wal_pending (id, record) VALUES (gen_random_uuid(), '\\x01'), "
+            "(gen_random_uuid(), '\\x0100' || decode(repeat('00', 24), 'hex') || '\\x7fffffff')"
+        )
+        conn.commit()
+    pending = {t["topic"]: t["pending"] for t in relay_status(database_url).topics}
+    assert pending == {"orders": 1, "?": 2}
