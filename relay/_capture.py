@@ -36,7 +36,6 @@ is left behind whatever happened to the slot.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import datetime as dt
 import logging
@@ -53,8 +52,10 @@ from psycopg_pool import AsyncConnectionPool
 from outbox.envelope import Envelope
 from outbox.kit import MODE_WAL, RecordError, WalRecord, decode_record
 from relay._capture_lease import CaptureLease, fence_lapsed_holder, standby_interval
+from relay._claim import Claim, Outcome, decide
 from relay._config import RelayConfig
 from relay._dispatch import Dispatcher
+from relay._fence import BatchFence
 from relay._replication import CommittedTransaction, ReplicationStream
 from relay._retry import Backoff, retry
 from relay._slot import SlotHealth
@@ -105,8 +106,6 @@ class _Decoded:
     created_at: dt.datetime
     seq: int = 0
     status: str = "published"
-    attempts: int = 0
-    error: str | None = None
 
 
 class WalCapture:
@@ -349,7 +348,7 @@ class WalCapture:
                 lease.progress()
                 rows = await ledger_rows(lock, self._stmts, chunk)
                 if rows:
-                    total += await self._record(lock, lease, decode_rows(rows), chunk)
+                    total += await self.record(lock, lease, decode_rows(rows), chunk) or 0
             if len(ids) < limit * ROUND_BATCHES:
                 break
         return total
@@ -383,7 +382,7 @@ class WalCapture:
         # One batch is recorded (numbered, sent, written, committed) while the next one is
         # taken from the stream and decoded: its database work starts only once the batch
         # before it has committed, so a batch that rolls back never leaves its seqs to another.
-        recording: tuple[asyncio.Task[int], int] | None = None
+        recording: tuple[asyncio.Task[int | None], int] | None = None
         sweep_at = time.monotonic() + SWEEP_EVERY_SECONDS
         try:
             while not self._state.stopping:
@@ -411,7 +410,7 @@ class WalCapture:
                         continue
                 if transactions:
                     recording = (
-                        asyncio.create_task(self._record(conn, lease, batch)),
+                        asyncio.create_task(self.record(conn, lease, batch)),
                         transactions[-1].end_lsn,
                     )
                     continue  # nothing taken from the stream is confirmed before it is recorded
@@ -436,19 +435,20 @@ class WalCapture:
                 recording[0].cancel()
                 await asyncio.gather(recording[0], return_exceptions=True)
 
-    async def _record(
+    async def record(
         self,
         conn: psycopg.AsyncConnection[Any],
-        lease: CaptureLease,
+        fence: BatchFence,
         batch: list[_Decoded],
         pending_ids: list[uuid.UUID] | None = None,
-    ) -> int:
+    ) -> int | None:
         """Number and record one batch (committed on disk), then send it and mark what the
-        broker took, on the lock's session (module docstring), under the lease. ``pending_ids``:
-        the pending rows to delete (default: the batch's). Returns how many were recorded."""
+        broker took, on ``conn`` (module docstring), under ``fence`` (the capture lease, or in
+        'polling' mode the ledger's: relay/_fence.py). ``pending_ids``: the ledger rows to
+        delete (default: the batch's). Returns how many were recorded; None when the fence
+        refused (another relay numbers: nothing was done)."""
         started = time.perf_counter()
         stmts = self._stmts
-        metrics = self._dispatcher.metrics
         ids = [d.record.id for d in batch]
         doomed = ids if pending_ids is None else pending_ids
         if not doomed:
@@ -456,41 +456,59 @@ class WalCapture:
         token = uuid.uuid4()
         to_send: list[_Decoded] = []
         async with conn.transaction():
-            batch, waiting = await number_batch(conn, stmts, self._config, batch, doomed, lease)
+            if not await fence.enter(conn):
+                return None
+            batch, waiting = await number_batch(conn, stmts, self._config, batch, doomed, fence)
             if batch:
                 to_send = self._hold_back(batch, waiting)
                 await store_batch(conn, stmts, self._config, batch, token, send=True)
-            lease.check()  # a lapsed lease commits nothing
-        lease.progress()
+            fence.check()  # a lapsed lease commits nothing
+        fence.progress()
         if to_send:
-            results, unreachable = await self._dispatcher.publish(
-                [_envelope(d) for d in to_send],
-                lease.publish_deadline(self._config.publish_timeout),
-            )
-            lease.progress()
-            if unreachable and results:
-                # The broker is down: the polling loop pauses too, and the messages wait for
-                # it as pending rows. An outage is never a message's attempt (as in polling).
-                self._dispatcher.pause(results[0])
-            unsent = _unsent(to_send, results, unreachable)
-            gone = {d.record.id for d in unsent}
-            sent = [d.record.id for d in to_send if d.record.id not in gone]
-            async with conn.pipeline():
-                if sent:
-                    await conn.execute(stmts.capture_published, {"ids": sent, "token": token})
-                if unsent:
-                    await conn.execute(stmts.capture_unsent, _unsent_params(unsent, token))
-            lease.progress()
-        published = collections.Counter(d.record.topic for d in batch if d.status == "published")
-        failed = collections.Counter(d.record.topic for d in batch if d.error is not None)
-        for topic, n in published.items():
-            metrics.published.labels(topic).inc(n)
-        for topic, n in failed.items():
-            metrics.failed.labels(topic).inc(n)
-        metrics.batch_seconds.observe(time.perf_counter() - started)
+            await self._send(conn, fence, to_send, token)
         if any(d.status == "pending" for d in batch):
-            self._state.wake.set()  # the polling loop has work
+            # the claim loops have work: this relay's at once, the others' on the write counter
+            await conn.execute(stmts.capture_recorded)
+            self._state.wake.set()
+        self._dispatcher.metrics.batch_seconds.observe(time.perf_counter() - started)
         return len(batch)
+
+    async def _send(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        fence: BatchFence,
+        to_send: list[_Decoded],
+        token: uuid.UUID,
+    ) -> None:
+        """Send the recorded batch's messages and settle each as a claim's would be (one
+        decision for both paths: relay/_claim.py ``decide``), fenced by the batch's token."""
+        dispatcher = self._dispatcher
+        envelopes = [_envelope(d) for d in to_send]
+        deadline = fence.publish_deadline(self._config.publish_timeout)
+        results, unreachable = await dispatcher.publish(envelopes, deadline)
+        fence.progress()
+        sent = Claim(token, envelopes, [1] * len(envelopes), deadline)
+        if unreachable and results:
+            # The broker is down: the polling loop pauses too, and the messages wait for it
+            # as pending rows. An outage is never a message's attempt (as in polling).
+            dispatcher.pause(results[0])
+            outcomes = [Outcome(e.id, "release") for e in envelopes]
+        else:
+            outcomes = decide(sent, results, self._config)
+        settled = {o.id: o for o in outcomes}
+        published = [o.id for o in outcomes if o.action == "published"]
+        unsent = [o for o in outcomes if o.action != "published"]
+        async with conn.pipeline():
+            if published:
+                params = {"ids": published, "token": token}
+                await conn.execute(self._stmts.capture_published, params)
+            if unsent:
+                await conn.execute(self._stmts.capture_unsent, _unsent_params(unsent, token))
+        fence.progress()
+        for d in to_send:
+            if settled[d.record.id].action != "published":
+                d.status = "pending"
+        dispatcher.count(sent, outcomes)
 
     def _hold_back(self, batch: list[_Decoded], waiting: set[tuple[str, str]]) -> list[_Decoded]:
         """The messages to send now; the others become pending, and so do their keys' later
@@ -516,7 +534,7 @@ async def number_batch(
     config: RelayConfig,
     batch: list[_Decoded],
     doomed: list[uuid.UUID],
-    lease: CaptureLease | None,
+    lease: BatchFence | None,
 ) -> tuple[list[_Decoded], set[tuple[str, str]]]:
     """In the batch's transaction: drop the ids that already have a row, delete the batch's
     ledger rows, number the rest per key. Returns what is left and the keys with an earlier row
@@ -668,32 +686,17 @@ def _decode(transactions: list[CommittedTransaction]) -> list[_Decoded]:
     return out
 
 
-def _unsent(
-    sent: list[_Decoded], results: list[BaseException | None], unreachable: bool
-) -> list[_Decoded]:
-    """The sent messages the broker did not take, now pending for the polling loop (which
-    retries them with the relay's backoff and dead letters), and their keys' later messages of
-    the batch, which stay behind them."""
-    failed_keys: set[tuple[str, str]] = set()
-    unsent: list[_Decoded] = []
-    for d, result in zip(sent, results, strict=True):
-        key = (d.record.topic, d.record.key)
-        if result is not None or key in failed_keys:
-            failed_keys.add(key)
-            d.status = "pending"
-            if result is not None:
-                d.attempts = 0 if unreachable else 1
-                d.error = f"{type(result).__name__}: {result}"
-            unsent.append(d)
-    return unsent
-
-
-def _unsent_params(unsent: list[_Decoded], token: uuid.UUID) -> dict[str, Any]:
+def _unsent_params(unsent: list[Outcome], token: uuid.UUID) -> dict[str, Any]:
+    """The rows of ``outbox_capture_unsent``: a refused send counts its attempt (dead at once
+    when permanent or the last allowed), the rest of its key and every send of an outage count
+    none (released)."""
     return {
         "token": token,
-        "ids": [d.record.id for d in unsent],
-        "attempts": [d.attempts for d in unsent],
-        "errors": [d.error for d in unsent],
+        "ids": [o.id for o in unsent],
+        "dead": [o.action == "dead" for o in unsent],
+        "attempts": [0 if o.action == "release" else 1 for o in unsent],
+        "errors": [o.error for o in unsent],
+        "delays": [o.delay for o in unsent],
     }
 
 

@@ -82,6 +82,11 @@ class CaptureLease:
         #: the watchdog ended the lease: the loop was stuck
         self.stalled = False
 
+    async def enter(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """A batch's transaction starts (the lock is this relay's while the lease holds: the
+        numbering pipeline checks it, :meth:`send_check_in`)."""
+        return True
+
     def progress(self) -> None:
         """The capture loop made a step: the heartbeat may renew the lease."""
         self._progress = time.monotonic()

@@ -153,7 +153,7 @@ class Dispatcher:
             return
         outcomes = decide(alo, alo_results, self.config)
         await self.mark(pool, claim, outcomes)
-        self._count(alo, outcomes)
+        self.count(alo, outcomes)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
         lost = [r for r in results if isinstance(r, BrokerUnreachableError)]
         if lost:  # the connection dropped during the batch: those rows were released
@@ -285,7 +285,8 @@ class Dispatcher:
                 self.metrics.failed.labels(env.topic).inc()
                 log.warning("relay: at-most-once message %s lost: %s", env.id, by_id[env.id])
 
-    def _count(self, claim: Claim, outcomes: list[Outcome]) -> None:
+    def count(self, claim: Claim, outcomes: list[Outcome]) -> None:
+        """Count a settled claim's (or a captured batch's sends') outcomes, and log the dead."""
         topics = {e.id: e.topic for e in claim.envelopes}
         published = collections.Counter(topics[o.id] for o in outcomes if o.action == "published")
         for topic, n in published.items():

@@ -185,11 +185,12 @@ class Relay:
             await self._start_publisher(pool)
             self.ready.set()
             # 'wal' mode: stream the slot too (it waits while the database polls)
-            self.capture = WalCapture(self.config, pool, self.stmts, self.dispatcher, self.state)
-            self._capture_task = asyncio.create_task(self.capture.run())
+            capture = WalCapture(self.config, pool, self.stmts, self.dispatcher, self.state)
+            self.capture = capture
+            self._capture_task = asyncio.create_task(capture.run())
             background.append(self._capture_task)
             # 'polling' mode: number what the ledger holds (it waits while the slot streams)
-            reader = LedgerReader(self.config, pool, self.stmts, self.state)
+            reader = LedgerReader(self.config, pool, self.stmts, self.state, capture)
             background.append(asyncio.create_task(reader.run()))
             await self._loop(pool)
         finally:

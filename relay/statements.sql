@@ -678,13 +678,20 @@ SET LOCAL synchronous_commit = on
 
 -- name: capture_unsent
 -- outbox_capture_unsent: sends of the batch the broker did not take, and their keys' later
--- messages of the batch, lose the batch's lease: the polling loop retries them in order, with
--- the broker's error and the attempt it counts (none during an outage). Fenced by the token
--- as outbox_capture_published. A primary-key probe per id; rare.
+-- messages of the batch, lose the batch's lease, settled as a claim's would be (relay/_claim.py
+-- decide): a refusal counts its attempt and is retried after its backoff by the polling loop,
+-- or is dead at once (permanent, or its last allowed attempt); the rest of its key and every
+-- send of an outage count none. Fenced by the token as outbox_capture_published. A
+-- primary-key probe per id; rare.
 UPDATE {messages} AS m
-   SET attempts = u.attempts, last_error = u.error,
+   SET status = CASE WHEN u.dead THEN 'dead' ELSE 'pending' END,
+       attempts = u.attempts, last_error = coalesce(u.error, m.last_error),
+       available_at = CASE WHEN u.delay > 0
+                           THEN clock_timestamp() + u.delay * interval '1 second'
+                           ELSE m.available_at END,
        lease_owner = NULL, lease_token = NULL, lease_until = NULL
-  FROM unnest(%(ids)b::uuid[], %(attempts)b::int4[], %(errors)b::text[]) AS u(id, attempts, error)
+  FROM unnest(%(ids)b::uuid[], %(dead)s::bool[], %(attempts)b::int4[], %(errors)b::text[],
+              %(delays)s::float8[]) AS u(id, dead, attempts, error, delay)
  WHERE m.id = u.id AND m.lease_token = %(token)s::uuid
 
 -- name: capture_slot

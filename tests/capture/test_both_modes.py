@@ -125,6 +125,38 @@ def test_retries_then_dead_letters_by_policy_keeping_key_order(mode_url: str) ->
     assert b[1][:2] == (2, "pending")  # held behind its dead predecessor, never marked
 
 
+def test_a_permanent_refusal_is_dead_at_its_first_attempt(mode_url: str) -> None:
+    """The relay that numbers a batch sends it in both modes; a refusal there is settled as a
+    claim's would be: one attempt, dead at once when permanent, its error stored masked."""
+    tries: Counter[str] = Counter()
+
+    def fail(env: Envelope) -> BaseException | None:
+        tries[env.key] += 1
+        if env.key == "bad":
+            return PermanentPublishError("refused by amqp://user:hunter2@broker")
+        return None
+
+    pub = FakePublisher()
+    pub.fail = fail
+    relay = Relay(config(mode_url, topics={"t": TopicPolicy(on_dead="skip")}), pub)
+
+    async def go() -> None:
+        async with running(relay):
+            write(mode_url, [("t", "bad"), ("t", "good")])
+            await await_for(lambda: statuses(mode_url).get("dead") == 1, 20, "bad dead")
+            await await_for(lambda: published(mode_url) == 1, 20, "good published")
+
+    asyncio.run(go())
+    assert tries["bad"] == 1  # never sent again
+    with psycopg.connect(mode_url) as conn:
+        row = conn.execute(
+            "SELECT attempts, last_error FROM outbox_messages WHERE key = 'bad'"
+        ).fetchone()
+    assert row is not None
+    assert row[0] == 1
+    assert "hunter2" not in row[1] and "PermanentPublishError" in row[1]
+
+
 def test_an_outage_loses_nothing_and_counts_no_attempt(mode_url: str) -> None:
     pub = FakePublisher()
     pub.down = RetryablePublishError("connection refused")
