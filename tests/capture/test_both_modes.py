@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from outbox import Message, publish_batch
 from outbox.envelope import Envelope
@@ -148,13 +149,14 @@ def test_a_permanent_refusal_is_dead_at_its_first_attempt(mode_url: str) -> None
 
     asyncio.run(go())
     assert tries["bad"] == 1  # never sent again
-    with psycopg.connect(mode_url) as conn:
+    with psycopg.connect(mode_url, row_factory=dict_row) as conn:
         row = conn.execute(
             "SELECT attempts, last_error FROM outbox_messages WHERE key = 'bad'"
         ).fetchone()
     assert row is not None
-    assert row[0] == 1
-    assert "hunter2" not in row[1] and "PermanentPublishError" in row[1]
+    assert row["attempts"] == 1
+    assert "hunter2" not in row["last_error"]
+    assert "PermanentPublishError" in row["last_error"]
 
 
 def test_an_outage_loses_nothing_and_counts_no_attempt(mode_url: str) -> None:
