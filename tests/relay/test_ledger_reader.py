@@ -11,6 +11,7 @@ import asyncio
 import time
 
 import psycopg
+from psycopg.rows import dict_row
 
 from outbox.envelope import Envelope
 from relay import Relay
@@ -129,3 +130,27 @@ def test_a_backlog_of_several_rounds_is_numbered_in_write_order(url: str) -> Non
         expected[key] = expected.get(key, 0) + 1
         assert seq_of[msg_id] == (key, expected[key])
     assert _ledger_rows(url) == 0
+
+
+def test_the_relay_that_numbers_a_batch_sends_it(url: str) -> None:
+    """In 'polling' mode the numbering relay sends what it numbered, as the streaming relay
+    does in 'wal' mode, instead of leaving it to a claim: a claim counts its attempt on each
+    row it leases (outbox_claim_batch), a batch sent by its numbering relay counts none. Two
+    relays: every message is published once, in key order, and none went through a claim."""
+    keys = [f"k{i}" for i in range(20)]
+    log: list[tuple[str, Envelope]] = []
+    relays = [Relay(config(url, batch_size=50), FakePublisher(log, name=f"r{i}")) for i in (1, 2)]
+
+    async def go() -> None:
+        async with running(*relays):
+            # one message per key: none waits behind another relay's batch for the claims
+            await asyncio.to_thread(write, url, [("orders", k) for k in keys], numbered=False)
+            await await_for(lambda: len(log) == 20, what="all 20 published")
+
+    asyncio.run(go())
+    _in_key_order_once(log)
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        claimed = conn.execute(
+            "SELECT count(*) AS n FROM outbox_messages WHERE attempts <> 0"
+        ).fetchone()
+    assert claimed == {"n": 0}
