@@ -487,6 +487,9 @@ class WalCapture:
         deadline = fence.publish_deadline(self._config.publish_timeout)
         results, unreachable = await dispatcher.publish(envelopes, deadline)
         fence.progress()
+        # a refused destination (a topic outside the grammar included) pauses its topic here
+        # as on the claim path: its later messages wait as pending instead of each being tried
+        dispatcher.note_destinations(envelopes, results)
         sent = Claim(token, envelopes, [1] * len(envelopes), deadline)
         if unreachable and results:
             # The broker is down: the polling loop pauses too, and the messages wait for it
@@ -516,11 +519,14 @@ class WalCapture:
         now = dt.datetime.now(dt.UTC)
         # while the broker is down (the relay pauses), nothing is tried: all wait as pending
         paused = self._dispatcher.paused_until > time.monotonic()
+        # a topic whose destination refuses messages waits for the claim loop's probe
+        refused = set(self._dispatcher.destinations.paused())
         send: list[_Decoded] = []
         for d in batch:
             key = (d.record.topic, d.record.key)
             due = d.record.available_at is None or d.record.available_at <= now
-            if key in waiting or not due or paused or self._dispatcher.at_most_once(d.record.topic):
+            held = paused or d.record.topic in refused or self._dispatcher.at_most_once(key[0])
+            if key in waiting or not due or held:
                 d.status = "pending"
                 waiting.add(key)
             else:

@@ -136,7 +136,7 @@ class Dispatcher:
         results (``results`` of ``to_send``: every row sent, at-most-once ones included)."""
         if any(r is None for r in results):
             self._failing_keys.clear()  # the broker acknowledged something: it is up
-        self._note_destinations(to_send, results)
+        self.note_destinations(to_send, results)
         # A destination that refuses messages is one topic's configuration, not an outage:
         # those rows are released by decide() and only their topic is paused.
         rest = [
@@ -241,10 +241,11 @@ class Dispatcher:
             log.warning("relay: %d rows were no longer ours (lease taken over); not marked", fenced)
         return marked
 
-    def _note_destinations(
+    def note_destinations(
         self, sent: Sequence[Envelope], results: Sequence[BaseException | None]
     ) -> None:
-        """Pause the topics whose destination refused messages; resume those that took one."""
+        """Pause the topics whose destination refused messages; resume those that took one (a
+        claim's sends, or a captured batch's)."""
         refused: dict[str, BaseException] = {}
         for env, result in zip(sent, results, strict=True):
             if result is None:

@@ -10,7 +10,9 @@ operator's tools (status, dead letters, retention) reading the same rows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import uuid
 from collections import Counter, defaultdict
 
 import psycopg
@@ -18,6 +20,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from outbox import Message, publish_batch
+from outbox._capture import encode_record
 from outbox.envelope import Envelope
 from relay import PermanentPublishError, Relay, RetryablePublishError, TopicPolicy
 from relay.admin import DeadFilter, dead_list, dead_retry, delete_published, relay_status
@@ -234,3 +237,69 @@ def test_relay_to_nats_jetstream_in_commit_order(mode_url: str) -> None:
 
     seen = asyncio.run(go())
     assert seen == seqs_by_key(mode_url)  # each once, in seq order, as numbered in the table
+
+
+def _steer_from_the_ledger(url: str, topic: str, keys: list[str]) -> None:
+    """Rows of ``topic`` inserted straight into the ledger, as a role that may insert there
+    could: publish() and outbox_publish() refuse such a topic, the relay reads what is there."""
+    with psycopg.connect(url) as conn:
+        for key in keys:
+            msg_id = uuid.uuid4()
+            record = encode_record(
+                msg_id, topic, key, "application/json", None, "{}", b"{}", None, False
+            )
+            conn.execute(
+                "INSERT INTO outbox_wal_pending (id, record) VALUES (%s, %s)", (msg_id, record)
+            )
+
+
+def test_a_topic_written_straight_into_the_ledger_cannot_steer_the_broker(
+    mode_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay that numbers a batch sends it, so a row of the ledger whose topic is the
+    JetStream admin API reaches the send path without a claim: it is refused before anything
+    is sent, its topic pauses there (its later rows wait, untried), other topics flow."""
+    require_port(4222, "NATS", "start nats-server -js on 127.0.0.1:4222")
+    victim = f"VICTIM_{uuid.uuid4().hex[:10]}"
+    steering = f"$JS.API.STREAM.DELETE.{victim}"
+    tries: Counter[str] = Counter()
+
+    async def go() -> int:
+        async with nats_stream() as (js, _stream, subject):
+            await js.add_stream(name=victim, subjects=[f"{victim.lower()}.>"])
+            await js.publish(f"{victim.lower()}.x", b"kept")
+            publisher = publisher_for_url(
+                "nats://127.0.0.1:4222", destinations={"t": subject}, timeout=1.5
+            )
+            sending = publisher.publish_batch
+
+            async def counted(envelopes: list[Envelope]) -> list[BaseException | None]:
+                tries.update(e.topic for e in envelopes)
+                return await sending(envelopes)
+
+            monkeypatch.setattr(publisher, "publish_batch", counted)
+            # a pause of 15 s or more: the claim loop's probe cannot come within the test
+            relay = Relay(config(mode_url, backoff_base=30.0, backoff_max=30.0), publisher)
+            try:
+                async with running(relay):
+                    snapshot = relay.dispatcher.destinations.snapshot
+                    _steer_from_the_ledger(mode_url, steering, ["h0"])
+                    await await_for(lambda: steering in snapshot(), 20, "the topic's pause")
+                    _steer_from_the_ledger(mode_url, steering, [f"h{i}" for i in range(1, 6)])
+                    write(mode_url, [("t", "good")])
+                    await await_for(lambda: published(mode_url) == 1, 20, "the good message")
+                    await await_for(lambda: statuses(mode_url).get("pending") == 6, 20, "rows")
+                    pause = snapshot()[steering]
+                info = await js.stream_info(victim)  # NotFoundError had it been deleted
+                return int(info.state.messages) if "not a name" in pause["reason"] else -1
+            finally:
+                with contextlib.suppress(Exception):  # cleanup; the assertions are the test
+                    await js.delete_stream(victim)
+
+    assert asyncio.run(go()) == 1  # the victim stream is intact, with its message
+    assert tries[steering] == 1  # refused once; the paused topic's later rows were not tried
+    with psycopg.connect(mode_url, row_factory=dict_row) as conn:
+        rows = conn.execute(
+            "SELECT status, attempts FROM outbox_messages WHERE topic = %s", (steering,)
+        ).fetchall()
+    assert rows == [{"status": "pending", "attempts": 0}] * 6  # untried, uncharged
