@@ -264,7 +264,7 @@ def test_a_topic_written_straight_into_the_ledger_cannot_steer_the_broker(
     steering = f"$JS.API.STREAM.DELETE.{victim}"
     tries: Counter[str] = Counter()
 
-    async def go() -> int:
+    async def go() -> tuple[int, int]:
         async with nats_stream() as (js, _stream, subject):
             await js.add_stream(name=victim, subjects=[f"{victim.lower()}.>"])
             await js.publish(f"{victim.lower()}.x", b"kept")
@@ -290,14 +290,18 @@ def test_a_topic_written_straight_into_the_ledger_cannot_steer_the_broker(
                     await await_for(lambda: published(mode_url) == 1, 20, "the good message")
                     await await_for(lambda: statuses(mode_url).get("pending") == 6, 20, "rows")
                     pause = snapshot()[steering]
+                    # read before the pause (15 s or more) can end and the claim loop probe
+                    sends = tries[steering]
                 info = await js.stream_info(victim)  # NotFoundError had it been deleted
-                return int(info.state.messages) if "not a name" in pause["reason"] else -1
+                assert "not a name" in pause["reason"]
+                return int(info.state.messages), sends
             finally:
                 with contextlib.suppress(Exception):  # cleanup; the assertions are the test
                     await js.delete_stream(victim)
 
-    assert asyncio.run(go()) == 1  # the victim stream is intact, with its message
-    assert tries[steering] == 1  # refused once; the paused topic's later rows were not tried
+    kept, sends = asyncio.run(go())
+    assert kept == 1  # the victim stream is intact, with its message
+    assert sends == 1  # refused once; the paused topic's later rows were not tried
     with psycopg.connect(mode_url, row_factory=dict_row) as conn:
         rows = conn.execute(
             "SELECT status, attempts FROM outbox_messages WHERE topic = %s", (steering,)
