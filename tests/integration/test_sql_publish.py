@@ -6,6 +6,8 @@ wrote, and a trigger that publishes with the business row."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import json
 import uuid
 from typing import Any
 
@@ -13,8 +15,10 @@ import psycopg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from psycopg.rows import dict_row
 
 from outbox import publish
+from outbox._capture import decode_record
 from outbox._ids import id_from_idempotency_key
 from relay import Relay
 from relay.brokers.memory import MemoryPublisher
@@ -57,6 +61,51 @@ def test_uuid_v7_is_version_7_and_time_ordered(shared_url: str) -> None:
     millis = [i.int >> 80 for i in ids]
     assert millis == sorted(millis)
     assert len(set(ids)) == 50
+
+
+def test_outbox_publish_writes_the_record_publish_writes(database_url: str) -> None:
+    """Every field of the ledger's record as the relay decodes it, and a UUIDv7 id made at the
+    call: time-ordered, version 7, RFC 4122 variant, its milliseconds the call's."""
+    calls = [
+        ("orders", "k1", '{"n": 1}', '{"x-type": "Created"}', None, None),
+        ("orders", "k2", "[1, 2]", "{}", "PT2S", "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"),
+        ("a/b.c-d_e", "é ü", '"text"', '{"x-a": "1", "x-b": "2"}', None, None),
+    ] * 20
+    before = dt.datetime.now(dt.UTC)
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        ids = []
+        for topic, key, payload, headers, delay, trace in calls:
+            row = conn.execute(
+                "SELECT outbox_publish(%s, %s, %s::jsonb, headers => %s::jsonb, "
+                "deliver_after => %s::interval, traceparent => %s) AS id",
+                (topic, key, payload, headers, delay, trace),
+            ).fetchone()
+            assert row is not None
+            ids.append(row["id"])
+        conn.commit()
+        rows = conn.execute("SELECT id, record FROM outbox_wal_pending").fetchall()
+    after = dt.datetime.now(dt.UTC)
+    assert {i.version for i in ids} == {7}
+    assert {i.variant for i in ids} == {uuid.RFC_4122}
+    millis = [i.int >> 80 for i in ids]
+    assert millis == sorted(millis)
+    assert before.timestamp() * 1000 - 1 <= millis[0] <= millis[-1] <= after.timestamp() * 1000
+    assert len(set(ids)) == len(calls)
+    decoded = {r["id"]: decode_record(bytes(r["record"])) for r in rows}
+    assert set(decoded) == set(ids)
+    for msg_id, (topic, key, payload, headers, delay, trace) in zip(ids, calls, strict=True):
+        rec = decoded[msg_id]
+        assert (rec.id, rec.topic, rec.key, rec.traceparent) == (msg_id, topic, key, trace)
+        assert rec.content_type == "application/json"
+        assert not rec.idempotent
+        assert json.loads(rec.payload) == json.loads(payload)
+        assert json.loads(rec.headers) == json.loads(headers)
+        if delay is None:
+            assert rec.available_at is None
+        else:
+            assert rec.available_at is not None
+            assert before + dt.timedelta(seconds=2) <= rec.available_at
+            assert rec.available_at <= after + dt.timedelta(seconds=2)
 
 
 def test_sql_and_python_writers_share_one_gapless_sequence(database_url: str) -> None:

@@ -41,6 +41,7 @@ RELEASED = {
     "outbox_publish.outbox_0017.sql": "026808d11dc77c29",
     "outbox_publish.outbox_0018.sql": "98b2825cc464a8ea",
     "outbox_publish.outbox_0024.sql": "a502e5ff520ec8c2",
+    "outbox_publish.outbox_0025.sql": "5492621f5ee87b49",
     "outbox_sha1.outbox_0009.sql": "8a762f9aa2ef5bf9",
     "outbox_uuid_v7.outbox_0009.sql": "7458a22989ecb96b",
 }
