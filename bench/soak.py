@@ -1,13 +1,15 @@
-"""The durable record stays bounded: a soak in 'wal' mode with the relay and retention running.
+"""The durable record stays bounded: a soak with the relay and retention running.
 
-    python bench/soak.py                      # 30 minutes; writes bench/results/soak.json
+    python bench/soak.py                      # 30 minutes, 'wal'; writes bench/results/soak.json
+    python bench/soak.py --mode polling       # writes bench/results/soak_polling.json
     python bench/soak.py --minutes 5 --clients 4
 
 On a private PostgreSQL cluster (wal_level = logical, the server's default durability and
-autovacuum; bench/common.py), in 'wal' capture mode: ``--clients`` writer threads commit one
-message per transaction as fast as they can (the machine's sustained write rate) while one
-relay (a no-op publisher, so the database does all the work) streams the slot, records each
-message and deletes its ``outbox_wal_pending`` row, and deletes published rows older than
+autovacuum; bench/common.py), in the ``--mode`` capture mode: ``--clients`` writer threads
+commit one message per transaction as fast as they can (the machine's sustained write rate)
+while one relay (a no-op publisher, so the database does all the work) streams the slot (in
+'polling' mode: reads the ledger), records and sends each message and deletes its
+``outbox_wal_pending`` row, and deletes published rows older than
 ``--retention-seconds`` every ``--retention-interval`` seconds. Every ``--sample-seconds`` it
 records the write rate, the sizes (with TOAST and indexes) and live and dead tuples of
 ``outbox_wal_pending`` and ``outbox_messages``, and how many messages wait in the pending
@@ -58,14 +60,37 @@ class _NoopPublisher:
         return None
 
 
-def _writer(url: str, stop: threading.Event, counts: list[int], i: int) -> None:
+def _writer(
+    url: str, stop: threading.Event, room: threading.Event, counts: list[int], i: int
+) -> None:
     with psycopg.connect(url) as conn:
         n = 0
         while not stop.is_set():
+            room.wait(1.0)  # held back while the relay is --max-waiting messages behind
+            if not room.is_set():
+                continue
             publish(conn, topic="soak", key=f"k{(i * 7919 + n) % 1000}", payload={"n": n})
             conn.commit()
             n += 1
             counts[i] = n
+
+
+def _gate(url: str, stop: threading.Event, room: threading.Event, limit: int) -> float:
+    """Hold the writers back while more than ``limit`` messages wait for the relay, until half
+    of them are recorded: the writers then commit at the rate the relay sustains. Returns the
+    seconds they were held back."""
+    held = 0.0
+    with psycopg.connect(url, autocommit=True) as conn:
+        while not stop.wait(0.25):
+            row = conn.execute("SELECT count(*) FROM outbox_wal_pending").fetchone()
+            waiting = int(row[0]) if row else 0
+            if waiting > limit:
+                room.clear()
+            elif waiting <= limit // 2:
+                room.set()
+            if not room.is_set():
+                held += 0.25
+    return held
 
 
 def _sample(url: str) -> dict[str, Any]:
@@ -88,7 +113,7 @@ def _sample(url: str) -> dict[str, Any]:
     return out
 
 
-async def _soak(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+async def _soak(url: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], float]:
     config = RelayConfig(
         database_url=url,
         retention_seconds=args.retention_seconds,
@@ -97,13 +122,18 @@ async def _soak(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     )
     relay = Relay(config, _NoopPublisher())
     task = asyncio.create_task(relay.run())
-    stop = threading.Event()
+    stop, room = threading.Event(), threading.Event()
+    room.set()
     counts = [0] * args.clients
     writers = [
-        threading.Thread(target=_writer, args=(url, stop, counts, i)) for i in range(args.clients)
+        threading.Thread(target=_writer, args=(url, stop, room, counts, i))
+        for i in range(args.clients)
     ]
     for t in writers:
         t.start()
+    gate = None
+    if args.max_waiting:
+        gate = asyncio.create_task(asyncio.to_thread(_gate, url, stop, room, args.max_waiting))
     samples: list[dict[str, Any]] = []
     started = time.monotonic()
     last_total, last_at = 0, started
@@ -119,11 +149,13 @@ async def _soak(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             print(sample, flush=True)
     finally:
         stop.set()
+        room.set()
         for t in writers:
             await asyncio.to_thread(t.join)
+        held = await gate if gate is not None else 0.0
         relay.stop()
         await task
-    return samples
+    return samples, held
 
 
 def _third(samples: list[dict[str, Any]], which: int, table: str, field: str) -> float:
@@ -134,19 +166,27 @@ def _third(samples: list[dict[str, Any]], which: int, table: str, field: str) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("wal", "polling"), default="wal")
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--sample-seconds", type=float, default=30.0)
     parser.add_argument("--retention-seconds", type=float, default=120.0)
     parser.add_argument("--retention-interval", type=float, default=30.0)
+    parser.add_argument(
+        "--max-waiting",
+        type=int,
+        default=0,
+        help="hold the writers back while more messages than this wait for the relay (0: never)",
+    )
     args = parser.parse_args()
     with logical_cluster("outbox-soak-") as server:
         with psycopg.connect(server.admin_url, autocommit=True) as conn:
             conn.execute("CREATE DATABASE soak")
         url = server.url("soak")
         upgrade(url)
-        enable_capture(url)
-        samples = asyncio.run(_soak(url, args))
+        if args.mode == "wal":
+            enable_capture(url)
+        samples, held = asyncio.run(_soak(url, args))
     summary = {
         table: {
             field: {
@@ -158,13 +198,12 @@ def main() -> None:
         for table in _TABLES
     }
     path = write_result(
-        "soak",
+        "soak" if args.mode == "wal" else f"soak_{args.mode}",
         {
             "config": vars(args),
             "summary": summary,
-            "writes_per_second_median": statistics.median(
-                s["writes_per_second"] for s in samples
-            ),
+            "writers_held_back_seconds": held,
+            "writes_per_second_median": statistics.median(s["writes_per_second"] for s in samples),
             "samples": samples,
         },
     )

@@ -5,13 +5,20 @@ next to nothing and what is left is the server's work.
 Side by side in one run, on the machine's PostgreSQL, at 1, 4 and 16 clients, in rounds:
 
 * ``baseline``: BEGIN, INSERT one ~300-byte business row, COMMIT;
-* ``naive``: the same plus one plain INSERT into a bigserial outbox table;
+* ``naive``: the same plus one plain INSERT of a row of the naive outbox (a random id);
 * ``ledger``: the same plus the statement ``publish()`` runs for one message in both capture
   modes (outbox/statements.sql, outbox_ledger_insert_one: one row of outbox_wal_pending, the
-  message's id and its record, as ``publish()`` encodes it for the bench's message).
+  message's id and its record, as ``publish()`` encodes it for the bench's message);
+* ``sql``: the same transaction through the SQL function ``outbox_publish(...)`` (the same
+  message, its headers included): the server validates, makes the id and builds the record;
+* ``sql_0024``: the same through ``outbox_publish`` as migration outbox_0024 wrote it (one
+  statement per rule and per field), installed beside it as ``bench_outbox_publish_0024``;
+* ``plpgsql_floor``: the same call to ``bench_plpgsql_floor``, a PL/pgSQL function of the same
+  signature that only inserts one ledger row (a random id, the payload's text as its record):
+  no rule, no UUIDv7, no record. What any PL/pgSQL writer costs at least.
 
-Reported: transactions per second (medians) and ledger / naive. A ratio below 1 here is the
-design's own cost on the server, whatever the client.
+Reported: transactions per second (medians) and each variant / naive. A ratio below 1 here is
+the design's own cost on the server, whatever the client.
 Run: ``python bench/write_floor.py [--url URL] [--seconds S] [--rounds R]``.
 """
 
@@ -37,14 +44,15 @@ from write_overhead import _with_db, prepare_database
 from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, prepare_fields
 from outbox._publish_common import Batch
 from outbox._statements import producer_statements
+from outbox_migrations import function_sql, schema_names
 
 _BUSINESS = (
     "INSERT INTO bench_orders (id, customer, total, notes) VALUES "
     "(gen_random_uuid(), 'customer-' || (random() * 10000)::int, 12.50, repeat('x', 260));"
 )
 _NAIVE = (
-    "INSERT INTO bench_naive_outbox (topic, key, payload) VALUES "
-    "('orders', md5(:k::text), '{\"order_id\": \"x\", \"total\": \"12.50\"}');"
+    "INSERT INTO bench_naive_outbox (id, topic, key, payload) VALUES (gen_random_uuid(), "
+    "'orders', md5(:k::text), '{\"order_id\": \"x\", \"total\": \"12.50\"}');"
 )
 
 
@@ -65,11 +73,46 @@ def _script(*statements: str) -> str:
     return "\n".join(["\\set k random(1, 2000000000)", "BEGIN;", *statements, "COMMIT;", ""])
 
 
+def _sql(function: str) -> str:
+    return (
+        f"SELECT {function}('orders', md5(:k::text), '{{\"order_id\": \"x\", "
+        "\"total\": \"12.50\"}', headers => '{\"type\": \"OrderCreated\"}');"
+    )
+
+
+#: outbox_0024's text of outbox_publish, under another name: the same run measures both
+_PREVIOUS = "bench_outbox_publish_0024"
+_FLOOR = "bench_plpgsql_floor"
+_FLOOR_SQL = f"""
+CREATE FUNCTION {_FLOOR}(topic text, key text, payload jsonb, headers jsonb DEFAULT '{{}}',
+    idempotency_key text DEFAULT NULL, deliver_after interval DEFAULT NULL,
+    traceparent text DEFAULT NULL, max_payload_bytes integer DEFAULT 1048576,
+    wakeup boolean DEFAULT false) RETURNS uuid
+LANGUAGE plpgsql VOLATILE AS $body$
+DECLARE
+    v_id uuid := gen_random_uuid();
+BEGIN
+    INSERT INTO outbox_wal_pending (id, record) VALUES (v_id, convert_to(payload::text, 'UTF8'));
+    RETURN v_id;
+END
+$body$
+"""
+
 SCRIPTS = {
     "baseline": _script(_BUSINESS),
     "naive": _script(_BUSINESS, _NAIVE),
     "ledger": _script(_BUSINESS, _ledger()),
+    "sql": _script(_BUSINESS, _sql("outbox_publish")),
+    "sql_0024": _script(_BUSINESS, _sql(_PREVIOUS)),
+    "plpgsql_floor": _script(_BUSINESS, _sql(_FLOOR)),
 }
+
+
+def _install_comparisons(url: str) -> None:
+    text = function_sql("outbox_publish", "outbox_0024", **schema_names(None))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(text.replace("FUNCTION outbox_publish(", f"FUNCTION {_PREVIOUS}(", 1))
+        conn.execute(_FLOOR_SQL)
 
 
 def _tps(url: str, script: Path, clients: int, seconds: float) -> float:
@@ -97,6 +140,7 @@ def main() -> None:
     # the tables and migrations of bench/write_overhead.py, so both run the same transactions
     name = prepare_database(args.url)
     url = _with_db(args.url, name)
+    _install_comparisons(url)
     results: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -112,7 +156,10 @@ def main() -> None:
                 med = {v: statistics.median(r) for v, r in runs.items()}
                 results[f"{clients}_clients"] = {
                     **{f"{v}_tx_per_s_median": m for v, m in med.items()},
-                    "ratio_ledger_over_naive": round(med["ledger"] / med["naive"], 3),
+                    **{
+                        f"ratio_{v}_over_naive": round(med[v] / med["naive"], 3)
+                        for v in ("ledger", "sql", "sql_0024", "plpgsql_floor")
+                    },
                     "ratio_naive_over_baseline": round(med["naive"] / med["baseline"], 3),
                     "runs": runs,
                 }
