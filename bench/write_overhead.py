@@ -19,7 +19,10 @@ durability (fsync on, synchronous_commit on), started by this script (bench/comm
 Variants are interleaved in rounds (every other round in reverse order) so drift on a shared
 machine hits all of them alike. A ratio is the median over the rounds of each round's ratio
 (the variant against the naive outbox of the same round); the medians of transactions per
-second are reported too, with every round's figure and the load average of the machine.
+second are reported too, with every round's figure and the load average of the machine, and
+what bounds them: per variant, the client process's CPU per transaction and in cores (its
+client threads share one GIL) and the machine's busy cores (the server's backends and the
+client share them), medians over the rounds.
 Run: ``python bench/write_overhead.py [--seconds S] [--rounds R]``.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -34,6 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +117,29 @@ def with_sql_function(conn: psycopg.Connection[Any], rnd: random.Random) -> None
     conn.commit()
 
 
-def run(url: str, txn: Txn, clients: int, seconds: float) -> float:
-    """Transactions per second of ``clients`` threads running ``txn`` for ``seconds``."""
+def _machine_busy() -> tuple[float, float]:
+    """Busy and total CPU time of the whole machine so far, in clock ticks (/proc/stat)."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measurement: transactions per second, and where the CPU went meanwhile."""
+
+    tps: float
+    #: this (client) process's CPU per transaction, microseconds: its threads share one GIL
+    client_cpu_us_per_tx: float
+    #: the client process's CPU in cores (1.0: one core all along)
+    client_cores: float
+    #: the machine's busy CPU in cores (the server's backends, the client, anything else)
+    machine_cores: float
+
+
+def run_measured(url: str, txn: Txn, clients: int, seconds: float) -> Sample:
+    """``clients`` threads run ``txn`` for ``seconds``: transactions per second, with the CPU
+    the client process and the whole machine used meanwhile (what bounds the figure)."""
     counts = [0] * clients
     start = threading.Barrier(clients + 1)
     stop = threading.Event()
@@ -134,12 +160,26 @@ def run(url: str, txn: Txn, clients: int, seconds: float) -> float:
     for t in threads:
         t.start()
     start.wait()
-    t0 = time.perf_counter()
+    t0, cpu0, (busy0, total0) = time.perf_counter(), time.process_time(), _machine_busy()
     time.sleep(seconds)  # the measurement window itself, not synchronization
     stop.set()
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    busy1, total1 = _machine_busy()
     for t in threads:
         t.join()
-    return sum(counts) / (time.perf_counter() - t0)
+    done = sum(counts)
+    cores = os.cpu_count() or 1
+    return Sample(
+        tps=done / elapsed,
+        client_cpu_us_per_tx=cpu / max(done, 1) * 1e6,
+        client_cores=cpu / elapsed,
+        machine_cores=(busy1 - busy0) / max(total1 - total0, 1.0) * cores,
+    )
+
+
+def run(url: str, txn: Txn, clients: int, seconds: float) -> float:
+    """Transactions per second of ``clients`` threads running ``txn`` for ``seconds``."""
+    return run_measured(url, txn, clients, seconds).tps
 
 
 def _with_db(url: str, name: str) -> str:
@@ -188,12 +228,15 @@ def main() -> None:
         results: dict[str, Any] = {}
         for clients in (1, 4, 16):
             samples: dict[str, list[float]] = {v: [] for v in variants}
+            cpu: dict[str, list[Sample]] = {v: [] for v in variants}
             names = list(variants)
             for r in range(args.rounds):
                 # every other round in reverse order: no variant always follows the same one
                 for vname in names if r % 2 == 0 else names[::-1]:
                     url, txn = variants[vname]
-                    samples[vname].append(run(url, txn, clients, args.seconds))
+                    sample = run_measured(url, txn, clients, args.seconds)
+                    samples[vname].append(sample.tps)
+                    cpu[vname].append(sample)
             tps = {v: statistics.median(s) for v, s in samples.items()}
             compared = ("polling", "wal", "sql_polling", "sql_wal")
             # The ratio of each round (the variant against the naive outbox of the same round,
@@ -207,6 +250,20 @@ def main() -> None:
             results[f"clients_{clients}"] = {
                 "tps": {v: round(x, 1) for v, x in tps.items()},
                 "samples": {v: [round(x, 1) for x in s] for v, s in samples.items()},
+                # what bounds the figure: the client process's threads share one GIL, and
+                # the server's backends and the client share the machine's cores
+                "client_cpu_us_per_tx_median": {
+                    v: round(statistics.median(s.client_cpu_us_per_tx for s in c), 1)
+                    for v, c in cpu.items()
+                },
+                "client_cores_median": {
+                    v: round(statistics.median(s.client_cores for s in c), 2)
+                    for v, c in cpu.items()
+                },
+                "machine_cores_busy_median": {
+                    v: round(statistics.median(s.machine_cores for s in c), 2)
+                    for v, c in cpu.items()
+                },
                 **{f"ratio_{v}_vs_naive": round(paired[v], 3) for v in compared},
                 "ratio_naive_vs_baseline": round(
                     statistics.median(
