@@ -15,12 +15,16 @@ records the write rate, the sizes (with TOAST and indexes) and live and dead tup
 ``outbox_wal_pending`` and ``outbox_messages``, and how many messages wait in the pending
 table. The result is the curve; the summary compares the last third of the run with the
 middle third (flat: the table size and dead tuples stop growing once retention has started).
+The server logs every autovacuum run (``log_autovacuum_min_duration = 0`` on the private
+cluster), and the result lists each run on the two tables: what it removed, what it had to
+leave as dead but not yet removable, how old its cutoff was and how long it took.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import sys
 import threading
@@ -158,6 +162,53 @@ async def _soak(url: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]
     return samples, held
 
 
+_VACUUM = re.compile(
+    r'automatic vacuum of table "[^"]*\.(?P<table>\w+)": index scans: (?P<scans>\d+).*?'
+    r"tuples: (?P<removed>\d+) removed, (?P<remain>\d+) remain, "
+    r"(?P<not_yet>\d+) are dead but not yet removable.*?"
+    r"(?:removable cutoff: \d+, which was (?P<xids_old>\d+) XIDs old.*?)?"
+    r"elapsed: (?P<elapsed>[0-9.]+) s",
+    re.S,
+)
+
+
+def _log_vacuums(admin_url: str) -> None:
+    """Have the server log every autovacuum run (a private cluster: ours to configure)."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET log_autovacuum_min_duration = 0")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def _server_log(admin_url: str) -> Path:
+    """The private cluster's log file (bench/common.py: beside its data directory)."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        row = conn.execute("SHOW data_directory").fetchone()
+    assert row is not None
+    return Path(str(row[0])).parent / "postgres.log"
+
+
+def _vacuums(log: str) -> list[dict[str, Any]]:
+    """Each autovacuum run of the soak's tables, as the server logged it: what it removed,
+    what it had to leave (dead but not yet removable), how old its cutoff was, how long."""
+    runs = []
+    for block in log.split("automatic vacuum of table")[1:]:
+        found = _VACUUM.search("automatic vacuum of table" + block)
+        if found is None or found["table"] not in _TABLES:
+            continue
+        runs.append(
+            {
+                "table": found["table"],
+                "index_scans": int(found["scans"]),
+                "removed": int(found["removed"]),
+                "remain": int(found["remain"]),
+                "dead_not_yet_removable": int(found["not_yet"]),
+                "cutoff_xids_old": int(found["xids_old"]) if found["xids_old"] else None,
+                "elapsed_s": float(found["elapsed"]),
+            }
+        )
+    return runs
+
+
 def _third(samples: list[dict[str, Any]], which: int, table: str, field: str) -> float:
     n = len(samples)
     part = samples[which * n // 3 : (which + 1) * n // 3] or samples[-1:]
@@ -186,7 +237,10 @@ def main() -> None:
         upgrade(url)
         if args.mode == "wal":
             enable_capture(url)
+        _log_vacuums(server.admin_url)
+        log = _server_log(server.admin_url)
         samples, held = asyncio.run(_soak(url, args))
+        vacuums = _vacuums(log.read_text(errors="replace"))
     summary = {
         table: {
             field: {
@@ -205,6 +259,7 @@ def main() -> None:
             "writers_held_back_seconds": held,
             "writes_per_second_median": statistics.median(s["writes_per_second"] for s in samples),
             "samples": samples,
+            "autovacuum_runs": vacuums,
         },
     )
     print(f"wrote {path}")
