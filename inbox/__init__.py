@@ -27,7 +27,13 @@ from inbox._kafka import KafkaConsumer
 from inbox._metrics import InboxMetrics
 from inbox._mqtt import MqttConsumer
 from inbox._nats import NatsConsumer
-from inbox._partitioned import Lease, PartitionedConsumer, PartitionFactory, per_partition
+from inbox._partitioned import (
+    PARTITION,
+    Lease,
+    PartitionedConsumer,
+    PartitionFactory,
+    per_partition,
+)
 from inbox._rabbitmq import RabbitMQConsumer
 from inbox._receive import Verdict, receive, receive_async, record, record_async
 from inbox._redis import RedisStreamConsumer
@@ -42,6 +48,7 @@ from inbox.exceptions import (
 )
 
 __all__ = [
+    "PARTITION",
     "Amqp1Consumer",
     "AsyncBatchHandler",
     "AsyncHandler",

@@ -4,6 +4,12 @@ With ``offsets_in_db`` the next offset of each partition is also written in the 
 the effect (table ``inbox_kafka_offsets``) and read back when partitions are assigned, so the
 database alone says how far the consumer got: no window where an effect is committed and its
 offset is not (the offset is still committed to Kafka too, for lag monitoring).
+
+With ``partitions`` the consumer joins no group: it is assigned those partitions of its topics
+(``assign``) and reads from the offsets stored in the database. That is how an
+:class:`inbox.PartitionedConsumer` shares a Kafka topic among processes through leases in the
+consumer's database instead of the broker's group protocol (a takeover within the lease, not
+the group's session timeout plus its rebalance).
 """
 
 from __future__ import annotations
@@ -43,6 +49,17 @@ class KafkaConsumer(BrokerConsumer):
     (later messages of its partition wait behind it, and come back as duplicates if they were
     applied). ``enable.auto.commit`` and ``enable.auto.offset.store`` are forced off;
     ``session.timeout.ms`` defaults to 10 s (a new group's first assignment waits on it).
+
+    ``partitions``: read only these partitions of each topic, assigned, without joining the
+    group (``group.id`` still names whose offsets are committed to Kafka, for lag monitoring).
+    It takes ``offsets_in_db=True``: where the consumer resumes is the offset written in the
+    transaction of the last effect, so whoever holds the partition next resumes exactly there.
+    A partition with no stored offset starts from the group's committed offset, else from
+    ``auto.offset.reset``. Meant for :class:`inbox.PartitionedConsumer`'s factory::
+
+        def factory(partition, runner):
+            return KafkaConsumer(runner, config=config, topics=["orders"],
+                                 partitions=[partition], offsets_in_db=True)
     """
 
     def __init__(
@@ -52,6 +69,7 @@ class KafkaConsumer(BrokerConsumer):
         config: Mapping[str, Any],
         topics: Sequence[str],
         offsets_in_db: bool = False,
+        partitions: Sequence[int] | None = None,
         poll_timeout: float = 0.5,
         schema: str | None = None,
         **options: Unpack[ConsumerOptions],
@@ -69,6 +87,7 @@ class KafkaConsumer(BrokerConsumer):
             raise ConfigurationError(
                 f"KafkaConsumer needs config {missing or ''} and at least one topic"
             )
+        self.partitions = _checked_partitions(partitions, offsets_in_db)
         self.config = {
             "auto.offset.reset": "earliest",
             # librdkafka's 45 s default makes tansu wait half of it before a new group's first
@@ -93,8 +112,11 @@ class KafkaConsumer(BrokerConsumer):
 
         loop = asyncio.get_running_loop()
         consumer = Consumer(self.config)
-        consumer.subscribe(self.topics, on_assign=self._on_assign(loop))
         try:
+            if self.partitions is None:
+                consumer.subscribe(self.topics, on_assign=self._on_assign(loop))
+            else:
+                await self._assign(loop, consumer, self.partitions)
             while not self.stopping:
                 msg = await loop.run_in_executor(None, consumer.poll, self.poll_timeout)
                 if msg is None:
@@ -127,6 +149,30 @@ class KafkaConsumer(BrokerConsumer):
             loop.call_soon_threadsafe(self.ready.set)
 
         return on_assign
+
+    async def _assign(
+        self, loop: asyncio.AbstractEventLoop, consumer: Any, partitions: list[int]
+    ) -> None:
+        """Assign ``partitions`` of every topic, each from its offset stored in the database
+        (else the group's committed offset, else ``auto.offset.reset``)."""
+        from confluent_kafka import OFFSET_STORED, TopicPartition
+
+        for topic in self.topics:
+            meta = await loop.run_in_executor(None, consumer.list_topics, topic, 10.0)
+            have = meta.topics[topic].partitions if topic in meta.topics else {}
+            absent = [p for p in partitions if p not in have]
+            if absent:
+                raise ConfigurationError(
+                    f"kafka topic {topic!r} has {len(have)} partitions: no partition "
+                    f"{', '.join(str(p) for p in absent)}; a partitioned consumer's partition "
+                    "count must be the topic's"
+                )
+        stored = await self._stored_offsets()
+        consumer.assign([
+            TopicPartition(t, p, stored.get((t, p), OFFSET_STORED))
+            for t in self.topics for p in partitions
+        ])  # fmt: skip
+        self.ready.set()
 
     async def _stored_offsets(self) -> dict[tuple[str, int], int]:
         params = {"consumer": self.runner.consumer, "topics": self.topics}
@@ -237,6 +283,23 @@ class KafkaConsumer(BrokerConsumer):
                 await raw.execute(self._stmts.kafka_offset_store, params)
 
         return store
+
+
+def _checked_partitions(partitions: Sequence[int] | None, offsets_in_db: bool) -> list[int] | None:
+    if partitions is None:
+        return None
+    chosen = list(partitions) if isinstance(partitions, list | tuple | range) else None
+    if not chosen or any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in chosen):
+        raise ConfigurationError(
+            f"KafkaConsumer partitions must be a non-empty list of partition numbers (0 and "
+            f"up), not {partitions!r}"
+        )
+    if not offsets_in_db:
+        raise ConfigurationError(
+            "KafkaConsumer partitions= takes offsets_in_db=True: a partition that changes "
+            "hands must resume at the offset written with its last effect"
+        )
+    return sorted(set(chosen))
 
 
 def _where(msg: Any) -> str:

@@ -54,6 +54,7 @@ from outbox.exceptions import ConfigurationError
 from outbox.kit import check_partitions, resolve_async, rows_by_name
 
 __all__ = [
+    "PARTITION",
     "Lease",
     "PartitionFactory",
     "PartitionedConsumer",
@@ -62,6 +63,17 @@ __all__ = [
 ]
 
 log = logging.getLogger("inbox.partitions")
+
+class _Partition:
+    """The type of :data:`PARTITION`."""
+
+    def __repr__(self) -> str:
+        return "inbox.PARTITION"
+
+
+#: in :func:`per_partition`'s settings, the partition's number where a setting takes a number
+#: (``KafkaConsumer(partitions=[PARTITION])``); ``{partition}`` is its place in a text
+PARTITION: Any = _Partition()
 
 #: ``factory(partition, runner)``: the broker consumer of one partition, consuming with
 #: ``runner`` (a copy of the consumer's runner whose transactions carry the partition's fence)
@@ -119,13 +131,19 @@ def balanced_share(partitions: int, members: Sequence[str], member: str) -> int:
 
 def per_partition(consumer_class: type[BrokerConsumer], /, **settings: Any) -> PartitionFactory:
     """A factory of ``consumer_class`` consumers, one per partition: every text setting (and
-    every text in a list setting) has ``{partition}`` replaced by the partition's number.
-    At least one setting must name the partition (its destination: subject, queue, stream,
-    topic or address; and the durable, group member or client id where the broker has one)::
+    every text in a list setting) has ``{partition}`` replaced by the partition's number, and
+    every :data:`PARTITION` (a setting, or an item of a list setting) becomes the number
+    itself. At least one setting must name the partition (its destination: subject, queue,
+    stream, topic, address or Kafka partition; and the durable, group member or client id
+    where the broker has one)::
 
         factory = per_partition(
             NatsConsumer, stream="EVENTS", subject="events.orders.p{partition}",
             durable="billing-p{partition}", batching=Batching(size=100),
+        )
+        factory = per_partition(
+            KafkaConsumer, config=config, topics=["orders"], partitions=[PARTITION],
+            offsets_in_db=True,
         )
     """
     if not isinstance(consumer_class, type) or not issubclass(consumer_class, BrokerConsumer):
@@ -146,12 +164,16 @@ def per_partition(consumer_class: type[BrokerConsumer], /, **settings: Any) -> P
 
 
 def _names_partition(value: Any) -> bool:
+    if value is PARTITION:
+        return True
     if isinstance(value, str):
         return "{partition}" in value
     return isinstance(value, list | tuple) and any(_names_partition(v) for v in value)
 
 
 def _fill(value: Any, partition: int) -> Any:
+    if value is PARTITION:
+        return partition
     if isinstance(value, str):
         return value.replace("{partition}", str(partition))
     if isinstance(value, list | tuple):

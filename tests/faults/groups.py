@@ -6,11 +6,14 @@ or the lease gives it, then thawed (SIGCONT).
 Kafka (``kafka-group-...``; a private tansu broker; a consumer group over a topic of 6
 partitions): the bound is the group's session timeout, after which a silent member is dropped,
 plus the join phase of the rebalance that follows (tansu holds it open for half the session
-timeout: bench/kafka_join.py). NATS (``nats-partitioned-...``; a private nats-server; the
-relay writes 6 partitioned subjects, ``[broker.partitions]``): inbox.PartitionedConsumer
-processes share the partitions through leases in the consumer's database; the bound is the
-lease. The check (tests/support/scale_out.py): every committed message applied once, each key
-in order, no key's handler running in two processes at overlapping times; and the
+timeout: bench/kafka_join.py). Kafka with leases (``kafka-partitioned-...``; the same topic):
+inbox.PartitionedConsumer processes, each partition's KafkaConsumer assigned its Kafka
+partition (no group join) with its offsets in the database; the bound is the lease. NATS
+(``nats-partitioned-...``; a private nats-server; the relay writes 6 partitioned subjects,
+``[broker.partitions]``): inbox.PartitionedConsumer processes share the partitions through
+leases in the consumer's database; the bound is the lease. The check
+(tests/support/scale_out.py): every committed message applied once, each key in order, no
+key's handler running in two processes at overlapping times; and the
 **takeover**: from the fault until another process applied one of the keys the faulty one was
 applying (its partitions were handed over; "every key": until all of those keys that came
 again were), and for an added process until it applied its first message; asserted within
@@ -55,14 +58,17 @@ LEASE = 4.0
 TOPIC = "orders"
 #: the longest a partition may go without an owner, per broker: Kafka, the session timeout,
 #: then the rebalance's join phase, which tansu holds open for half the session timeout
-#: (bench/kafka_join.py); NATS, the lease (a dead member's leases lapse after it)
-BOUND = {"kafka": SESSION * 1.5, "nats": LEASE}
+#: (bench/kafka_join.py); leases (Kafka or NATS), the lease (a dead member's leases lapse
+#: after it)
+BOUND = {"kafka": SESSION * 1.5, "kafka-partitioned": LEASE, "nats": LEASE}
 
 
 class GroupWorld:
     """A private PostgreSQL cluster and broker, a relay, and the consumer processes.
 
-    ``kafka``: tansu, a topic of PARTITIONS partitions, a consumer group. ``nats``: a
+    ``kafka``: tansu, a topic of PARTITIONS partitions, a consumer group.
+    ``kafka-partitioned``: the same topic, read by inbox.PartitionedConsumer processes whose
+    KafkaConsumers are each assigned one Kafka partition (leases in the database). ``nats``: a
     nats-server, a stream whose subjects ``orders.p0`` .. ``orders.p5`` the relay writes
     (``[broker.partitions]``), one durable JetStream consumer per partition, consumed by
     inbox.PartitionedConsumer processes sharing leases in the database."""
@@ -80,7 +86,7 @@ class GroupWorld:
         self.kafka: subprocess.Popen[bytes] | None = None
         self.nats: NatsServer | None = None
         env: dict[str, str] = {}
-        if broker == "kafka":
+        if broker in ("kafka", "kafka-partitioned"):
             relay_url = self._kafka()
         else:
             relay_url = self._nats()
@@ -137,6 +143,10 @@ class GroupWorld:
         if self.broker == "kafka":
             proc = spawn(self.url, "kafka", self.server, TOPIC, CONSUMER, log, 2,
                          int(SESSION * 1000), *idle)  # fmt: skip
+        elif self.broker == "kafka-partitioned":
+            proc = spawn(self.url, "kafka-partitioned", self.server, TOPIC, CONSUMER, log, 2,
+                         6000, "--partitions", str(PARTITIONS), "--lease", str(LEASE),
+                         *idle)  # fmt: skip
         else:
             proc = spawn(self.url, "nats-partitioned", self.server, "ORDERS", CONSUMER, log, 2,
                          6000, "--partitions", str(PARTITIONS), "--subject",
@@ -216,15 +226,20 @@ SCENARIOS = {
         GroupScenario("kafka-group-consumer-kill-9", _kill),
         GroupScenario("kafka-group-consumer-added", _add, processes=2),
         GroupScenario("kafka-group-consumer-paused-past-session", _pause),
+        GroupScenario("kafka-partitioned-consumer-kill-9", _kill, broker="kafka-partitioned"),
+        GroupScenario("kafka-partitioned-consumer-added", _add, broker="kafka-partitioned",
+                      processes=2),
+        GroupScenario("kafka-partitioned-consumer-paused-past-lease", _pause,
+                      broker="kafka-partitioned"),
         GroupScenario("nats-partitioned-consumer-kill-9", _kill, broker="nats"),
         GroupScenario("nats-partitioned-consumer-added", _add, broker="nats", processes=2),
         GroupScenario("nats-partitioned-consumer-paused-past-lease", _pause, broker="nats"),
     )
 }
 _BOUND = {"kafka": f"session timeout {SESSION:g}s and tansu's join wait",
-          "nats": f"the lease, {LEASE:g}s"}
+          "kafka-partitioned": f"the lease, {LEASE:g}s", "nats": f"the lease, {LEASE:g}s"}
 #: in CI's short set (tests/faults/test_faults_short.py)
-SHORT = ("nats-partitioned-consumer-kill-9",)
+SHORT = ("nats-partitioned-consumer-kill-9", "kafka-partitioned-consumer-kill-9")
 
 
 def _all_working(world: GroupWorld, since: float) -> bool:

@@ -5,7 +5,7 @@ server and on the private AMQP 1.0 node), each under a live workload on a privat
 and its broker. Nothing lost, duplicated, reordered or invented; only
 poison messages dead. And the streaming relay frozen for 90 s in WAL capture mode: sending
 stalls at most the lease plus a second. And one of three partitioned consumer processes
-sharing one consumer on NATS killed mid-stream (groups.py). The full set
+sharing one consumer killed mid-stream, on NATS and on Kafka with leases (groups.py). The full set
 (python -m tests.faults.run) writes docs/explanation/reliability.md."""
 
 from __future__ import annotations
@@ -66,9 +66,10 @@ def test_a_frozen_streaming_relay_stalls_delivery_at_most_the_lease(tmp_path: Pa
 def test_processes_sharing_one_consumer_take_over_within_the_bound(
     scenario: str, tmp_path: Path
 ) -> None:
-    """Three partitioned consumer processes share one consumer (tests/faults/groups.py); one is
-    killed mid-stream: each message applied once, each key in order, never in two processes at
-    once, and its partitions applied again within the lease + 1 s."""
+    """Three partitioned consumer processes share one consumer (tests/faults/groups.py: NATS,
+    and Kafka with leases instead of the group protocol); one is killed mid-stream: each
+    message applied once, each key in order, never in two processes at once, and its
+    partitions applied again within the lease + 1 s."""
     result = groups.run(scenario, seconds=8, log_dir=tmp_path / scenario)
     assert result.committed > 300, result  # the workload ran
     assert result.lost == 0, (result, f"logs: {tmp_path}")

@@ -23,7 +23,15 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 import inbox
-from inbox import AsyncHandlerRunner, Batching, Lease, PartitionedConsumer, Result, per_partition
+from inbox import (
+    PARTITION,
+    AsyncHandlerRunner,
+    Batching,
+    Lease,
+    PartitionedConsumer,
+    Result,
+    per_partition,
+)
 from outbox.envelope import Envelope
 
 APPLIED_DDL = """
@@ -67,7 +75,12 @@ async def main(args: dict[str, Any]) -> None:
     settings = args["settings"]
     options = dict(settings["options"])
     options["on_result"] = seen
-    options["batching"] = Batching(**args.get("batching", {"size": 20, "workers": 2}))
+    batching = settings.get("batching") or args.get("batching") or {"size": 20, "workers": 2}
+    options["batching"] = Batching(**batching)
+    # JSON has no inbox.PARTITION: the text "PARTITION" in a list setting stands for it
+    for name, value in options.items():
+        if isinstance(value, list) and "PARTITION" in value:
+            options[name] = [PARTITION if v == "PARTITION" else v for v in value]
     factory = per_partition(getattr(inbox, settings["class"]), **options)
     member = args["member"]
     async with (

@@ -82,6 +82,37 @@ def test_per_partition_fills_every_setting_and_needs_one() -> None:
         per_partition(NatsConsumer, stream="S", subject="ev.orders", durable="svc")
 
 
+def test_per_partition_puts_the_number_itself_where_partition_stands() -> None:
+    from inbox import PARTITION, KafkaConsumer
+
+    config = {"bootstrap.servers": "127.0.0.1:9", "group.id": "svc"}
+    factory = per_partition(
+        KafkaConsumer, config=config, topics=["orders"], partitions=[PARTITION],
+        offsets_in_db=True,
+    )  # fmt: skip
+    consumer = factory(4, _runner())
+    assert isinstance(consumer, KafkaConsumer)
+    assert consumer.partitions == [4]
+    assert consumer.config["group.id"] == "svc"
+
+
+def test_an_assigned_kafka_consumer_needs_offsets_in_the_database_and_real_partitions() -> None:
+    from inbox import KafkaConsumer
+
+    config = {"bootstrap.servers": "127.0.0.1:9", "group.id": "svc"}
+    with pytest.raises(ConfigurationError, match="offsets_in_db"):
+        KafkaConsumer(_runner(), config=config, topics=["t"], partitions=[0])
+    for bad in ([], [-1], [True], ["0"], "0", 3):
+        with pytest.raises(ConfigurationError, match="partition numbers"):
+            KafkaConsumer(
+                _runner(), config=config, topics=["t"], partitions=bad, offsets_in_db=True
+            )
+    consumer = KafkaConsumer(
+        _runner(), config=config, topics=["t"], partitions=(2, 0, 2), offsets_in_db=True
+    )
+    assert consumer.partitions == [0, 2]
+
+
 def test_lease_timing_is_checked() -> None:
     Lease()
     with pytest.raises(ConfigurationError, match="third"):
@@ -127,6 +158,9 @@ class Place:
 
     def settings(self) -> dict[str, Any]:  # the worker's consumer class and options
         raise NotImplementedError
+
+    def partitions(self) -> dict[str, int] | None:  # the relay's [broker.partitions]
+        return {"*": PARTITIONS}
 
 
 class NatsPlace(Place):
@@ -305,9 +339,45 @@ class Amqp1Place(Place):
         }}  # fmt: skip
 
 
+class KafkaPlace(Place):
+    """One topic of PARTITIONS Kafka partitions on tansu (tests/support/kafka_broker.py): the
+    relay keys each message by its key, so a key stays in one Kafka partition; a partition's
+    consumer is assigned that partition (no group join) and keeps its offsets in the
+    database, written with each effect."""
+
+    name = "kafka"
+    server = ""
+
+    def topic(self) -> str:
+        return f"ptest-{self.tag}-orders"
+
+    async def setup(self) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        from tests.support.kafka_broker import bootstrap
+
+        self.server = await asyncio.to_thread(bootstrap)
+        admin = AdminClient({"bootstrap.servers": self.server})
+        created = admin.create_topics([NewTopic(self.topic(), PARTITIONS, 1)])
+        await asyncio.to_thread(created[self.topic()].result, 20)
+
+    def relay(self) -> tuple[str, dict[str, str]]:
+        return f"kafka://{self.server}", {"*": f"ptest-{self.tag}-" + "{topic}"}
+
+    def partitions(self) -> dict[str, int] | None:
+        return None  # Kafka partitions by key by itself
+
+    def settings(self) -> dict[str, Any]:
+        return {"class": "KafkaConsumer", "batching": {"size": 20, "workers": 1}, "options": {
+            "config": {"bootstrap.servers": self.server, "group.id": f"svc-{self.tag}"},
+            "topics": [self.topic()], "partitions": ["PARTITION"], "offsets_in_db": True,
+            "poll_timeout": 0.2, "redeliver_delay": 0.2,
+        }}  # fmt: skip
+
+
 PLACES: dict[str, Callable[[], Place]] = {
     "nats": NatsPlace, "rabbitmq": RabbitPlace, "redis": RedisPlace, "mqtt": MqttPlace,
-    "amqp1": Amqp1Place,
+    "amqp1": Amqp1Place, "kafka": KafkaPlace,
 }  # fmt: skip
 
 
@@ -379,7 +449,7 @@ def _backlog(keys: int, per_key: int) -> list[Envelope]:
 
 async def _publish(place: Place, envelopes: list[Envelope]) -> None:
     url, destinations = place.relay()
-    publisher = publisher_for_url(url, destinations=destinations, partitions={"*": PARTITIONS})
+    publisher = publisher_for_url(url, destinations=destinations, partitions=place.partitions())
     await publisher.start()
     try:
         for i in range(0, len(envelopes), 200):
@@ -520,6 +590,36 @@ def test_a_process_joining_and_one_leaving_rebalance_and_lose_nothing(
     asyncio.run(scenario())
 
 
+def test_a_kafka_consumer_assigned_a_partition_the_topic_lacks_stops_saying_so(
+    database_url: str,
+) -> None:
+    """A partitioned consumer's count above the topic's: the partition's consumer stops at
+    start with the topic's real count, instead of waiting on a partition that never comes."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from inbox import AsyncHandlerRunner, KafkaConsumer
+
+    place = _place("kafka")
+
+    async def handler(_conn: Any, _env: Envelope) -> None:
+        return None
+
+    async def scenario() -> None:
+        await place.setup()
+        async with AsyncConnectionPool(database_url, min_size=1, max_size=2) as pool:
+            runner = AsyncHandlerRunner(pool, handler, consumer="svc", ordered=True)
+            options = place.settings()["options"]
+            consumer = KafkaConsumer(
+                runner, config=options["config"], topics=options["topics"],
+                partitions=[1, PARTITIONS], offsets_in_db=True,
+            )  # fmt: skip
+            async with asyncio.timeout(30):
+                with pytest.raises(ConfigurationError, match=f"has {PARTITIONS} partitions"):
+                    await consumer.run()
+
+    asyncio.run(scenario())
+
+
 async def _kill(workers: list[Worker]) -> None:
     for worker in workers:
         if worker.proc.returncode is None:
@@ -527,11 +627,14 @@ async def _kill(workers: list[Worker]) -> None:
             await worker.proc.wait()
 
 
-def test_a_process_frozen_past_its_lease_applies_nothing_when_it_resumes(applied_url: str) -> None:
+@pytest.mark.parametrize("name", ["nats", "kafka"])
+def test_a_process_frozen_past_its_lease_applies_nothing_when_it_resumes(
+    applied_url: str, name: str
+) -> None:
     """SIGSTOP one of two processes mid-backlog: the other takes its partitions once the lease
     lapsed (within lease + heartbeat + 1 s); resumed, the frozen one finds its leases gone in
     the transactions it had open (the fence), applies nothing of them, and rejoins."""
-    place = _place("nats")
+    place = _place(name)
 
     async def scenario() -> float:
         await place.setup()
@@ -565,7 +668,7 @@ def test_a_process_frozen_past_its_lease_applies_nothing_when_it_resumes(applied
     assert took <= LEASE["duration"] + LEASE["heartbeat"] + 1.0, took
 
 
-@pytest.mark.parametrize("name", ["nats", "rabbitmq"])
+@pytest.mark.parametrize("name", ["nats", "rabbitmq", "kafka"])
 def test_a_process_killed_mid_stream_is_taken_over_within_its_lease(
     applied_url: str, name: str
 ) -> None:

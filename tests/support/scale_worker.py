@@ -9,7 +9,9 @@ fault suite's consumer-group scenarios, bench/scale_out.py).
 CONSUMER), ``sqs`` (BROKER_URL: the endpoint; SOURCE: a FIFO queue), ``nats`` (today's
 non-partitioned NatsConsumer: SOURCE is the stream, CONSUMER the durable), ``nats-partitioned``
 (an inbox.PartitionedConsumer of ``--partitions`` NatsConsumers on the stream SOURCE, one per
-partition, on ``--subject`` with ``{partition}`` in it; leases of ``--lease`` seconds).
+partition, on ``--subject`` with ``{partition}`` in it; leases of ``--lease`` seconds),
+``kafka-partitioned`` (an inbox.PartitionedConsumer of ``--partitions`` KafkaConsumers, each
+assigned one partition of the topic SOURCE, offsets in the database; the same leases).
 
 The handler is I/O-bound on purpose: it notes its start, awaits ``--delay-ms`` (a stand-in
 for a call to another service), and writes one ``applies`` row in the inbox's transaction
@@ -37,14 +39,10 @@ from outbox.envelope import Envelope
 def _consumer(
     runner: AsyncHandlerRunner, args: argparse.Namespace, on_result: Any, side: Any
 ) -> Any:
-    if args.broker == "nats-partitioned":
-        from inbox import Lease, NatsConsumer, PartitionedConsumer, per_partition
+    if args.broker in ("nats-partitioned", "kafka-partitioned"):
+        from inbox import Lease, PartitionedConsumer
 
-        factory = per_partition(
-            NatsConsumer, stream=args.source, subject=args.subject, servers=args.broker_url,
-            durable=f"{args.consumer}-p{{partition}}", batch=20, fetch_timeout=0.5,
-            redeliver_delay=0.2, on_result=on_result,
-        )  # fmt: skip
+        factory = _partition_factory(args, on_result)
         lease = Lease(duration=args.lease, heartbeat=args.lease / 5, stop_timeout=args.lease / 4,
                       stall=args.lease / 2)  # fmt: skip
         return PartitionedConsumer(runner, partitions=args.partitions, factory=factory,
@@ -76,6 +74,22 @@ def _consumer(
             batch=20, fetch_timeout=0.5, redeliver_delay=0.2, on_result=on_result,
         )  # fmt: skip
     raise SystemExit(f"unknown broker {args.broker!r}")
+
+
+def _partition_factory(args: argparse.Namespace, on_result: Any) -> Any:
+    from inbox import PARTITION, KafkaConsumer, NatsConsumer, per_partition
+
+    if args.broker == "kafka-partitioned":
+        config = {"bootstrap.servers": args.broker_url, "group.id": args.consumer}
+        return per_partition(
+            KafkaConsumer, config=config, topics=[args.source], partitions=[PARTITION],
+            offsets_in_db=True, poll_timeout=0.2, redeliver_delay=0.2, on_result=on_result,
+        )  # fmt: skip
+    return per_partition(
+        NatsConsumer, stream=args.source, subject=args.subject, servers=args.broker_url,
+        durable=f"{args.consumer}-p{{partition}}", batch=20, fetch_timeout=0.5,
+        redeliver_delay=0.2, on_result=on_result,
+    )  # fmt: skip
 
 
 async def main(args: argparse.Namespace) -> None:
