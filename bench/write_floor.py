@@ -39,7 +39,7 @@ from sqlalchemy import make_url
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import write_result
-from write_overhead import _with_db, prepare_database
+from write_overhead import FLOOR, _with_db, prepare_database  # it creates FLOOR
 
 from outbox._message import DEFAULT_MAX_PAYLOAD_BYTES, prepare_fields
 from outbox._publish_common import Batch
@@ -82,29 +82,13 @@ def _sql(function: str) -> str:
 
 #: outbox_0024's text of outbox_publish, under another name: the same run measures both
 _PREVIOUS = "bench_outbox_publish_0024"
-_FLOOR = "bench_plpgsql_floor"
-_FLOOR_SQL = f"""
-CREATE FUNCTION {_FLOOR}(topic text, key text, payload jsonb, headers jsonb DEFAULT '{{}}',
-    idempotency_key text DEFAULT NULL, deliver_after interval DEFAULT NULL,
-    traceparent text DEFAULT NULL, max_payload_bytes integer DEFAULT 1048576,
-    wakeup boolean DEFAULT false) RETURNS uuid
-LANGUAGE plpgsql VOLATILE AS $body$
-DECLARE
-    v_id uuid := gen_random_uuid();
-BEGIN
-    INSERT INTO outbox_wal_pending (id, record) VALUES (v_id, convert_to(payload::text, 'UTF8'));
-    RETURN v_id;
-END
-$body$
-"""
-
 SCRIPTS = {
     "baseline": _script(_BUSINESS),
     "naive": _script(_BUSINESS, _NAIVE),
     "ledger": _script(_BUSINESS, _ledger()),
     "sql": _script(_BUSINESS, _sql("outbox_publish")),
     "sql_0024": _script(_BUSINESS, _sql(_PREVIOUS)),
-    "plpgsql_floor": _script(_BUSINESS, _sql(_FLOOR)),
+    "plpgsql_floor": _script(_BUSINESS, _sql(FLOOR)),
 }
 
 
@@ -112,7 +96,6 @@ def _install_comparisons(url: str) -> None:
     text = function_sql("outbox_publish", "outbox_0024", **schema_names(None))
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(text.replace("FUNCTION outbox_publish(", f"FUNCTION {_PREVIOUS}(", 1))
-        conn.execute(_FLOOR_SQL)
 
 
 def _tps(url: str, script: Path, clients: int, seconds: float) -> float:
