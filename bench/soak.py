@@ -18,13 +18,17 @@ middle third (flat: the table size and dead tuples stop growing once retention h
 The server logs every autovacuum run (``log_autovacuum_min_duration = 0`` on the private
 cluster), and the result lists each run on the two tables: what it removed, what it had to
 leave as dead but not yet removable, how old its cutoff was and how long it took.
+SIGTERM or SIGINT ends a run early, in order (writers, relay, then the cluster), and writes
+what it sampled to ``soak*_interrupted.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import re
+import signal
 import statistics
 import sys
 import threading
@@ -117,7 +121,8 @@ def _sample(url: str) -> dict[str, Any]:
     return out
 
 
-async def _soak(url: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], float]:
+async def _soak(url: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], float, bool]:
+    """The samples, how long the writers were held back, and whether a signal ended it early."""
     config = RelayConfig(
         database_url=url,
         retention_seconds=args.retention_seconds,
@@ -141,9 +146,17 @@ async def _soak(url: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]
     samples: list[dict[str, Any]] = []
     started = time.monotonic()
     last_total, last_at = 0, started
+    # SIGTERM or SIGINT (even where the shell started it with SIGINT ignored) ends the soak
+    # early but in order: the writers and the relay stop, the cluster shuts down, and the
+    # samples so far are written (to soak*_interrupted.json: a full run's file stays)
+    ending = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, ending.set)
     try:
-        while time.monotonic() - started < args.minutes * 60:
-            await asyncio.sleep(args.sample_seconds)
+        while time.monotonic() - started < args.minutes * 60 and not ending.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ending.wait(), args.sample_seconds)
             now, total = time.monotonic(), sum(counts)
             sample = await asyncio.to_thread(_sample, url)
             sample["t_seconds"] = round(now - started, 1)
@@ -159,7 +172,7 @@ async def _soak(url: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]
         held = await gate if gate is not None else 0.0
         relay.stop()
         await task
-    return samples, held
+    return samples, held, ending.is_set()
 
 
 _VACUUM = re.compile(
@@ -239,7 +252,7 @@ def main() -> None:
             enable_capture(url)
         _log_vacuums(server.admin_url)
         log = _server_log(server.admin_url)
-        samples, held = asyncio.run(_soak(url, args))
+        samples, held, interrupted = asyncio.run(_soak(url, args))
         vacuums = _vacuums(log.read_text(errors="replace"))
     summary = {
         table: {
@@ -251,8 +264,9 @@ def main() -> None:
         }
         for table in _TABLES
     }
+    name = "soak" if args.mode == "wal" else f"soak_{args.mode}"
     path = write_result(
-        "soak" if args.mode == "wal" else f"soak_{args.mode}",
+        f"{name}_interrupted" if interrupted else name,
         {
             "config": vars(args),
             "summary": summary,
