@@ -158,7 +158,9 @@ class KafkaConsumer(BrokerConsumer):
         from confluent_kafka import OFFSET_STORED, TopicPartition
 
         for topic in self.topics:
-            meta = await loop.run_in_executor(None, consumer.list_topics, topic, 10.0)
+            meta = await self._metadata(loop, consumer, topic)
+            if meta is None:
+                return  # stopped while the broker was away
             have = meta.topics[topic].partitions if topic in meta.topics else {}
             absent = [p for p in partitions if p not in have]
             if absent:
@@ -173,6 +175,20 @@ class KafkaConsumer(BrokerConsumer):
             for t in self.topics for p in partitions
         ])  # fmt: skip
         self.ready.set()
+
+    async def _metadata(self, loop: asyncio.AbstractEventLoop, consumer: Any, topic: str) -> Any:
+        """The topic's metadata; while the broker cannot be reached, try again every second
+        (a broker outage is not a reason to stop). None: stopped meanwhile."""
+        from confluent_kafka import KafkaException
+
+        while not self.stopping:
+            try:
+                return await loop.run_in_executor(None, consumer.list_topics, topic, 2.0)
+            except KafkaException as exc:
+                log.warning("inbox: kafka topic %s: no metadata yet (%s); trying again",
+                            topic, exc.args[0] if exc.args else type(exc).__name__)  # fmt: skip
+                await self._wait_stopping(1.0)
+        return None
 
     async def _stored_offsets(self) -> dict[tuple[str, int], int]:
         params = {"consumer": self.runner.consumer, "topics": self.topics}

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import signal
 import sys
 import uuid
@@ -618,6 +619,118 @@ def test_a_kafka_consumer_assigned_a_partition_the_topic_lacks_stops_saying_so(
                     await consumer.run()
 
     asyncio.run(scenario())
+
+
+def test_an_assigned_kafka_consumer_waits_out_a_broker_that_is_down(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No broker at start: the assigned consumer says so and keeps trying (it does not end
+    ``run()`` with the outage), is not ready, and stops cleanly when asked."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from inbox import AsyncHandlerRunner, KafkaConsumer
+    from tests.support.kafka_broker import free_port
+
+    async def handler(_conn: Any, _env: Envelope) -> None:
+        return None
+
+    caplog.set_level(logging.WARNING, logger="inbox.consumer")
+
+    async def scenario() -> None:
+        async with AsyncConnectionPool(database_url, min_size=1, max_size=2) as pool:
+            runner = AsyncHandlerRunner(pool, handler, consumer="svc", ordered=True)
+            config = {"bootstrap.servers": f"127.0.0.1:{free_port()}", "group.id": "svc"}
+            consumer = KafkaConsumer(runner, config=config, topics=["orders"], partitions=[0],
+                                     offsets_in_db=True)  # fmt: skip
+            task = asyncio.create_task(consumer.run())
+            async with asyncio.timeout(20):  # two failed attempts, and it is still running
+                while sum("no metadata yet" in r.getMessage() for r in caplog.records) < 2:
+                    assert not task.done(), task.exception()
+                    await asyncio.sleep(0.1)
+            assert not task.done(), task.exception()
+            assert not consumer.ready.is_set()
+            consumer.stop()
+            async with asyncio.timeout(10):
+                await task  # ends without an error
+
+    asyncio.run(scenario())
+
+
+def _partition_ends(raw: Any, topic: str, total: int) -> dict[int, int]:
+    """Each partition's end (its last offset + 1), read from the records themselves: ``total``
+    of them, from the beginning (tansu's high watermarks are not the records' offsets)."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    raw.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    ends = dict.fromkeys(range(PARTITIONS), 0)
+    seen = 0
+    for _ in range(600):  # 0.1 s polls: 60 s at most
+        msg = raw.poll(0.1)
+        if msg is not None and not msg.error():
+            ends[msg.partition()] = max(ends[msg.partition()], msg.offset() + 1)
+            seen += 1
+            if seen == total:
+                break
+    assert seen == total, (seen, total)
+    raw.unassign()
+    return ends
+
+
+def test_an_assigned_kafka_consumer_starts_at_the_groups_committed_offset_and_commits(
+    database_url: str,
+) -> None:
+    """No offset in the database: each partition starts from the group's committed offset
+    (here: the end of every partition but 0, so only partition 0's messages are applied), and
+    what it applies is committed to Kafka too (lag monitoring), up to the partition's end."""
+    from confluent_kafka import Consumer, TopicPartition
+    from psycopg_pool import AsyncConnectionPool
+
+    from inbox import AsyncHandlerRunner, KafkaConsumer
+
+    place = _place("kafka")
+    applied: list[tuple[str, int]] = []
+    enough = asyncio.Event()
+    wanted = [0]
+
+    async def handler(_conn: Any, env: Envelope) -> None:
+        applied.append((env.key, env.seq))
+        if len(applied) >= wanted[0]:
+            enough.set()
+
+    async def scenario() -> tuple[dict[int, int], dict[int, int]]:
+        await place.setup()
+        backlog = _backlog(keys=30, per_key=2)
+        await _publish(place, backlog)
+        options = place.settings()["options"]
+        topic, config = options["topics"][0], options["config"]
+        raw = Consumer({**config, "enable.auto.commit": False})
+        ends = await asyncio.to_thread(_partition_ends, raw, topic, len(backlog))
+        assert ends[0] > 0, ends
+        raw.commit(offsets=[TopicPartition(topic, p, ends[p]) for p in range(1, PARTITIONS)],
+                   asynchronous=False)  # fmt: skip
+        raw.close()
+        async with AsyncConnectionPool(database_url, min_size=1, max_size=2) as pool:
+            runner = AsyncHandlerRunner(pool, handler, consumer=f"svc-{place.tag}", ordered=True)
+            consumer = KafkaConsumer(runner, config=config, topics=[topic],
+                                     partitions=list(range(PARTITIONS)), offsets_in_db=True,
+                                     poll_timeout=0.2)  # fmt: skip
+            wanted[0] = ends[0]
+            task = asyncio.create_task(consumer.run())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(enough.wait(), 30)
+            # an absence cannot be awaited: anything beyond partition 0 would come meanwhile
+            await asyncio.sleep(0.5)
+            consumer.stop()
+            await asyncio.wait_for(task, 10)
+        check = Consumer(config)
+        committed = check.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], 10)
+        check.close()
+        return ends, {tp.partition: tp.offset for tp in committed}
+
+    ends, committed = asyncio.run(scenario())
+    assert len(applied) == ends[0], (len(applied), ends)  # partition 0's messages, no other
+    assert len(set(applied)) == len(applied)
+    assert committed == ends  # partition 0 committed by the consumer, the others as they were
 
 
 async def _kill(workers: list[Worker]) -> None:
